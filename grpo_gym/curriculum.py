@@ -1,0 +1,71 @@
+"""``DynamicCurriculum``: the difficulty rule of S21, exactly as the seed gives it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_gym.tasks import MAX_DIFFICULTY, MIN_DIFFICULTY, check_difficulty
+
+
+class DynamicCurriculum:
+    """Raise the difficulty while the policy succeeds, lower it while it fails (S21).
+
+    ``update(success_rate)``: above ``raise_above`` (0.8) the level becomes ``min(1.0, level + 0.05)``;
+    else below ``lower_below`` (0.5) it becomes ``max(0.1, level - 0.03)``; otherwise it stays. Levels are
+    rounded to 6 decimals so repeated steps land on exact values (0.3 + 0.05 is 0.35, not 0.35000000000000003).
+
+    :param initial: the starting level (0.3)
+    :param raise_above: success rate above which the level rises (0.8)
+    :param lower_below: success rate below which the level falls (0.5)
+    :param step_up: how much it rises (0.05)
+    :param step_down: how much it falls (0.03)
+    :param minimum: the lowest level (0.1)
+    :param maximum: the highest level (1.0)
+    """
+
+    def __init__(
+        self,
+        initial: float = 0.3,
+        raise_above: float = 0.8,
+        lower_below: float = 0.5,
+        step_up: float = 0.05,
+        step_down: float = 0.03,
+        minimum: float = MIN_DIFFICULTY,
+        maximum: float = MAX_DIFFICULTY,
+    ) -> None:
+        check_difficulty(minimum)
+        check_difficulty(maximum)
+        if not minimum <= initial <= maximum:
+            raise ValueError(f"initial difficulty {initial} must lie in [minimum, maximum] = [{minimum}, {maximum}]")
+        if not 0.0 <= lower_below <= raise_above <= 1.0:
+            raise ValueError(
+                f"need 0 <= lower_below <= raise_above <= 1, got lower_below={lower_below}, raise_above={raise_above}"
+            )
+        if step_up < 0 or step_down < 0:
+            raise ValueError(f"steps must be non-negative, got step_up={step_up}, step_down={step_down}")
+        self.difficulty = float(initial)
+        self.raise_above, self.lower_below = raise_above, lower_below
+        self.step_up, self.step_down = step_up, step_down
+        self.minimum, self.maximum = minimum, maximum
+
+    def update(self, success_rate: float) -> float:
+        """Apply the rule to one measured success rate in [0, 1] and return the new level."""
+        if not 0.0 <= success_rate <= 1.0:
+            raise ValueError(f"success_rate must be in [0, 1], got {success_rate}")
+        if success_rate > self.raise_above:
+            self.difficulty = min(self.maximum, round(self.difficulty + self.step_up, 6))
+        elif success_rate < self.lower_below:
+            self.difficulty = max(self.minimum, round(self.difficulty - self.step_down, 6))
+        return self.difficulty
+
+    def apply(self, env: Any) -> None:
+        """Set the current level on a Gymnasium env (through its wrappers) or on every env of a VecEnv."""
+        if hasattr(env, "env_method"):  # a Stable-Baselines3 VecEnv, possibly in other processes
+            env.env_method("set_difficulty", self.difficulty)
+        elif hasattr(env, "unwrapped") and hasattr(env.unwrapped, "set_difficulty"):
+            env.unwrapped.set_difficulty(self.difficulty)
+        else:
+            raise TypeError(
+                f"cannot set a difficulty on {type(env).__name__}: expected an R1ZeroEnv (or a wrapper of one) "
+                "or a VecEnv of them"
+            )

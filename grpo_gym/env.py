@@ -1,0 +1,281 @@
+"""``R1ZeroEnv``: one R1-Zero episode as a Gymnasium environment."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from grpo_gym.context import ContextWindow
+from grpo_gym.rewards import CompositeReward, RewardModelScorer
+from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
+from grpo_gym.templates import PromptFormatter
+from grpo_gym.tokenizer import TokenCodec, load_tokenizer
+
+ACTION_MODES = ("sequence", "token")
+
+
+class R1ZeroEnv(gym.Env):
+    """R1-Zero-style reasoning episodes: a verifiable problem in, a scored ``<think>/<answer>`` completion out.
+
+    **Description.** Each episode draws a problem from a task family (``arithmetic`` by default) at the
+    current difficulty, shows it in the R1-Zero template, and scores the model's completion with the
+    composite reward of S2. With ``max_turns > 1`` a wrong answer gets feedback appended to the context and
+    the model answers again (S6's state transition).
+
+    **Observation space.** ``Dict(input_ids=Box(0, vocab-1, (context_length,), int64),
+    attention_mask=Box(0, 1, (context_length,), int64))``: the context window, left-padded so the newest
+    token is last (see :mod:`grpo_gym.context` for the truncation rules).
+
+    **Action space.** ``action_mode="sequence"`` (default): one step is one whole completion,
+    ``MultiDiscrete([vocab] * max_new_tokens)``; the completion ends at the first EOS (or pad) id and what
+    follows is ignored. ``action_mode="token"``: one step is one token, ``Discrete(vocab)``; the turn ends at
+    EOS or after ``max_new_tokens`` tokens. Ids outside the vocabulary or a wrong shape raise ``ValueError``.
+
+    **Rewards.** Per finished turn: ``w_syntax * syntax + w_consistency * consistency + w_task * task``
+    (0.3 / 0.4 / 0.3 by default), clipped to [-1, 1]; 0 for the tokens of an unfinished turn in token mode.
+    ``info["reward_components"]`` holds the three scores, ``info["reward_reasons"]`` why one is not full,
+    ``info["is_success"]`` whether the task's verifier accepted the answer.
+
+    **Episode end.** ``terminated`` when the answer is correct or the turn budget is spent (the budget is part
+    of the task). ``truncated`` when the context window cannot hold another turn.
+
+    :param task: a task name from the registry (``"arithmetic"``, ``"countdown"``, ``"jsonl"``) or a ``Task``
+    :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``)
+    :param tokenizer: ``None`` for the built-in character tokenizer, a tokenizer object, or a local path
+    :param context_length: the context window size in tokens (S6: 4096)
+    :param max_new_tokens: the completion budget of one turn
+    :param action_mode: ``"sequence"`` or ``"token"``
+    :param max_turns: turns per episode (1: single answer)
+    :param difficulty: the initial difficulty in [0.1, 1.0] (S21 starts at 0.3)
+    :param template: ``"r1zero"``, ``"compact"`` or a format string with ``{prompt}``
+    :param use_chat_template: use the tokenizer's chat template when it has one (``"auto"``)
+    :param reward_weights: weights of ``syntax``, ``consistency`` and ``task`` (partial dicts allowed)
+    :param reward_model: a :class:`RewardModelScorer` or a path to a sequence-classification model; when
+        given, it scores the ``consistency`` component (S6 step 3)
+    :param render_mode: ``None``, ``"ansi"`` (``render()`` returns the conversation) or ``"human"`` (prints it);
+        ``"rgb_array"``, which SB3 requests by default, is accepted and renders nothing
+    """
+
+    metadata: dict[str, Any] = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 1}  # noqa: RUF012
+
+    def __init__(
+        self,
+        task: str | Task = "arithmetic",
+        task_kwargs: dict[str, Any] | None = None,
+        tokenizer: Any = None,
+        context_length: int = 4096,
+        max_new_tokens: int = 64,
+        action_mode: str = "sequence",
+        max_turns: int = 1,
+        difficulty: float = 0.3,
+        template: str = "r1zero",
+        use_chat_template: bool | str = "auto",
+        reward_weights: dict[str, float] | None = None,
+        reward_model: RewardModelScorer | str | os.PathLike | None = None,
+        render_mode: str | None = None,
+    ) -> None:
+        if action_mode not in ACTION_MODES:
+            raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {action_mode!r}")
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be None, 'ansi' or 'human', got {render_mode!r}")
+        # "rgb_array" is accepted only because SB3 (make_vec_env, string env ids) asks for it by default; a
+        # text env has no frames, so render() returns None in that mode.
+        if max_turns < 1 or max_new_tokens < 1:
+            raise ValueError(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
+        if max_new_tokens >= context_length:
+            raise ValueError(
+                f"max_new_tokens ({max_new_tokens}) must be smaller than context_length ({context_length})"
+            )
+        self.task = make_task(task, **(task_kwargs or {}))
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.codec = TokenCodec(self.tokenizer)
+        self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template)
+        if isinstance(reward_model, (str, os.PathLike)):
+            reward_model = RewardModelScorer(reward_model)
+        self.reward_fn = CompositeReward(reward_weights, reward_model=reward_model)
+        self.context_length = int(context_length)
+        self.max_new_tokens = int(max_new_tokens)
+        self.action_mode = action_mode
+        self.max_turns = int(max_turns)
+        self.difficulty = check_difficulty(difficulty)
+        self.render_mode = render_mode
+
+        vocab = self.codec.vocab_size
+        window = spaces.Box(0, vocab - 1, shape=(self.context_length,), dtype=np.int64)
+        self.observation_space = spaces.Dict(
+            {"input_ids": window, "attention_mask": spaces.Box(0, 1, shape=(self.context_length,), dtype=np.int64)}
+        )
+        if action_mode == "sequence":
+            self.action_space = spaces.MultiDiscrete(np.full(self.max_new_tokens, vocab, dtype=np.int64))
+        else:
+            self.action_space = spaces.Discrete(vocab)
+
+        self.window = ContextWindow(self.context_length, self.codec.pad_id)
+        # token ids of the constant text around a question / a feedback message (encoded once)
+        self._prompt_affix_ids = tuple(self.codec.encode(text) for text in self.formatter.prompt_affixes)
+        self._feedback_affix_ids = tuple(self.codec.encode(text) for text in self.formatter.feedback_affixes)
+        self.problem: Problem | None = None
+        self._pending: list[int] = []  # token mode: the tokens of the unfinished turn
+        self._turn = 0
+        self._transcript: list[str] = []
+        self._warned_cut = False  # warn once per env about prompts cut to fit the window
+
+    # ------------------------------------------------------------------ problems and levels
+    def set_difficulty(self, difficulty: float) -> None:
+        """Set the level of the next problems (kept until changed; see ``DynamicCurriculum.apply``)."""
+        self.difficulty = check_difficulty(difficulty)
+
+    def set_reward_weights(self, weights: dict[str, float]) -> None:
+        """Change the weights of the reward components at run time (partial dicts allowed)."""
+        self.reward_fn.set_weights(weights)
+
+    def sample_problem(self, difficulty: float | None = None) -> Problem:
+        """Draw a problem at ``difficulty`` (default: the current level) from the env's seeded generator.
+
+        The problem records its own seed, so ``task.sample(d, np.random.default_rng(problem.seed))`` remakes it.
+        """
+        level = self.difficulty if difficulty is None else check_difficulty(difficulty)
+        seed = int(self.np_random.integers(2**63 - 1))
+        problem = self.task.sample(level, np.random.default_rng(seed))
+        problem.seed = seed
+        return problem
+
+    def _encode_between(self, text: str, affix_ids: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        """Ids of ``text`` inside the template: the cached affix ids around the encoded text."""
+        return np.concatenate([affix_ids[0], self.codec.encode(text), affix_ids[1]])
+
+    def encode_example(self, question: str, completion: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of a supervised example: the templated prompt, and the completion followed by EOS."""
+        prompt = self._encode_between(question, self._prompt_affix_ids)[-self.context_length :]
+        return prompt, np.append(self.codec.encode(completion), self.codec.eos_id)
+
+    def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``n`` cold-start examples (S20.1): problems drawn like :meth:`sample_problem`, with the task's gold
+        ``<think>…</think><answer>…</answer>`` solution as the completion (see :meth:`encode_example`)."""
+        examples = []
+        for _ in range(n):
+            problem = self.sample_problem(difficulty)
+            reasoning, answer = self.task.solution(problem)
+            examples.append(self.encode_example(problem.prompt, f"<think>{reasoning}</think><answer>{answer}</answer>"))
+        return examples
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start an episode. ``options``: ``{"problem": Problem}`` pins one, ``{"difficulty": d}`` sets the level."""
+        super().reset(seed=seed)
+        options = options or {}
+        if "difficulty" in options:
+            self.set_difficulty(options["difficulty"])
+        problem = options.get("problem")
+        if problem is not None and not isinstance(problem, Problem):
+            raise ValueError(f"options['problem'] must be a grpo_gym.tasks.Problem, got {type(problem).__name__}")
+        self.problem = problem if problem is not None else self.sample_problem()
+        prompt_text = self.formatter.prompt(self.problem.prompt)
+        prompt_cut = self.window.reset(self._encode_between(self.problem.prompt, self._prompt_affix_ids))
+        if prompt_cut and not self._warned_cut:
+            self._warned_cut = True
+            warnings.warn(
+                f"the prompt is longer than context_length={self.context_length}; its oldest tokens were cut",
+                stacklevel=2,
+            )
+        self._pending = []
+        self._turn = 0
+        self._transcript = [prompt_text]
+        info = {"problem": self.problem, "prompt": prompt_text, "prompt_truncated": prompt_cut}
+        return self.window.observation(), info
+
+    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Apply a completion (sequence mode) or one token (token mode); see the class docstring."""
+        if self.problem is None:
+            raise RuntimeError("call reset() before step()")
+        if self.action_mode == "sequence":
+            return self._finish_turn(self._completion_ids(action))
+        token = self._token_id(action)
+        ended = token in (self.codec.eos_id, self.codec.pad_id)
+        self._pending.append(token)
+        if not ended:
+            self.window.append(np.array([token]))
+        if not ended and len(self._pending) < self.max_new_tokens and self.window.free > 0:
+            return self.window.observation(), 0.0, False, False, {"turn": self._turn, "is_success": False}
+        ids = np.asarray(self._pending, dtype=np.int64)
+        self._pending = []
+        return self._finish_turn(ids, in_window=True)
+
+    def _finish_turn(
+        self, ids: np.ndarray, in_window: bool = False
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Score the completion ``ids`` (EOS included when present), then end the episode or go on.
+
+        ``in_window``: the completion's tokens are already in the window (token mode appends as it goes).
+        """
+        stop = np.flatnonzero((ids == self.codec.eos_id) | (ids == self.codec.pad_id))
+        length = int(stop[0]) + 1 if len(stop) else len(ids)
+        body = ids[: int(stop[0])] if len(stop) else ids
+        completion = self.codec.decode(body)
+        result = self.reward_fn(self.task, self.problem, completion, self._transcript[0])
+        self._turn += 1
+        self._transcript.append(completion)
+        fits = in_window or self.window.append(body)
+        terminated = result.is_success or self._turn >= self.max_turns
+        if not terminated:
+            verdict = Verdict(False, result.reasons.get("task", ""))
+            message = self.task.feedback(self.problem, verdict)
+            fits = self.window.append(self._encode_between(message, self._feedback_affix_ids)) and fits
+            self._transcript.append(self.formatter.feedback(message))
+        truncated = not terminated and (not fits or self.window.free <= self.max_new_tokens)
+        info = {
+            "reward_components": result.components,
+            "reward_reasons": result.reasons,
+            "is_success": result.is_success,
+            "completion": completion,
+            "completion_length": length,
+            "completion_clipped": not len(stop),
+            "turn": self._turn,
+            "difficulty": self.problem.difficulty,
+        }
+        return self.window.observation(), float(result.total), bool(terminated), bool(truncated), info
+
+    def _completion_ids(self, action: Any) -> np.ndarray:
+        ids = np.asarray(action)
+        if ids.shape != (self.max_new_tokens,):
+            raise ValueError(
+                f"a sequence-mode action is an array of shape ({self.max_new_tokens},) of token ids "
+                f"(pad after EOS), got shape {ids.shape}"
+            )
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
+        if ids.size and (ids.min() < 0 or ids.max() >= self.codec.vocab_size):
+            raise ValueError(
+                f"token ids must be in [0, {self.codec.vocab_size}) (the env tokenizer's vocabulary), got "
+                f"min {ids.min()} max {ids.max()}; does the policy use the env's tokenizer?"
+            )
+        return ids.astype(np.int64, copy=False)
+
+    def _token_id(self, action: Any) -> int:
+        value = np.asarray(action)
+        if value.shape not in ((), (1,)) or not np.issubdtype(value.dtype, np.integer):
+            raise ValueError(f"a token-mode action is one integer token id, got {action!r}")
+        token = int(value.reshape(()))
+        if not 0 <= token < self.codec.vocab_size:
+            raise ValueError(f"token id must be in [0, {self.codec.vocab_size}), got {token}")
+        return token
+
+    def render(self) -> str | None:
+        """``"ansi"``: the conversation so far as text; ``"human"``: print it."""
+        if self.render_mode in (None, "rgb_array"):
+            gym.logger.warn("a text env renders with render_mode='ansi' (returns text) or 'human' (prints it)")
+            return None
+        text = "".join(self._transcript)
+        if self._pending:  # token mode: the unfinished turn
+            text += self.codec.decode(np.asarray(self._pending))
+        if self.render_mode == "human":
+            print(text)
+            return None
+        return text

@@ -1,0 +1,27 @@
+"""Rewards for R1-Zero-style completions: template parsing, the S2 components and their weighted sum.
+
+Importing this package never imports ``torch`` or ``transformers``; :class:`RewardModelScorer` loads them
+when it first scores.
+"""
+
+from __future__ import annotations
+
+from grpo_gym.rewards.components import consistency_score, syntax_score, task_score
+from grpo_gym.rewards.composite import COMPONENTS, DEFAULT_WEIGHTS, CompositeReward, RewardResult
+from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
+from grpo_gym.rewards.reward_model import RewardModelScorer
+
+__all__ = [
+    "COMPONENTS",
+    "DEFAULT_WEIGHTS",
+    "MAX_COMPLETION_CHARS",
+    "CompositeReward",
+    "ParsedCompletion",
+    "RewardModelScorer",
+    "RewardResult",
+    "completion_text",
+    "consistency_score",
+    "parse_completion",
+    "syntax_score",
+    "task_score",
+]

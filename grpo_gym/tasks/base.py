@@ -1,0 +1,114 @@
+"""The task contract: a :class:`Problem` (picklable data), a :class:`Task` (sampler, verifier, gold solver).
+
+A task family maps a ``difficulty`` in ``[MIN_DIFFICULTY, MAX_DIFFICULTY]`` to problem hardness monotonically,
+checks an answer string without ever executing it, and writes a gold step-by-step solution (the cold-start
+SFT data of S20). Tasks hold no per-episode state, so one instance can serve many environments.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+MIN_DIFFICULTY = 0.1
+MAX_DIFFICULTY = 1.0
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def check_difficulty(difficulty: float) -> float:
+    """Return ``difficulty`` as a float; ``ValueError`` when it is outside [0.1, 1.0] or not a number."""
+    try:
+        value = float(difficulty)
+    except (TypeError, ValueError):
+        raise ValueError(f"difficulty must be a number in [0.1, 1.0], got {difficulty!r}") from None
+    if not (MIN_DIFFICULTY <= value <= MAX_DIFFICULTY):
+        raise ValueError(
+            f"difficulty must be in [{MIN_DIFFICULTY}, {MAX_DIFFICULTY}], got {difficulty!r}; "
+            "clip it before passing it (DynamicCurriculum keeps it in range)"
+        )
+    return value
+
+
+@dataclass
+class Problem:
+    """One verifiable problem. Plain data: picklable, so it crosses ``SubprocVecEnv`` boundaries.
+
+    :param prompt: the question shown to the model (without the R1-Zero template around it)
+    :param answer: the reference answer, as a canonical string
+    :param task: the name of the task family that made it (a key of the task registry)
+    :param difficulty: the level it was generated at, in [0.1, 1.0]
+    :param seed: the seed it was generated from (``None`` for rows read from a file)
+    :param solution: an optional gold reasoning text (used by the ``jsonl`` task when the file gives one)
+    :param metadata: task-specific data the verifier needs (e.g. the countdown numbers)
+    """
+
+    prompt: str
+    answer: str
+    task: str
+    difficulty: float
+    seed: int | None = None
+    solution: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The verifier's judgement of one answer: ``correct`` and, when not, a short human-readable reason."""
+
+    correct: bool
+    reason: str = ""
+
+
+class Task(ABC):
+    """A procedurally generated, verifiable task family.
+
+    Subclasses set ``name`` and implement :meth:`sample`, :meth:`verify` and :meth:`solution`. The other
+    methods have defaults that suit numeric tasks and can be overridden.
+    """
+
+    name: ClassVar[str] = "task"
+
+    @abstractmethod
+    def sample(self, difficulty: float, rng: np.random.Generator) -> Problem:
+        """Draw one problem at ``difficulty`` using only ``rng`` (same rng state, same problem)."""
+
+    @abstractmethod
+    def verify(self, problem: Problem, answer: str) -> Verdict:
+        """Judge the text inside the ``<answer>`` tag. Never executes it; never raises on any string."""
+
+    @abstractmethod
+    def solution(self, problem: Problem) -> tuple[str, str]:
+        """Return a gold ``(reasoning, answer)`` pair; ``verify(problem, answer)`` must be correct."""
+
+    def sample_seeded(self, difficulty: float, seed: int) -> Problem:
+        """Draw the problem of ``seed`` and record it, so ``sample_seeded(d, problem.seed)`` remakes it.
+
+        :param difficulty: the level, in [0.1, 1.0]
+        :param seed: seeds ``np.random.default_rng(seed)``, the only randomness used
+        """
+        problem = self.sample(difficulty, np.random.default_rng(seed))
+        problem.seed = int(seed)
+        return problem
+
+    def conclusion(self, problem: Problem, reasoning: str) -> str | None:
+        """What the reasoning concluded: by default its last number (``None`` when it states none)."""
+        numbers = _NUMBER.findall(reasoning[-4096:])
+        return numbers[-1] if numbers else None
+
+    def key_terms(self, problem: Problem) -> list[str]:
+        """Terms a reasoning about this problem mentions: by default the numbers in the prompt."""
+        return _NUMBER.findall(problem.prompt)
+
+    def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
+        """Whether two answer strings say the same thing (default: equal after stripping spaces)."""
+        return "".join(first.split()) == "".join(second.split())
+
+    def feedback(self, problem: Problem, verdict: Verdict) -> str:
+        """The message a multi-turn episode appends after a wrong answer."""
+        reason = f" ({verdict.reason})" if verdict.reason else ""
+        return f"That is not correct{reason}. Think again and answer."

@@ -1,0 +1,89 @@
+"""Prompt templates: how a question and the multi-turn feedback are laid out as text for the model.
+
+The default is the R1-Zero template (DeepSeek-R1 paper, table 1): the model answers with
+``<think>…</think><answer>…</answer>``. ``"compact"`` drops the instructions (for the built-in tiny model,
+which learns the format from the cold-start data instead). Any string with a ``{prompt}`` field is a template
+too. When the tokenizer has a chat template and ``use_chat_template`` is on, the instructions become the
+system message and the question the user message, rendered by the tokenizer's own chat template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+R1ZERO_INSTRUCTIONS = (
+    "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
+    "The Assistant first thinks about the reasoning process in the mind and then provides the User with the "
+    "answer. The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> "
+    "tags, respectively, i.e., <think> reasoning process here </think><answer> answer here </answer>."
+)
+TEMPLATES = {
+    "r1zero": R1ZERO_INSTRUCTIONS + "\nUser: {prompt}\nAssistant: ",
+    "compact": "User: {prompt}\nAssistant: ",
+}
+FEEDBACK_FORMAT = "\nUser: {feedback}\nAssistant: "
+_PLACEHOLDER = "\x00"  # stands for the question / feedback message when the template is rendered once
+_COMPLETION = "\x01"  # stands for the model's completion in the rendered chat
+
+
+class PromptFormatter:
+    """Renders the first prompt and the feedback turns of an episode as text.
+
+    :param template: ``"r1zero"``, ``"compact"`` or a format string with a ``{prompt}`` field
+    :param tokenizer: the env's tokenizer (used only for its chat template)
+    :param use_chat_template: ``"auto"`` (when the tokenizer has one), ``True`` or ``False``
+    """
+
+    def __init__(self, template: str, tokenizer: Any, use_chat_template: bool | str = "auto") -> None:
+        template = TEMPLATES.get(template, template)
+        if "{prompt}" not in template:
+            raise ValueError(
+                f"template must be one of {sorted(TEMPLATES)} or a string with a '{{prompt}}' field, got {template!r}"
+            )
+        has_chat = getattr(tokenizer, "chat_template", None) is not None
+        if use_chat_template is True and not has_chat:
+            raise ValueError("use_chat_template=True but the tokenizer has no chat template; pass 'auto' or False")
+        self.template = template
+        self.tokenizer = tokenizer
+        self.chat = has_chat if use_chat_template == "auto" else bool(use_chat_template)
+        self._system = R1ZERO_INSTRUCTIONS if template == TEMPLATES["r1zero"] else None
+        # The text around the question and around a feedback message, rendered once: the hot path (one
+        # prompt per env reset) then only concatenates, and the env encodes the constant parts once.
+        self.prompt_affixes = self._split(self._prompt_text(_PLACEHOLDER))
+        self.feedback_affixes = self._split(self._feedback_text(_PLACEHOLDER))
+
+    def _messages(self, question: str) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self._system}] if self._system else []
+        return [*system, {"role": "user", "content": question}]
+
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def _prompt_text(self, question: str) -> str:
+        if not self.chat:
+            return self.template.format(prompt=question)
+        return self._render(self._messages(question), generation_prompt=True)
+
+    def _feedback_text(self, message: str) -> str:
+        if not self.chat:
+            return FEEDBACK_FORMAT.format(feedback=message)
+        # Render a conversation with a placeholder completion and keep only what follows it: the chat
+        # template's end-of-turn marker, the user's feedback and the new generation prompt.
+        before = [*self._messages("?"), {"role": "assistant", "content": _COMPLETION}]
+        text = self._render([*before, {"role": "user", "content": message}], generation_prompt=True)
+        return text[text.rfind(_COMPLETION) + 1 :]
+
+    @staticmethod
+    def _split(text: str) -> tuple[str, str]:
+        before, _, after = text.partition(_PLACEHOLDER)
+        return before, after
+
+    def prompt(self, question: str) -> str:
+        """The text of the first turn, ending where the model's completion starts."""
+        before, after = self.prompt_affixes
+        return before + question + after
+
+    def feedback(self, message: str) -> str:
+        """The text appended after a completion: the end of the model's turn, the feedback, the next cue."""
+        before, after = self.feedback_affixes
+        return before + message + after

@@ -1,0 +1,489 @@
+"""Tests for grpo_gym.rewards: the template parser, the three S2 components and the composite reward."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from grpo_gym.rewards import (
+    DEFAULT_WEIGHTS,
+    MAX_COMPLETION_CHARS,
+    CompositeReward,
+    ParsedCompletion,
+    consistency_score,
+    parse_completion,
+    syntax_score,
+    task_score,
+)
+from grpo_gym.tasks.base import Problem, Task, Verdict
+
+
+class SumTask(Task):
+    """A tiny task: the sum of two integers. Records every answer its verifier sees."""
+
+    name = "sum"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def sample(self, difficulty: float, rng: np.random.Generator) -> Problem:
+        a, b = (int(x) for x in rng.integers(0, 100, size=2))
+        return Problem(prompt=f"What is {a} + {b}?", answer=str(a + b), task=self.name, difficulty=difficulty)
+
+    def verify(self, problem: Problem, answer: str) -> Verdict:
+        self.seen.append(answer)
+        if answer.strip() == problem.answer:
+            return Verdict(True)
+        return Verdict(False, f"{answer.strip()[:20]!r} is not the sum")
+
+    def solution(self, problem: Problem) -> tuple[str, str]:
+        return f"{problem.prompt[8:-1]} = {problem.answer}", problem.answer
+
+
+class BrokenTask(SumTask):
+    """A task whose hooks raise, as a buggy task family might."""
+
+    def verify(self, problem: Problem, answer: str) -> Verdict:
+        raise RuntimeError("verifier bug")
+
+    def conclusion(self, problem: Problem, reasoning: str) -> str | None:
+        raise KeyError("conclusion bug")
+
+
+class NoTermsTask(SumTask):
+    def key_terms(self, problem: Problem) -> list[str]:
+        return []
+
+
+@pytest.fixture
+def task() -> SumTask:
+    return SumTask()
+
+
+@pytest.fixture
+def problem() -> Problem:
+    return Problem(prompt="What is 12 + 30?", answer="42", task="sum", difficulty=0.3)
+
+
+GOOD = "<think>12 + 30 = 42</think><answer>42</answer>"
+
+
+# ---------------------------------------------------------------- parser
+
+
+def test_parse_well_formed() -> None:
+    parsed = parse_completion("  \n<think> 12 + 30 = 42 </think>\n\n<answer> 42 </answer>\n ")
+    assert parsed == ParsedCompletion(reasoning="12 + 30 = 42", answer="42", well_formed=True, reason="")
+
+
+def test_parse_bytes_valid_utf8() -> None:
+    parsed = parse_completion("<think>ça fait 42</think><answer>42</answer>".encode())
+    assert parsed.well_formed and parsed.reasoning == "ça fait 42" and parsed.answer == "42"
+
+
+def test_parsed_completion_is_frozen() -> None:
+    parsed = parse_completion(GOOD)
+    with pytest.raises(AttributeError):
+        parsed.answer = "7"  # type: ignore[misc]
+
+
+FIVE_MB = 5 * 1024 * 1024
+
+# (id, completion, reason substring, expected answer, expected reasoning)
+BAD_INPUTS = [
+    ("repeated-answer", GOOD + "<answer>41</answer>", "2 <answer> tags", None, "12 + 30 = 42"),
+    ("repeated-think", "<think>a</think><think>b</think><answer>42</answer>", "2 <think> tags", "42", None),
+    ("repeated-close", "<think>12</think><answer>42</answer></answer>", "2 </answer> tags", None, "12"),
+    ("nested-answer", "<think>12</think><answer><answer>42</answer></answer>", "2 <answer> tags", None, "12"),
+    (
+        "nested-think-in-answer",
+        "<think>12</think><answer>42<think>x</think></answer>",
+        "think tag inside <answer>",
+        None,
+        None,
+    ),
+    ("nested-think", "<think>a<think>b</think></think><answer>42</answer>", "2 <think> tags", "42", None),
+    ("unclosed-answer", "<think>12 + 30 = 42</think><answer>42", "unclosed <answer>", None, "12 + 30 = 42"),
+    ("unclosed-think", "<think>12 + 30 = 42 <answer>42</answer>", "<answer> inside <think>", None, None),
+    ("stray-close", "<think>12</think></answer>42", "</answer> without <answer>", None, "12"),
+    ("close-before-open", "<think>12</think></answer>42<answer>", "</answer> before <answer>", None, "12"),
+    (
+        "answer-in-reasoning",
+        "<think>12 + 30 <answer>42</answer> = 42</think>",
+        "<answer> inside <think>",
+        None,
+        "12 + 30 <answer>42</answer> = 42",
+    ),
+    (
+        "answer-in-reasoning-and-after",
+        "<think>maybe <answer>41</answer></think><answer>42</answer>",
+        "2 <answer> tags",
+        None,
+        "maybe <answer>41</answer>",
+    ),
+    ("empty", "", "empty completion", None, None),
+    ("whitespace-only", " \n\t ", "empty completion", None, None),
+    ("trailing-text", GOOD + " and also 41", "text after </answer>", "42", "12 + 30 = 42"),
+    ("leading-text", "Sure! " + GOOD, "text before <think>", "42", "12 + 30 = 42"),
+    (
+        "text-between",
+        "<think>12</think> so <answer>42</answer>",
+        "text between </think> and <answer>",
+        "42",
+        "12",
+    ),
+    (
+        "answer-first",
+        "<answer>42</answer><think>12 + 30</think>",
+        "<answer> before </think>",
+        "42",
+        "12 + 30",
+    ),
+    ("no-think", "<answer>42</answer>", "no <think> block", "42", None),
+    ("no-tags", "The answer is 42.", "no <answer> block", None, None),
+    ("wrong-case-tags", "<think>12</think><ANSWER>42</ANSWER>", "no <answer> block", None, "12"),
+    ("empty-answer", "<think>12 + 30</think><answer>  </answer>", "empty <answer>", None, "12 + 30"),
+    ("empty-think", "<think> </think><answer>42</answer>", "empty <think>", "42", ""),
+    ("5MB-text", "<think>" + "a" * FIVE_MB + "</think><answer>42</answer>", "longer than", None, None),
+    ("5MB-tags", "<answer>42</answer>" * (FIVE_MB // 19), "longer than", None, None),
+    ("5MB-bytes", b"<think>12</think><answer>42</answer>" + b"\xff" * FIVE_MB, "longer than", None, None),
+    (
+        "invalid-utf8-prefix",
+        b"\xff\xfe<think>12 + 30 = 42</think><answer>42</answer>",
+        "text before",
+        "42",
+        None,
+    ),
+    (
+        "invalid-utf8-answer",
+        b"<think>12 + 30 = 42</think><answer>4\xff2</answer>\xc3",
+        "text after",
+        None,
+        None,
+    ),
+    ("not-text", None, "not text", None, None),
+    ("not-text-int", 42, "not text", None, None),
+]
+
+
+@pytest.mark.parametrize(
+    ("completion", "reason", "answer", "reasoning"),
+    [case[1:] for case in BAD_INPUTS],
+    ids=[case[0] for case in BAD_INPUTS],
+)
+def test_parse_bad_inputs(completion: object, reason: str, answer: str | None, reasoning: str | None) -> None:
+    parsed = parse_completion(completion)  # type: ignore[arg-type]
+    assert not parsed.well_formed
+    assert reason in parsed.reason
+    if answer is not None:
+        assert parsed.answer == answer
+    elif reason not in ("text after", "text before"):
+        assert parsed.answer is None
+    if reasoning is not None or reason in ("longer than", "not text", "empty completion"):
+        assert parsed.reasoning == reasoning
+
+
+def test_invalid_utf8_is_replaced_not_dropped() -> None:
+    parsed = parse_completion(b"<think>12 + 30 = 42</think><answer>4\xff2</answer>")
+    assert parsed.well_formed and parsed.answer == "4\ufffd2"
+
+
+def test_length_cap_boundary() -> None:
+    body = "<think></think><answer>42</answer>"
+    pad = "x" * (MAX_COMPLETION_CHARS - len(body))
+    at_cap = f"<think>{pad}</think><answer>42</answer>"
+    assert len(at_cap) == MAX_COMPLETION_CHARS and parse_completion(at_cap).well_formed
+    over = parse_completion(at_cap + " ")
+    assert not over.well_formed and over.answer is None and "longer than" in over.reason
+
+
+# ---------------------------------------------------------------- bad inputs through the whole reward
+
+# (id, completion, whether the task credit is earned)
+REWARD_BAD_INPUTS = [(case[0], case[1], False) for case in BAD_INPUTS if case[3] != "42"] + [
+    (case[0], case[1], True) for case in BAD_INPUTS if case[3] == "42"
+]
+CODE = "<think>run it</think><answer>__import__('pathlib').Path('pwned').touch() or 42</answer>"
+
+
+@pytest.mark.parametrize(
+    ("completion", "earned"),
+    [case[1:] for case in REWARD_BAD_INPUTS] + [(CODE, False)],
+    ids=[case[0] for case in REWARD_BAD_INPUTS] + ["code-in-answer"],
+)
+def test_reward_bad_inputs(
+    completion: object, earned: bool, task: SumTask, problem: Problem, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CompositeReward()(task, problem, completion)  # type: ignore[arg-type]
+    assert result.is_success is earned
+    assert result.components["task"] == (1.0 if earned else 0.0)
+    assert all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert 0.0 <= result.total <= 1.0
+    assert all(result.reasons.values())
+    if completion is not CODE:
+        assert result.components["syntax"] == 0.0
+    assert not (tmp_path / "pwned").exists()
+    assert all(len(seen) < 100 for seen in task.seen)  # the verifier only ever saw an extracted answer
+
+
+def test_code_is_data(task: SumTask, problem: Problem) -> None:
+    result = CompositeReward()(task, problem, CODE)
+    assert result.components["syntax"] == 1.0
+    assert task.seen == ["__import__('pathlib').Path('pwned').touch() or 42"]
+    assert result.reasons["task"].startswith('"__import__')
+
+
+def test_fuzz_never_raises(task: SumTask, problem: Problem) -> None:
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", "42", "12", "30", " ", "\n", "x", "<", ">", "/"]
+    reward = CompositeReward()
+    rng = random.Random(0)
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        parsed = parse_completion(text)
+        assert parsed.well_formed == (parsed.reason == "")
+        if parsed.answer is not None:
+            assert text.count("<answer>") == 1 and text.count("</answer>") == 1
+            assert not any(tag in parsed.answer for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+        if parsed.well_formed:
+            assert parsed.answer and parsed.reasoning
+            assert all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+        result = reward(task, problem, text)
+        assert 0.0 <= result.total <= 1.0 and all(result.reasons.values())
+
+
+# ---------------------------------------------------------------- components
+
+
+def test_syntax_score() -> None:
+    assert syntax_score(parse_completion(GOOD)) == (1.0, "well formed")
+    assert syntax_score(parse_completion(GOOD + "!")) == (0.0, "text after </answer>")
+
+
+def test_task_score(task: SumTask, problem: Problem) -> None:
+    assert task_score(task, problem, parse_completion(GOOD)) == (1.0, "correct")
+    score, reason = task_score(task, problem, parse_completion("<think>12</think><answer>41</answer>"))
+    assert score == 0.0 and reason == "'41' is not the sum"
+    score, reason = task_score(task, problem, parse_completion(GOOD + "<answer>42</answer>"))
+    assert score == 0.0 and reason == "no unambiguous answer (2 <answer> tags)"
+    assert task.seen == ["42", "41"]  # only extracted answers, stripped; nothing for the ambiguous one
+
+
+@pytest.mark.parametrize(
+    ("completion", "score", "reason"),
+    [
+        (GOOD, 1.0, "answer agrees with reasoning; 2/2 key terms"),
+        (
+            "<think>12 + 30 = 41</think><answer>41</answer>",
+            1.0,
+            "answer agrees with reasoning; 2/2 key terms",
+        ),
+        (
+            "<think>12 + 30 = 41</think><answer>40</answer>",
+            0.5,
+            "answer disagrees with reasoning; 2/2 key terms",
+        ),
+        (
+            "<think>I think it is 42</think><answer>42</answer>",
+            0.5,
+            "answer agrees with reasoning; 0/2 key terms",
+        ),
+        (
+            "<think>12 plus something: 42</think><answer>42</answer>",
+            0.75,
+            "agrees with reasoning; 1/2 key terms",
+        ),
+        (
+            "<think>12 and 30, then 42</think><answer>42</answer> ps",
+            1.0,
+            "agrees with reasoning; 2/2 key terms",
+        ),
+        ("<think>no idea</think><answer>42</answer>", 0.0, "reasoning reaches no conclusion; 0/2 key terms"),
+        ("<think>12 + 30</think><answer>42</answer>", 0.5, "answer disagrees with reasoning; 2/2 key terms"),
+        ("<answer>42</answer>", 0.0, "no reasoning"),
+        ("<think>12 + 30 = 42</think>", 0.0, "no answer (no <answer> block)"),
+    ],
+)
+def test_consistency_score(
+    task: SumTask, problem: Problem, completion: str, score: float, reason: str
+) -> None:
+    got_score, got_reason = consistency_score(task, problem, parse_completion(completion))
+    assert got_score == pytest.approx(score)
+    assert reason in got_reason
+
+
+def test_consistency_without_key_terms(problem: Problem) -> None:
+    task = NoTermsTask()
+    assert consistency_score(task, problem, parse_completion("<think>so 42</think><answer>42</answer>")) == (
+        1.0,
+        "answer agrees with reasoning; no key terms",
+    )
+    assert (
+        consistency_score(task, problem, parse_completion("<think>so 41</think><answer>42</answer>"))[0]
+        == 0.0
+    )
+
+
+def test_task_bugs_become_reasons(problem: Problem) -> None:
+    task = BrokenTask()
+    score, reason = task_score(task, problem, parse_completion(GOOD))
+    assert score == 0.0 and reason == "task.verify raised RuntimeError: verifier bug"
+    score, reason = consistency_score(task, problem, parse_completion(GOOD))
+    assert score == 0.0 and "KeyError" in reason
+    result = CompositeReward()(task, problem, GOOD)
+    assert result.total == pytest.approx(0.3) and not result.is_success
+
+
+# ---------------------------------------------------------------- composite
+
+
+@pytest.mark.parametrize(
+    ("completion", "total", "success"),
+    [
+        (GOOD, 1.0, True),  # 0.3*1 + 0.4*1 + 0.3*1
+        ("<think>12 + 30 = 41</think><answer>41</answer>", 0.7, False),  # 0.3 + 0.4*1 + 0
+        ("<think>12 + 30 = 41</think><answer>40</answer>", 0.5, False),  # 0.3 + 0.4*0.5 + 0
+        ("<think>I think it is 42</think><answer>42</answer>", 0.8, True),  # 0.3 + 0.4*0.5 + 0.3
+        ("<think>12 plus something: 42</think><answer>42</answer>", 0.9, True),  # 0.3 + 0.4*0.75 + 0.3
+        (GOOD + " done", 0.7, True),  # 0 + 0.4 + 0.3
+        ("<answer>42</answer>", 0.3, True),  # 0 + 0 + 0.3
+        ("<think>12 + 30 = 42</think><answer>42", 0.0, False),
+        ("", 0.0, False),
+    ],
+)
+def test_composite_totals(
+    task: SumTask, problem: Problem, completion: str, total: float, success: bool
+) -> None:
+    result = CompositeReward()(task, problem, completion)
+    assert result.total == pytest.approx(total)
+    assert result.is_success is success
+    expected = sum(DEFAULT_WEIGHTS[k] * v for k, v in result.components.items())
+    assert result.total == pytest.approx(expected)
+
+
+def test_composite_result_fields(task: SumTask, problem: Problem) -> None:
+    result = CompositeReward()(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>")
+    assert result.components == {"syntax": 1.0, "consistency": 1.0, "task": 0.0}
+    assert result.reasons == {
+        "syntax": "well formed",
+        "consistency": "answer agrees with reasoning; 2/2 key terms",
+        "task": "'41' is not the sum",
+    }
+    assert result.answer == "41" and result.is_success is False
+
+
+def test_weights_default_and_copy() -> None:
+    reward = CompositeReward()
+    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+    reward.weights["task"] = 9.0
+    assert reward.weights["task"] == 0.3
+    assert DEFAULT_WEIGHTS == {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+
+
+def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(weights={"task": 1.0})
+    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 1.0}
+    reward.set_weights({"syntax": 0.0, "consistency": 0})
+    assert reward.weights == {"syntax": 0.0, "consistency": 0.0, "task": 1.0}
+    assert reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>").total == 0.0
+    assert reward(task, problem, GOOD).total == 1.0
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"format": 0.3}, "unknown reward component 'format'"),
+        ({"syntax": -0.1}, "must be finite and >= 0"),
+        ({"syntax": math.nan}, "must be finite and >= 0"),
+        ({"task": math.inf}, "must be finite and >= 0"),
+        ({"task": "high"}, "must be a number"),
+    ],
+)
+def test_set_weights_rejects(mapping: dict, message: str) -> None:
+    reward = CompositeReward()
+    with pytest.raises(ValueError, match=message) as info:
+        reward.set_weights({"consistency": 0.9, **mapping})
+    assert "valid keys: syntax, consistency, task" in str(info.value)
+    assert reward.weights == DEFAULT_WEIGHTS  # nothing changed
+    with pytest.raises(ValueError, match="valid keys"):
+        CompositeReward(weights=mapping)
+
+
+def test_total_clipped(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(weights={"syntax": 2, "consistency": 2, "task": 2})
+    assert reward(task, problem, GOOD).total == 1.0  # 6 clipped
+    assert reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>").total == 1.0  # 4 clipped
+    assert reward(task, problem, "<think>I think it is 42</think><answer>4</answer>").total == 1.0  # 2 + 0
+    reward.set_weights({"syntax": 0.1, "consistency": 0.5})
+    assert reward(task, problem, "<answer>41</answer>").total == 0.0
+    assert reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>").total == pytest.approx(0.6)
+
+
+def test_score_batch_matches_single_calls(task: SumTask, problem: Problem) -> None:
+    other = Problem(prompt="What is 1 + 2?", answer="3", task="sum", difficulty=0.1)
+    completions = [
+        GOOD,
+        b"<think>1 + 2 = 3</think><answer>3</answer>",
+        "<answer>3</answer><answer>3</answer>",
+    ]
+    problems = [problem, other, other]
+    reward = CompositeReward()
+    batch = reward.score_batch(task, problems, completions)
+    assert batch == [reward(task, p, c) for p, c in zip(problems, completions, strict=True)]
+    assert [r.total for r in batch] == pytest.approx([1.0, 1.0, 0.0])
+    assert reward.score_batch(task, [], []) == []
+    with pytest.raises(ValueError, match="2 problems but 3 completions"):
+        reward.score_batch(task, problems[:2], completions)
+    with pytest.raises(ValueError, match="1 prompt_texts"):
+        reward.score_batch(task, problems, completions, ["p"])
+
+
+class FakeScorer:
+    """A stand-in reward model: a fixed score per call position; counts calls and records its inputs."""
+
+    def __init__(self, value: float = 0.25) -> None:
+        self.value = value
+        self.calls: list[tuple[list[str], list[str]]] = []
+
+    def score(self, prompts: list[str], completions: list[str]) -> np.ndarray:
+        self.calls.append((prompts, completions))
+        return np.full(len(prompts), self.value)
+
+
+def test_reward_model_replaces_rule_based_consistency(task: SumTask, problem: Problem) -> None:
+    scorer = FakeScorer(0.25)
+    reward = CompositeReward(reward_model=scorer)
+    result = reward(task, problem, GOOD, prompt_text="Q: 12 + 30?")
+    assert result.components == {"syntax": 1.0, "consistency": 0.25, "task": 1.0}
+    assert result.total == pytest.approx(0.3 + 0.4 * 0.25 + 0.3)
+    assert result.reasons["consistency"] == "reward model score 0.2500"
+    assert scorer.calls == [(["Q: 12 + 30?"], [GOOD])]
+
+
+def test_reward_model_one_call_per_batch(task: SumTask, problem: Problem) -> None:
+    scorer = FakeScorer(0.5)
+    reward = CompositeReward(reward_model=scorer)
+    big = b"\xff" * (5 * 1024 * 1024)
+    results = reward.score_batch(task, [problem] * 3, [GOOD, big, None], ["a", "b", "c"])  # type: ignore[list-item]
+    assert len(scorer.calls) == 1
+    prompts, texts = scorer.calls[0]
+    assert prompts == ["a", "b", "c"]
+    assert texts[0] == GOOD and len(texts[1]) == MAX_COMPLETION_CHARS and texts[2] == ""
+    assert [r.components["consistency"] for r in results] == [0.5, 0.5, 0.5]
+    assert [r.total for r in results] == pytest.approx([0.8, 0.2, 0.2])
+
+
+@pytest.mark.parametrize(("value", "expected"), [(math.nan, 0.0), (1.5, 1.0), (-0.5, 0.0)])
+def test_reward_model_scores_sanitised(
+    task: SumTask, problem: Problem, value: float, expected: float
+) -> None:
+    result = CompositeReward(reward_model=FakeScorer(value))(task, problem, GOOD)
+    assert result.components["consistency"] == expected
+
+
+def test_reward_model_path_string_is_validated() -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        CompositeReward(reward_model="./no/such/reward_model_dir")
