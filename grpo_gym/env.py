@@ -164,6 +164,14 @@ class R1ZeroEnv(gym.Env):
             examples.append(self.encode_example(problem.prompt, f"<think>{reasoning}</think><answer>{answer}</answer>"))
         return examples
 
+    def score_completion(
+        self, problem: Problem, action: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """``reset(options={"problem": problem})`` then ``step(action)``: one scored completion, as evaluation
+        needs it (called through ``VecEnv.env_method`` it bypasses wrappers such as ``Monitor``)."""
+        self.reset(options={"problem": problem})
+        return self.step(action)
+
     # ------------------------------------------------------------------ gymnasium API
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None

@@ -95,9 +95,7 @@ def test_score_shape_range_determinism(model_dir: Path) -> None:
     assert np.all((scores >= 0.0) & (scores <= 1.0))
     assert np.ptp(scores) > 1e-3  # a real model, not a constant
     np.testing.assert_array_equal(scores, scorer.score(PROMPTS, COMPLETIONS))
-    np.testing.assert_array_equal(
-        scores, RewardModelScorer(str(model_dir), batch_size=3).score(PROMPTS, COMPLETIONS)
-    )
+    np.testing.assert_array_equal(scores, RewardModelScorer(str(model_dir), batch_size=3).score(PROMPTS, COMPLETIONS))
 
 
 def test_single_logit_is_sigmoid(model_dir: Path) -> None:

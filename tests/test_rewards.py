@@ -307,9 +307,7 @@ def test_task_score(task: SumTask, problem: Problem) -> None:
         ("<think>12 + 30 = 42</think>", 0.0, "no answer (no <answer> block)"),
     ],
 )
-def test_consistency_score(
-    task: SumTask, problem: Problem, completion: str, score: float, reason: str
-) -> None:
+def test_consistency_score(task: SumTask, problem: Problem, completion: str, score: float, reason: str) -> None:
     got_score, got_reason = consistency_score(task, problem, parse_completion(completion))
     assert got_score == pytest.approx(score)
     assert reason in got_reason
@@ -321,10 +319,7 @@ def test_consistency_without_key_terms(problem: Problem) -> None:
         1.0,
         "answer agrees with reasoning; no key terms",
     )
-    assert (
-        consistency_score(task, problem, parse_completion("<think>so 41</think><answer>42</answer>"))[0]
-        == 0.0
-    )
+    assert consistency_score(task, problem, parse_completion("<think>so 41</think><answer>42</answer>"))[0] == 0.0
 
 
 def test_task_bugs_become_reasons(problem: Problem) -> None:
@@ -354,9 +349,7 @@ def test_task_bugs_become_reasons(problem: Problem) -> None:
         ("", 0.0, False),
     ],
 )
-def test_composite_totals(
-    task: SumTask, problem: Problem, completion: str, total: float, success: bool
-) -> None:
+def test_composite_totals(task: SumTask, problem: Problem, completion: str, total: float, success: bool) -> None:
     result = CompositeReward()(task, problem, completion)
     assert result.total == pytest.approx(total)
     assert result.is_success is success
@@ -477,9 +470,7 @@ def test_reward_model_one_call_per_batch(task: SumTask, problem: Problem) -> Non
 
 
 @pytest.mark.parametrize(("value", "expected"), [(math.nan, 0.0), (1.5, 1.0), (-0.5, 0.0)])
-def test_reward_model_scores_sanitised(
-    task: SumTask, problem: Problem, value: float, expected: float
-) -> None:
+def test_reward_model_scores_sanitised(task: SumTask, problem: Problem, value: float, expected: float) -> None:
     result = CompositeReward(reward_model=FakeScorer(value))(task, problem, GOOD)
     assert result.components["consistency"] == expected
 

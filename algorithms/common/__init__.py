@@ -1,0 +1,1 @@
+"""Pieces shared by the algorithms: models, generation, cold start, evaluation, schedules."""

@@ -1,0 +1,113 @@
+"""The cold-start stage (S20.1): supervised fine-tuning on gold solutions before RL."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+import torch as th
+
+from algorithms.grpo import objective
+from algorithms.grpo.rollout import left_pad
+
+
+def load_sft_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """Read ``(prompt, response)`` pairs from a JSONL file of ``{"prompt": ..., "response": ...}`` rows."""
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    rows.append((str(row["prompt"]), str(row["response"])))
+                except (json.JSONDecodeError, KeyError, TypeError) as error:
+                    raise ValueError(
+                        f"{path}:{number}: each line must be a JSON object with 'prompt' and 'response' ({error})"
+                    ) from None
+    except FileNotFoundError:
+        raise ValueError(f"sft_data file {path!r} does not exist") from None
+    if not rows:
+        raise ValueError(f"sft_data file {path!r} holds no rows")
+    return rows
+
+
+def sft_examples(env: Any, n: int, data: list[tuple[str, str]] | None, rng: np.random.Generator) -> list[Any]:
+    """``n`` tokenized examples: from ``data`` rows (sampled with ``rng``) or the env task's gold solutions."""
+    if data is None:
+        return env.env_method("gold_examples", n, indices=[0])[0]
+    picks = rng.integers(len(data), size=n)
+    return [env.env_method("encode_example", *data[i], indices=[0])[0] for i in picks]
+
+
+def supervised_finetune(
+    policy: Any,
+    env: Any,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    data: str | None = None,
+    generator: th.Generator | None = None,
+    logger: Any = None,
+    verbose: int = 0,
+    log_interval: int = 50,
+) -> dict[str, float]:
+    """Minimise the completion tokens' negative log-likelihood for ``steps`` steps (its own AdamW optimizer).
+
+    Logs ``sft/loss`` and ``sft/mean_token_prob`` (the mean probability of the gold tokens) every
+    ``log_interval`` steps, at the SFT step count.
+
+    :param policy: a :class:`TransformerPolicy`
+    :param env: the VecEnv whose tokenizer, template and task make the examples
+    :param steps: gradient steps
+    :param batch_size: examples per step
+    :param learning_rate: AdamW learning rate (cosine-decayed to 10% over the steps)
+    :param data: a JSONL file of prompt/response rows instead of the task's gold solutions
+    :param generator: seeds the choice of rows
+    :param logger: an SB3 logger (optional)
+    :param verbose: print progress when >= 1
+    :param log_interval: steps between logged values
+    """
+    rows = load_sft_rows(data) if data is not None else None
+    seed = int(th.randint(2**31 - 1, (1,), generator=generator).item()) if generator is not None else 0
+    rng = np.random.default_rng(seed)
+    optimizer = th.optim.AdamW(policy.parameters(), lr=learning_rate, weight_decay=0.0)
+    scheduler = th.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(steps, 1), eta_min=learning_rate / 10)
+    device = next(policy.parameters()).device
+    stats: dict[str, float] = {}
+    for step in range(1, steps + 1):
+        examples = sft_examples(env, batch_size, rows, rng)
+        prompt_ids, prompt_mask = left_pad([th.as_tensor(p) for p, _ in examples], policy.pad_token_id)
+        completion_ids, completion_mask = _right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
+        log_probs, _ = policy.log_probs(
+            prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device), completion_mask.to(device)
+        )
+        loss = -objective.aggregate(log_probs, completion_mask.to(device), mode="token")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        th.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        if step % log_interval == 0 or step == steps:
+            stats = {"loss": loss.item(), "mean_token_prob": log_probs.detach().exp()[completion_mask].mean().item()}
+            if logger is not None:
+                for key, value in stats.items():
+                    logger.record(f"sft/{key}", value)
+                logger.record("sft/step", step)
+                logger.dump(step=step)
+            elif verbose:
+                print(f"sft step {step}/{steps}: loss {stats['loss']:.4f}")
+    return stats
+
+
+def _right_pad(rows: list[th.Tensor], pad_id: int) -> tuple[th.Tensor, th.Tensor]:
+    width = max(len(row) for row in rows)
+    ids = th.full((len(rows), width), pad_id, dtype=th.long)
+    mask = th.zeros((len(rows), width), dtype=th.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = True
+    return ids, mask

@@ -1,0 +1,78 @@
+"""Hyperparameter files in the rl-baselines3-zoo format, with named presets.
+
+The top-level keys are env ids (``R1Zero-v0``), as rl-zoo3 expects; they hold the default preset (the
+seed's values). Other presets are top-level keys ``<env id>-<preset>`` (``R1Zero-v0-demo``), which rl-zoo3
+ignores. Values follow rl-zoo3: ``n_timesteps``, ``policy``, ``n_envs``, ``env_kwargs``, ``policy_kwargs``
+(a mapping; a string is read as a Python literal, never evaluated as code) and ``lin_<x>`` for a linear
+schedule from ``x`` to 0; every other key is a ``GRPO`` argument. Write floats as ``1.0e-5`` (YAML reads
+``1e-5`` as a string).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import yaml
+from stable_baselines3.common.utils import LinearSchedule
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "zoo_configs" / "grpo.yml"
+SCHEDULABLE = ("learning_rate", "clip_range", "clip_range_high", "ent_coef")
+
+
+def preset_key(env_id: str, preset: str | None) -> str:
+    """The top-level key holding ``preset`` for ``env_id`` (the env id itself for the default preset)."""
+    return env_id if preset in (None, "", "seed", "default") else f"{env_id}-{preset}"
+
+
+def parse_value(text: str) -> Any:
+    """A command-line or config value: a Python literal when it is one, else the string itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["learning_rate:1e-5", "n_groups:8"]`` (rl-zoo3's ``-params`` syntax; ``=`` works too) as a dict."""
+    overrides = {}
+    for item in items:
+        separator = ":" if ":" in item else "="
+        key, found, value = item.partition(separator)
+        if not found or not key:
+            raise ValueError(f"override {item!r} must look like key:value, e.g. learning_rate:1e-5")
+        overrides[key.strip()] = parse_value(value.strip())
+    return overrides
+
+
+def _schedule(key: str, value: Any) -> Any:
+    if isinstance(value, str) and value.startswith("lin_"):
+        start = float(value[len("lin_") :])
+        return LinearSchedule(start, 0.0, 1.0)
+    if isinstance(value, str):
+        raise ValueError(f"{key}: {value!r} is not a number or a lin_<x> schedule (write floats as 1.0e-5)")
+    return value
+
+
+def load_hyperparams(
+    path: str | Path, env_id: str, preset: str | None = None, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The hyperparameters of ``env_id``'s ``preset`` in ``path``, with ``overrides`` applied and schedules built."""
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"config file {path} does not exist; pass --config <file> (see zoo_configs/grpo.yml)")
+    with path.open(encoding="utf-8") as handle:
+        document = yaml.safe_load(handle) or {}
+    key = preset_key(env_id, preset)
+    if key not in document:
+        presets = sorted(k for k in document if k == env_id or k.startswith(f"{env_id}-"))
+        raise ValueError(f"{path} has no entry {key!r}; entries for {env_id}: {presets}")
+    config = {**document[key], **(overrides or {})}
+    if isinstance(config.get("policy_kwargs"), str):
+        config["policy_kwargs"] = ast.literal_eval(config["policy_kwargs"])
+    for name in SCHEDULABLE:
+        if name in config:
+            config[name] = _schedule(name, config[name])
+    config.setdefault("n_timesteps", 10_000)
+    return config

@@ -1,0 +1,474 @@
+"""GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.utils import FloatSchedule, safe_mean
+from stable_baselines3.common.vec_env import VecEnv
+
+from algorithms.common.cold_start import supervised_finetune
+from algorithms.common.generation import Completions, completion_log_probs
+from algorithms.common.schedules import UpdateDecay
+from algorithms.grpo import objective
+from algorithms.grpo.policies import TransformerPolicy
+from algorithms.grpo.rollout import RolloutBatch, left_pad
+
+SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
+ADVANTAGE_SCALES = ("group", "batch", "none")
+AGGREGATIONS = ("sequence", "token", "constant")
+
+
+@dataclass
+class _Rows:
+    """What one rollout collected, one entry per completion (per turn in multi-turn episodes)."""
+
+    episodes: list[int] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    contexts: list[th.Tensor] = field(default_factory=list)
+    tokens: list[th.Tensor] = field(default_factory=list)
+    masks: list[th.Tensor] = field(default_factory=list)
+    log_probs: list[th.Tensor] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, episodes, turn, contexts, completions, log_probs, rewards, infos) -> None:
+        """Record the completions the envs of one step scored (row ``i`` is episode ``episodes[i]``)."""
+        tokens, masks = completions
+        for i, episode in enumerate(episodes):
+            self.episodes.append(episode)
+            self.turns.append(turn)
+            self.contexts.append(contexts[i])
+            self.tokens.append(tokens[i])
+            self.masks.append(masks[i])
+            self.log_probs.append(log_probs[i])
+            self.rewards.append(float(rewards[i]))
+            self.infos.append(infos[i])
+
+
+class GRPO(BaseAlgorithm):
+    """Group Relative Policy Optimization for language models on ``R1Zero-v0``-style envs.
+
+    One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
+    whatever the number of envs; rewards from ``env.step``; advantages relative to each group
+    (:func:`objective.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen reference and
+    an entropy bonus (:func:`objective.grpo_loss`); global gradient clipping; an optimizer step per minibatch.
+    No value network: like ARS in sb3-contrib, GRPO subclasses ``BaseAlgorithm`` directly, because SB3's
+    on-policy machinery (``RolloutBuffer``, GAE, ``policy(obs) -> (actions, values, log_probs)``) does not fit
+    completions scored per group. ``num_timesteps`` counts completions (one env step each).
+
+    With a freshly initialised built-in model the first ``learn()`` runs the cold-start SFT stage (S20.1) on
+    the task's gold solutions (or ``sft_data``) before GRPO; ``cold_start=False`` skips it.
+
+    :param policy: ``"TransformerPolicy"`` or the class
+    :param env: an env, a VecEnv or a registered id (``"R1Zero-v0"``); sequence action mode
+    :param learning_rate: learning rate, constant or an SB3 schedule of the remaining progress
+    :param n_groups: K, problems per rollout (S7: 4)
+    :param group_size: G, completions per problem (8)
+    :param n_epochs: passes over each rollout (1: every update on-policy, as the published GRPO default)
+    :param batch_size: completions per minibatch (``None``: the whole rollout, one update per epoch)
+    :param clip_range: the lower clip epsilon of the importance ratio (0.2), constant or schedule
+    :param clip_range_high: the upper clip epsilon (``None``: same as ``clip_range``; DAPO's clip-higher: 0.28)
+    :param beta: weight of the k3 KL penalty to the reference model (DeepSeekMath: 0.04; TRL defaults to 0).
+        The reference (a frozen copy of the policy after the cold start) is only built when ``beta > 0``
+    :param ent_coef: entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default S23:
+        0.01 decaying to 0.001 over 10,000 updates)
+    :param max_grad_norm: global gradient-norm clip (S13: 0.5)
+    :param gamma: discount over the turns of a multi-turn episode (S23: 0.99 generation, 0.95 dialogue)
+    :param advantage_scale: ``"group"`` (divide by the group std: GRPO), ``"batch"`` (by the rollout std) or
+        ``"none"`` (Dr. GRPO)
+    :param loss_aggregation: ``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)
+    :param drop_uniform_groups: leave groups whose rewards are all equal out of the update (S29)
+    :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
+        initialised built-in model), ``True`` or ``False``
+    :param sft_steps: SFT gradient steps (the seed preset: 5000)
+    :param sft_batch_size: examples per SFT step
+    :param sft_learning_rate: SFT learning rate
+    :param sft_data: a JSONL file of ``{"prompt", "response"}`` rows to use instead of the task's gold solutions
+    :param stats_window_size: episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``
+    :param tensorboard_log: the TensorBoard folder (runs go to ``<folder>/GRPO_<n>``)
+    :param policy_kwargs: :class:`TransformerPolicy` arguments (``model``, ``temperature``, ``top_p``, …)
+    :param verbose: 0 silent, 1 progress and logs
+    :param seed: seeds the model's initialisation, the sampler, the problems and the minibatch order
+    :param device: ``"auto"``, ``"cpu"`` or ``"cuda"``
+    :param _init_setup_model: build the policy now (``load()`` passes ``False``)
+    """
+
+    policy_aliases: ClassVar[dict[str, type[TransformerPolicy]]] = {"TransformerPolicy": TransformerPolicy}
+    policy: TransformerPolicy
+
+    def __init__(
+        self,
+        policy: str | type[TransformerPolicy],
+        env: GymEnv | str | None,
+        learning_rate: float | Schedule = 1e-5,
+        n_groups: int = 4,
+        group_size: int = 8,
+        n_epochs: int = 1,
+        batch_size: int | None = None,
+        clip_range: float | Schedule = 0.2,
+        clip_range_high: float | Schedule | None = None,
+        beta: float = 0.04,
+        ent_coef: float | Schedule | UpdateDecay = UpdateDecay(0.01, 0.001, 10_000),  # noqa: B008
+        max_grad_norm: float = 0.5,
+        gamma: float = 0.99,
+        advantage_scale: str = "group",
+        loss_aggregation: str = "sequence",
+        drop_uniform_groups: bool = False,
+        cold_start: bool | str = "auto",
+        sft_steps: int = 300,
+        sft_batch_size: int = 32,
+        sft_learning_rate: float = 1e-3,
+        sft_data: str | None = None,
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
+    ) -> None:
+        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
+            env = gym.make(env)
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            policy_kwargs=policy_kwargs,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            device=device,
+            support_multi_env=True,
+            seed=seed,
+        )
+        if advantage_scale not in ADVANTAGE_SCALES:
+            raise ValueError(f"advantage_scale must be one of {ADVANTAGE_SCALES}, got {advantage_scale!r}")
+        if loss_aggregation not in AGGREGATIONS:
+            raise ValueError(f"loss_aggregation must be one of {AGGREGATIONS}, got {loss_aggregation!r}")
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (a group needs a baseline), got {group_size}")
+        if n_groups < 1 or n_epochs < 1 or (batch_size is not None and batch_size < 1):
+            raise ValueError("n_groups, n_epochs and batch_size must be positive")
+        if beta < 0 or max_grad_norm <= 0 or not 0 < gamma <= 1:
+            raise ValueError(f"need beta >= 0, max_grad_norm > 0, 0 < gamma <= 1; got {beta}, {max_grad_norm}, {gamma}")
+        self.n_groups, self.group_size, self.n_epochs, self.batch_size = n_groups, group_size, n_epochs, batch_size
+        self.clip_range, self.clip_range_high = clip_range, clip_range_high
+        self.beta, self.ent_coef, self.max_grad_norm, self.gamma = beta, ent_coef, max_grad_norm, gamma
+        self.advantage_scale, self.loss_aggregation = advantage_scale, loss_aggregation
+        self.drop_uniform_groups = drop_uniform_groups
+        self.cold_start, self.sft_steps, self.sft_batch_size = cold_start, sft_steps, sft_batch_size
+        self.sft_learning_rate, self.sft_data = sft_learning_rate, sft_data
+        self.ref_model: th.nn.Module | None = None
+        self._n_updates = 0
+        self._iteration = 0
+        self._cold_start_done = False
+        self._token_info: dict[str, int] = {}
+        self._rollout: RolloutBatch | None = None
+        if _init_setup_model:
+            self._setup_model()
+
+    # ------------------------------------------------------------------ setup, save and load
+    def _setup_model(self) -> None:
+        self._setup_lr_schedule()
+        self.set_random_seed(self.seed)
+        self._generator = th.Generator(device=self.device)
+        self._generator.manual_seed(self.seed if self.seed is not None else int(th.randint(2**62, (1,)).item()))
+        if self.env is not None:
+            self._check_env(self.env)
+        kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
+        self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
+        self.policy = self.policy.to(self.device)
+        self.policy_kwargs.setdefault("model_config", self.policy.model.config.to_dict())  # offline load()
+        self.clip_range = FloatSchedule(self.clip_range)
+        if self.clip_range_high is not None:
+            self.clip_range_high = FloatSchedule(self.clip_range_high)
+        if not isinstance(self.ent_coef, UpdateDecay):
+            self.ent_coef = FloatSchedule(self.ent_coef)
+        if self.beta > 0:
+            self.ref_model = self._frozen_copy()
+
+    def _check_env(self, env: VecEnv) -> None:
+        """Read the token ids the policy needs from the env, and reject what GRPO cannot train on."""
+        if not isinstance(env.action_space, spaces.MultiDiscrete):
+            raise ValueError("GRPO trains on whole completions: make the env with action_mode='sequence'")
+        if (self.n_groups * self.group_size) % env.num_envs:
+            raise ValueError(
+                f"n_groups * group_size ({self.n_groups * self.group_size}) must be a multiple of the number of "
+                f"envs ({env.num_envs})"
+            )
+        if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
+            raise ValueError("multi-turn episodes (max_turns > 1) are collected with one env: pass n_envs=1")
+        codec = env.get_attr("codec", indices=[0])[0]
+        self._token_info = {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}
+
+    def _frozen_copy(self) -> th.nn.Module:
+        reference = copy.deepcopy(self.policy.model).eval()
+        reference.requires_grad_(False)
+        return reference
+
+    def _excluded_save_params(self) -> list[str]:
+        return [*super()._excluded_save_params(), "ref_model", "_generator", "_rollout"]
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
+        return state_dicts, []
+
+    def set_parameters(self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device="auto") -> None:
+        """SB3's ``set_parameters``, tolerant of a changed ``beta``: a saved reference is dropped when ``beta``
+        is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0."""
+        if not isinstance(load_path_or_dict, dict):
+            return super().set_parameters(load_path_or_dict, exact_match, device)
+        params = dict(load_path_or_dict)
+        saved_reference = params.pop("ref_model", None)
+        wants_reference = self.ref_model is not None
+        self.ref_model = None  # load the policy and optimizer alone, then deal with the reference
+        super().set_parameters(params, exact_match, device)
+        if wants_reference:
+            self.ref_model = self._frozen_copy()
+            if saved_reference is not None:
+                self.ref_model.load_state_dict(saved_reference)
+
+    def save_pretrained(self, directory: str) -> None:
+        """Export the policy as a standard Hugging Face folder (model + the env's tokenizer)."""
+        tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
+        self.policy.save_pretrained(directory, tokenizer=tokenizer)
+
+    # ------------------------------------------------------------------ learning loop
+    def learn(
+        self: SelfGRPO,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "GRPO",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfGRPO:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self._needs_cold_start():
+            self.run_cold_start()
+        callback.on_training_start(locals(), globals())
+        assert self.env is not None
+        while self.num_timesteps < total_timesteps:
+            if not self.collect_rollouts(self.env, callback):
+                break
+            self._iteration += 1
+            self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
+            self.train()
+            if log_interval is not None and self._iteration % log_interval == 0:
+                self.dump_logs()
+        callback.on_training_end()
+        return self
+
+    def _needs_cold_start(self) -> bool:
+        if self._cold_start_done or self.sft_steps <= 0:
+            return False
+        return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
+
+    def run_cold_start(self) -> dict[str, float]:
+        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``."""
+        assert self.env is not None
+        stats = supervised_finetune(
+            self.policy,
+            self.env,
+            steps=self.sft_steps,
+            batch_size=self.sft_batch_size,
+            learning_rate=self.sft_learning_rate,
+            data=self.sft_data,
+            generator=self._generator,
+            logger=self.logger,
+            verbose=self.verbose,
+        )
+        self._cold_start_done = True
+        if self.beta > 0:
+            self.ref_model = self._frozen_copy()
+        return stats
+
+    def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:
+        """Sample K problems, G completions each in one batch, step them through the env, store the batch.
+
+        Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
+        episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
+        Multi-turn episodes (one env) answer again from the env's new context until they end.
+        """
+        callback.on_rollout_start()
+        self.policy.set_training_mode(False)
+        n_envs, group = env.num_envs, self.group_size
+        problems = [env.env_method("sample_problem", indices=[k % n_envs])[0] for k in range(self.n_groups)]
+        episode_problems = [p for p in problems for _ in range(group)]
+        chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
+
+        prompts: list[th.Tensor] = []
+        for chunk in chunks:
+            env.set_options([{"problem": episode_problems[e]} for e in chunk])
+            prompts.extend(self._contexts(env.reset()))
+        timer = time.perf_counter()
+        first = self._sample(prompts)
+        generation_seconds = time.perf_counter() - timer
+
+        rows = _Rows()
+        for chunk in chunks:
+            env.set_options([{"problem": episode_problems[e]} for e in chunk])
+            env.reset()
+            contexts = [prompts[e] for e in chunk]
+            completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
+            log_probs = first.log_probs[chunk.start : chunk.stop]
+            for turn in itertools.count():
+                new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
+                self.num_timesteps += n_envs
+                callback.update_locals(locals())
+                if not callback.on_step():
+                    return False
+                self._update_info_buffer(infos, dones)
+                rows.add(chunk, turn, contexts, completions, log_probs, rewards, infos)
+                if dones.all():
+                    break
+                contexts = self._contexts(new_obs)  # multi-turn (one env): answer again from the new context
+                timer = time.perf_counter()
+                answer = self._sample(contexts)
+                generation_seconds += time.perf_counter() - timer
+                completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
+        self._rollout = self._build_batch(rows, generation_seconds)
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    def _contexts(self, obs: dict[str, np.ndarray]) -> list[th.Tensor]:
+        """The unpadded context of each env's observation, cut to the policy's memory (S4)."""
+        limit = self.policy.memory_length - self.policy.max_new_tokens
+        pairs = zip(obs["input_ids"], obs["attention_mask"], strict=True)
+        return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
+
+    def _sample(self, prompts: list[th.Tensor]) -> Completions:
+        ids, mask = left_pad(prompts, self.policy.pad_token_id)
+        return self.policy.generate(ids.to(self.device), mask.to(self.device), generator=self._generator)
+
+    def _build_batch(self, rows: _Rows, generation_seconds: float) -> RolloutBatch:
+        """Advantages from the episodes' discounted returns, grouped by problem; one row per completion."""
+        n_episodes = self.n_groups * self.group_size
+        turn_rewards = th.zeros((n_episodes, max(rows.turns) + 1))  # (K*G, turns)
+        played = th.zeros_like(turn_rewards, dtype=th.bool)
+        turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
+        played[rows.episodes, rows.turns] = True
+        returns = objective.discounted_returns(turn_rewards, self.gamma, played).view(self.n_groups, -1)  # (K, G)
+        advantages = objective.group_advantages(returns, scale=self.advantage_scale).flatten()  # (K*G,)
+        uniform = objective.uniform_group_mask(returns)  # (K,)
+        keep = [
+            i for i, e in enumerate(rows.episodes) if not (self.drop_uniform_groups and uniform[e // self.group_size])
+        ]
+        keep = keep or list(range(len(rows.episodes)))  # all groups uniform: a zero-advantage update, not none
+        prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], self.policy.pad_token_id)
+        masks = th.stack([rows.masks[i] for i in keep])
+        self._log_rollout(returns, uniform, masks, rows.infos, generation_seconds)
+        return RolloutBatch(
+            prompt_ids=prompt_ids.to(self.device),
+            prompt_mask=prompt_mask.to(self.device),
+            completion_ids=th.stack([rows.tokens[i] for i in keep]),
+            completion_mask=masks,
+            old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
+            advantages=advantages[[rows.episodes[i] for i in keep]].to(self.device),
+        )
+
+    def _log_rollout(self, returns, uniform, masks, infos, generation_seconds) -> None:
+        lengths = masks.sum(dim=1).float()
+        self.logger.record("rollout/completion_length", lengths.mean().item())
+        self.logger.record("rollout/frac_uniform_groups", uniform.float().mean().item())
+        self.logger.record("rollout/reward_mean", returns.mean().item())
+        for name in infos[0].get("reward_components", {}):
+            self.logger.record(f"rollout/reward_{name}", safe_mean([i["reward_components"][name] for i in infos]))
+        self.logger.record("time/tokens_per_second", lengths.sum().item() / max(generation_seconds, 1e-9))
+        self.logger.record("rollout/rewards", returns.flatten().cpu().numpy(), exclude=("stdout", "log", "json", "csv"))
+        sample = infos[0]
+        text = f"reward {sample.get('reward_components')}\n\n{sample.get('completion', '')}"
+        self.logger.record("samples/completion", text, exclude=("stdout", "log", "json", "csv"))
+
+    # ------------------------------------------------------------------ update
+    def train(self) -> None:
+        """GRPO update on the last rollout: ``n_epochs`` passes in minibatches of ``batch_size`` completions."""
+        assert self._rollout is not None, "collect_rollouts() must run before train()"
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
+        progress = self._current_progress_remaining
+        clip_low = self.clip_range(progress)
+        clip_high = self.clip_range_high(progress) if self.clip_range_high is not None else clip_low
+        ent_coef = self.ent_coef(self._n_updates) if isinstance(self.ent_coef, UpdateDecay) else self.ent_coef(progress)
+        batch = self._rollout
+        if self.beta > 0 and self.ref_model is not None:
+            batch.ref_log_probs = self._reference_log_probs(batch)
+        history: dict[str, list[float]] = {}
+        for _ in range(self.n_epochs):
+            for minibatch in batch.minibatches(self.batch_size or len(batch), self._generator):
+                log_probs, entropy = self.policy.log_probs(
+                    minibatch.prompt_ids,
+                    minibatch.prompt_mask,
+                    minibatch.completion_ids,
+                    minibatch.completion_mask,
+                    with_entropy=True,
+                )
+                loss, stats = objective.grpo_loss(
+                    log_probs,
+                    minibatch.old_log_probs,
+                    minibatch.ref_log_probs,
+                    minibatch.advantages,
+                    minibatch.completion_mask,
+                    clip_low=clip_low,
+                    clip_high=clip_high,
+                    beta=self.beta,
+                    ent_coef=ent_coef,
+                    entropy=entropy,
+                    aggregation=self.loss_aggregation,
+                    max_tokens=self.policy.max_new_tokens,
+                )
+                self.policy.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+                self.policy.optimizer.step()
+                self._n_updates += 1
+                for key, value in {"loss": loss, "grad_norm": grad_norm, **stats}.items():
+                    history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
+        for key, values in history.items():
+            self.logger.record(f"train/{key}", float(np.mean(values)))
+        self.logger.record("train/ent_coef", ent_coef)
+        self.logger.record("train/clip_range", clip_low)
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+
+    def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
+        with th.no_grad():
+            log_probs, _ = completion_log_probs(
+                self.ref_model,
+                batch.prompt_ids,
+                batch.prompt_mask,
+                batch.completion_ids,
+                batch.completion_mask,
+                temperature=self.policy.temperature,
+                vocab_size=self.policy.vocab_size,
+            )
+        return log_probs
+
+    def dump_logs(self) -> None:
+        """Write the recorded values (SB3's ``rollout/``, ``time/`` keys plus GRPO's) at ``num_timesteps``."""
+        elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
+        self.logger.record("time/iterations", self._iteration, exclude="tensorboard")
+        if self.ep_info_buffer:
+            self.logger.record("rollout/ep_rew_mean", safe_mean([info["r"] for info in self.ep_info_buffer]))
+            self.logger.record("rollout/ep_len_mean", safe_mean([info["l"] for info in self.ep_info_buffer]))
+        if self.ep_success_buffer:
+            self.logger.record("rollout/success_rate", safe_mean(self.ep_success_buffer))
+        self.logger.record("time/fps", int((self.num_timesteps - self._num_timesteps_at_start) / elapsed))
+        self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
+        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+        self.logger.dump(step=self.num_timesteps)

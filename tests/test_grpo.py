@@ -1,0 +1,295 @@
+"""GRPO with the SB3 API: learn, TensorBoard tags, save/load, resume, seeds, callbacks, options, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback, EvalCallback
+from stable_baselines3.common.evaluation import evaluate_policy
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import grpo_gym
+from algorithms import GRPO, UpdateDecay
+
+# a 2-layer, 32-wide built-in model: fast enough for many short runs on 2 cores
+TINY = {
+    "model": "tiny",
+    "model_kwargs": {
+        "num_hidden_layers": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+    },
+}
+ENV_KWARGS = {"template": "compact", "max_new_tokens": 24, "context_length": 256, "difficulty": 0.1}
+
+
+def make_env(n_envs: int = 1, **kwargs) -> DummyVecEnv:
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, **kwargs}))] * n_envs)
+
+
+def make_model(env=None, **kwargs) -> GRPO:
+    defaults = {"n_groups": 2, "group_size": 4, "sft_steps": 2, "sft_batch_size": 4, "seed": 0, "policy_kwargs": TINY}
+    return GRPO("TransformerPolicy", env or make_env(), **{**defaults, **kwargs})
+
+
+def parameters(model: GRPO) -> list[th.Tensor]:
+    return [p.detach().clone() for p in model.policy.parameters()]
+
+
+def test_learn_writes_the_tensorboard_tags(tmp_path: Path) -> None:
+    model = make_model(tensorboard_log=str(tmp_path))
+    model.learn(16)
+    assert model.num_timesteps == 16  # two iterations of 2 groups x 4 completions
+    runs = sorted(tmp_path.iterdir())
+    assert [r.name for r in runs] == ["GRPO_1"]
+    events = EventAccumulator(str(runs[0]), size_guidance={"tensors": 0, "histograms": 0, "scalars": 0}).Reload()
+    scalars = set(events.Tags()["scalars"])
+    expected = {
+        "rollout/ep_rew_mean",
+        "rollout/success_rate",
+        "rollout/completion_length",
+        "rollout/frac_uniform_groups",
+        "rollout/reward_syntax",
+        "rollout/reward_consistency",
+        "rollout/reward_task",
+        "train/loss",
+        "train/policy_loss",
+        "train/kl",
+        "train/entropy",
+        "train/clip_fraction",
+        "train/grad_norm",
+        "train/learning_rate",
+        "train/ent_coef",
+        "time/fps",
+        "time/tokens_per_second",
+        "sft/loss",
+    }
+    assert expected <= scalars, expected - scalars
+    assert "rollout/rewards" in events.Tags()["histograms"]
+    assert any(tag.startswith("samples/completion") for tag in events.Tags()["tensors"])
+    steps = [e.step for e in events.Scalars("train/loss")]
+    assert steps == [8, 16]
+
+
+def test_parameters_change_and_stay_finite() -> None:
+    model = make_model(learning_rate=1e-3, beta=0.04)
+    before = parameters(model)
+    model.learn(8)
+    after = parameters(model)
+    assert any(not th.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert all(th.isfinite(p).all() for p in after)
+
+
+def test_same_seed_same_parameters_after_two_iterations() -> None:
+    first, second = make_model(seed=3), make_model(seed=3)
+    first.learn(16)
+    second.learn(16)
+    for a, b in zip(parameters(first), parameters(second), strict=True):
+        assert th.equal(a, b)
+    third = make_model(seed=4)
+    third.learn(16)
+    assert any(not th.equal(a, b) for a, b in zip(parameters(first), parameters(third), strict=True))
+
+
+def test_save_load_same_predictions_and_offline_rebuild(tmp_path: Path) -> None:
+    env = make_env()
+    model = make_model(env)
+    model.learn(8)
+    obs = env.reset()
+    actions, _ = model.predict(obs, deterministic=True)
+    model.save(tmp_path / "model.zip")
+    loaded = GRPO.load(tmp_path / "model.zip", env=env)
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], actions)
+    assert loaded._cold_start_done and not loaded._needs_cold_start()
+    for a, b in zip(parameters(model), parameters(loaded), strict=True):
+        assert th.equal(a, b)
+    without_env = GRPO.load(tmp_path / "model.zip")  # no env: the architecture comes from the saved config
+    np.testing.assert_array_equal(without_env.predict(obs, deterministic=True)[0], actions)
+    loaded.learn(8)  # and it trains on
+
+
+def test_save_keeps_heavy_objects_out_of_the_pickled_data(tmp_path: Path) -> None:
+    import json
+    import zipfile
+
+    model = make_model(beta=0.04)
+    model.save(tmp_path / "m.zip")
+    with zipfile.ZipFile(tmp_path / "m.zip") as archive:
+        names = archive.namelist()
+        data = archive.read("data").decode()
+    assert {"policy.pth", "policy.optimizer.pth", "ref_model.pth"} <= set(names)
+    keys = set(json.loads(data))
+    assert not keys & {"ref_model", "tokenizer", "env", "_rollout", "_generator", "policy"}
+    assert len(data) < 200_000  # no weights in the pickled part
+
+
+def test_resume_continues_the_same_run(tmp_path: Path) -> None:
+    env = make_env()
+    model = make_model(env, tensorboard_log=str(tmp_path))
+    model.learn(8)
+    model.save(tmp_path / "model.zip")
+    state = model.policy.optimizer.state_dict()["state"]
+    loaded = GRPO.load(tmp_path / "model.zip", env=env, tensorboard_log=str(tmp_path))
+    restored = loaded.policy.optimizer.state_dict()["state"]
+    assert state.keys() == restored.keys() and len(state) > 0
+    for key in state:
+        assert th.equal(state[key]["exp_avg"], restored[key]["exp_avg"])
+    loaded.learn(8, reset_num_timesteps=False)
+    assert loaded.num_timesteps == 16
+    assert [r.name for r in tmp_path.iterdir() if r.is_dir()] == ["GRPO_1"]
+    steps = [e.step for e in EventAccumulator(str(tmp_path / "GRPO_1")).Reload().Scalars("train/loss")]
+    assert steps == [8, 16]
+
+
+class RecordingCallback(BaseCallback):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def _on_training_start(self) -> None:
+        self.calls.append("training_start")
+
+    def _on_rollout_start(self) -> None:
+        self.calls.append("rollout_start")
+
+    def _on_step(self) -> bool:
+        assert {"rewards", "dones", "infos"} <= set(self.locals)
+        self.calls.append("step")
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.calls.append("rollout_end")
+
+    def _on_training_end(self) -> None:
+        self.calls.append("training_end")
+
+
+def test_callbacks_fire_in_sb3_order_and_can_stop() -> None:
+    callback = RecordingCallback()
+    make_model(make_env(n_envs=2)).learn(16, callback=callback)
+    rollout = ["rollout_start", *["step"] * 4, "rollout_end"]  # 8 completions stepped 2 envs at a time
+    assert callback.calls == ["training_start", *rollout, *rollout, "training_end"]
+
+    class Stop(BaseCallback):
+        def _on_step(self) -> bool:
+            return False
+
+    model = make_model()
+    model.learn(100, callback=Stop())
+    assert model.num_timesteps == 1
+
+
+def test_evaluate_policy_eval_and_checkpoint_callbacks(tmp_path: Path) -> None:
+    env = make_env()
+    model = make_model(env)
+    mean, std = evaluate_policy(model, env, n_eval_episodes=3)
+    assert 0.0 <= mean <= 1.0 and std >= 0.0
+    eval_cb = EvalCallback(make_env(), n_eval_episodes=2, eval_freq=4, log_path=str(tmp_path), verbose=0)
+    ckpt_cb = CheckpointCallback(save_freq=8, save_path=str(tmp_path / "ckpt"), name_prefix="grpo")
+    model.learn(16, callback=[eval_cb, ckpt_cb])
+    assert (tmp_path / "evaluations.npz").exists()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["grpo_16_steps.zip", "grpo_8_steps.zip"]
+
+
+def test_string_env_id_and_set_get_env() -> None:
+    model = GRPO("TransformerPolicy", "R1Zero-v0", n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
+    assert model.get_env().num_envs == 1
+    model.set_env(make_env(context_length=4096, max_new_tokens=64, difficulty=0.5))
+    assert model.get_env().get_attr("difficulty") == [0.5]
+    with pytest.raises(ValueError, match="spaces do not match"):
+        model.set_env(make_env())  # a 256-token window is another observation space
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"advantage_scale": "batch"},
+        {"advantage_scale": "none", "loss_aggregation": "constant"},
+        {"loss_aggregation": "token", "clip_range_high": 0.28},
+        {"drop_uniform_groups": True},
+        {"n_epochs": 2, "batch_size": 3, "beta": 0.1},
+        {"ent_coef": 0.0, "learning_rate": lambda progress: 1e-4 * progress},
+    ],
+)
+def test_options_train(options: dict) -> None:
+    model = make_model(**options)
+    model.learn(16)
+    assert model.num_timesteps == 16
+
+
+def test_entropy_schedule_counts_updates() -> None:
+    model = make_model(ent_coef=UpdateDecay(0.01, 0.001, 4), n_epochs=2)
+    model.learn(16)  # 2 iterations x 2 epochs = 4 updates: the last update saw 0.01 - 3/4 * 0.009
+    assert model._n_updates == 4
+    assert UpdateDecay(0.01, 0.001, 4)(3) == pytest.approx(0.00325)
+
+
+def test_reference_only_when_beta_positive() -> None:
+    assert make_model(beta=0.0).ref_model is None
+    model = make_model(beta=0.04)
+    assert model.ref_model is not None
+    assert not any(p.requires_grad for p in model.ref_model.parameters())
+
+
+def test_cold_start_is_auto_for_builtin_and_switchable() -> None:
+    model = make_model(sft_steps=3)
+    assert model._needs_cold_start()
+    model.learn(8)
+    assert model._cold_start_done and not model._needs_cold_start()
+    assert not make_model(cold_start=False)._needs_cold_start()
+
+
+def test_multi_turn_episodes() -> None:
+    model = make_model(make_env(max_turns=2), gamma=0.95)
+    model.learn(8)
+    assert model.num_timesteps >= 8
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"advantage_scale": "rank"}, "advantage_scale"),
+        ({"loss_aggregation": "mean"}, "loss_aggregation"),
+        ({"group_size": 1}, "group_size"),
+        ({"beta": -1.0}, "beta"),
+        ({"env": make_env(n_envs=3)}, "multiple of the number of envs"),
+        ({"env": make_env(action_mode="token")}, "action_mode='sequence'"),
+        ({"env": make_env(n_envs=2, max_turns=2)}, "n_envs=1"),
+    ],
+)
+def test_bad_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        make_model(**kwargs)
+
+
+def test_vocabulary_mismatch_is_caught(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    small = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    small.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="smaller than the env tokenizer"):
+        make_model(policy_kwargs={"model": str(tmp_path)})
+
+
+def test_gym_make_env_is_wrapped() -> None:
+    env = gym.make("R1Zero-v0", **ENV_KWARGS)
+    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
+    model.learn(2)
+    assert model.num_timesteps == 2
