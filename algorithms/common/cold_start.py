@@ -23,13 +23,17 @@ def load_sft_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
                     continue
                 try:
                     row = json.loads(line)
-                    rows.append((str(row["prompt"]), str(row["response"])))
+                    if not isinstance(row["prompt"], str) or not isinstance(row["response"], str):
+                        raise TypeError("'prompt' and 'response' must be strings")
+                    rows.append((row["prompt"], row["response"]))
                 except (json.JSONDecodeError, KeyError, TypeError) as error:
                     raise ValueError(
                         f"{path}:{number}: each line must be a JSON object with 'prompt' and 'response' ({error})"
                     ) from None
-    except FileNotFoundError:
-        raise ValueError(f"sft_data file {path!r} does not exist") from None
+    except OSError as error:
+        raise ValueError(
+            f"cannot read sft_data file {path!r} ({error}); pass a JSONL file of prompt/response rows"
+        ) from None
     if not rows:
         raise ValueError(f"sft_data file {path!r} holds no rows")
     return rows
@@ -80,7 +84,8 @@ def supervised_finetune(
     stats: dict[str, float] = {}
     for step in range(1, steps + 1):
         examples = sft_examples(env, batch_size, rows, rng)
-        prompt_ids, prompt_mask = left_pad([th.as_tensor(p) for p, _ in examples], policy.pad_token_id)
+        prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
+        prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
         completion_ids, completion_mask = _right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
         log_probs, _ = policy.log_probs(
             prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device), completion_mask.to(device)

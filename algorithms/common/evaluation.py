@@ -43,11 +43,13 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
     :param seed: seeds the sampler, so the same policy gives the same completions
     :param greedy: take the most likely token instead of sampling
     """
+    if not problems:
+        raise ValueError("no problems to evaluate: ask for at least one (e.g. --n 100)")
     device = next(policy.parameters()).device
     prompts = []
     for problem in problems:
         prompt, _ = env.env_method("encode_example", problem.prompt, "", indices=[0])[0]
-        prompts.append(th.as_tensor(prompt[-(policy.memory_length - policy.max_new_tokens) :]))
+        prompts.append(th.as_tensor(prompt[-policy.context_limit :]))
     generator = th.Generator(device=device)
     generator.manual_seed(seed)
     ids, mask = left_pad(prompts, policy.pad_token_id)
@@ -59,7 +61,7 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
         successes.append(info["is_success"])
         rewards.append(reward)
     return EvalResult(
-        difficulty=float(problems[0].difficulty) if problems else float("nan"),
+        difficulty=float(problems[0].difficulty),
         n_problems=len(problems),
         success_rate=float(np.mean(successes)),
         mean_reward=float(np.mean(rewards)),

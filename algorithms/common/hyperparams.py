@@ -11,6 +11,7 @@ schedule from ``x`` to 0; every other key is a ``GRPO`` argument. Write floats a
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,15 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     """``["learning_rate:1e-5", "n_groups:8"]`` (rl-zoo3's ``-params`` syntax; ``=`` works too) as a dict."""
     overrides = {}
     for item in items:
-        separator = ":" if ":" in item else "="
-        key, found, value = item.partition(separator)
-        if not found or not key:
+        cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
+        key, value = (item[:cut], item[cut + 1 :]) if cut >= 0 else (item, "")
+        if cut < 0 or not key:
             raise ValueError(f"override {item!r} must look like key:value, e.g. learning_rate:1e-5")
         overrides[key.strip()] = parse_value(value.strip())
     return overrides
+
+
+_FLOAT_LOOKING = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 
 def _schedule(key: str, value: Any) -> Any:
@@ -53,6 +57,13 @@ def _schedule(key: str, value: Any) -> Any:
     if isinstance(value, str):
         raise ValueError(f"{key}: {value!r} is not a number or a lin_<x> schedule (write floats as 1.0e-5)")
     return value
+
+
+def _check_floats(config: dict[str, Any]) -> None:
+    """YAML reads ``1e-5`` as a string: name the key and the fix instead of failing later in GRPO."""
+    for key, value in config.items():
+        if isinstance(value, str) and _FLOAT_LOOKING.match(value):
+            raise ValueError(f"{key}: {value!r} was read as a string; write it as {float(value):.1e} (e.g. 1.0e-5)")
 
 
 def load_hyperparams(
@@ -69,6 +80,7 @@ def load_hyperparams(
         presets = sorted(k for k in document if k == env_id or k.startswith(f"{env_id}-"))
         raise ValueError(f"{path} has no entry {key!r}; entries for {env_id}: {presets}")
     config = {**document[key], **(overrides or {})}
+    _check_floats(config)
     if isinstance(config.get("policy_kwargs"), str):
         config["policy_kwargs"] = ast.literal_eval(config["policy_kwargs"])
     for name in SCHEDULABLE:

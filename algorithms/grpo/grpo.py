@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -85,6 +86,8 @@ class GRPO(BaseAlgorithm):
     :param ent_coef: entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default S23:
         0.01 decaying to 0.001 over 10,000 updates)
     :param max_grad_norm: global gradient-norm clip (S13: 0.5)
+    :param vf_coef: weight of the value head's MSE to the episode return, when the policy has one
+        (``policy_kwargs={"value_head": True}``, S9's FP32 value network)
     :param gamma: discount over the turns of a multi-turn episode (S23: 0.99 generation, 0.95 dialogue)
     :param advantage_scale: ``"group"`` (divide by the group std: GRPO), ``"batch"`` (by the rollout std) or
         ``"none"`` (Dr. GRPO)
@@ -122,6 +125,7 @@ class GRPO(BaseAlgorithm):
         beta: float = 0.04,
         ent_coef: float | Schedule | UpdateDecay = UpdateDecay(0.01, 0.001, 10_000),  # noqa: B008
         max_grad_norm: float = 0.5,
+        vf_coef: float = 0.5,
         gamma: float = 0.99,
         advantage_scale: str = "group",
         loss_aggregation: str = "sequence",
@@ -161,11 +165,14 @@ class GRPO(BaseAlgorithm):
             raise ValueError(f"group_size must be >= 2 (a group needs a baseline), got {group_size}")
         if n_groups < 1 or n_epochs < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("n_groups, n_epochs and batch_size must be positive")
+        if sft_data is not None and not os.path.isfile(sft_data):
+            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
         if beta < 0 or max_grad_norm <= 0 or not 0 < gamma <= 1:
             raise ValueError(f"need beta >= 0, max_grad_norm > 0, 0 < gamma <= 1; got {beta}, {max_grad_norm}, {gamma}")
         self.n_groups, self.group_size, self.n_epochs, self.batch_size = n_groups, group_size, n_epochs, batch_size
         self.clip_range, self.clip_range_high = clip_range, clip_range_high
         self.beta, self.ent_coef, self.max_grad_norm, self.gamma = beta, ent_coef, max_grad_norm, gamma
+        self.vf_coef = vf_coef
         self.advantage_scale, self.loss_aggregation = advantage_scale, loss_aggregation
         self.drop_uniform_groups = drop_uniform_groups
         self.cold_start, self.sft_steps, self.sft_batch_size = cold_start, sft_steps, sft_batch_size
@@ -349,7 +356,7 @@ class GRPO(BaseAlgorithm):
 
     def _contexts(self, obs: dict[str, np.ndarray]) -> list[th.Tensor]:
         """The unpadded context of each env's observation, cut to the policy's memory (S4)."""
-        limit = self.policy.memory_length - self.policy.max_new_tokens
+        limit = self.policy.context_limit
         pairs = zip(obs["input_ids"], obs["attention_mask"], strict=True)
         return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
 
@@ -381,6 +388,7 @@ class GRPO(BaseAlgorithm):
             completion_mask=masks,
             old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
             advantages=advantages[[rows.episodes[i] for i in keep]].to(self.device),
+            returns=returns.flatten()[[rows.episodes[i] for i in keep]].to(self.device),
         )
 
     def _log_rollout(self, returns, uniform, masks, infos, generation_seconds) -> None:
@@ -433,6 +441,10 @@ class GRPO(BaseAlgorithm):
                     aggregation=self.loss_aggregation,
                     max_tokens=self.policy.max_new_tokens,
                 )
+                if self.policy.value_net is not None:  # S9: the FP32 value head learns the episode return
+                    values = self.policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
+                    stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
+                    loss = loss + self.vf_coef * stats["value_loss"]
                 self.policy.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)

@@ -36,7 +36,8 @@ class TransformerPolicy(BasePolicy):
     :param temperature: sampling temperature (log-probs use the same scaling)
     :param top_p: nucleus sampling mass (S6: 0.92)
     :param top_k: top-k filter, 0 for none
-    :param memory_length: the most context tokens the policy attends to (S4: 2048); older tokens are cut
+    :param memory_length: the most tokens the policy attends to, prompt and completion together (S4: 2048;
+        capped at the model's position limit); older context tokens are cut
     :param value_head: add an FP32 value head on the last prompt token (S9's value-network baseline)
     :param seed: seeds a built-in model's initial weights
     :param optimizer_class: the optimizer (AdamW)
@@ -71,13 +72,19 @@ class TransformerPolicy(BasePolicy):
         self.max_new_tokens = int(action_space.shape[0]) if isinstance(action_space, spaces.MultiDiscrete) else 1
         self.eos_token_id, self.pad_token_id = int(eos_token_id), int(pad_token_id)
         self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
-        self.memory_length = int(memory_length)
-        if self.memory_length <= self.max_new_tokens:
-            raise ValueError(f"memory_length ({memory_length}) must exceed max_new_tokens ({self.max_new_tokens})")
         self.model_name = model if isinstance(model, (str, os.PathLike)) else None
         self.model_kwargs = dict(model_kwargs or {})
         self.seed = seed
         self.model = self._build_model(model, model_config)
+        positions = getattr(self.model.config, "max_position_embeddings", None) or getattr(
+            self.model.config, "n_positions", None
+        )
+        self.memory_length = min(int(memory_length), int(positions)) if positions else int(memory_length)
+        if self.memory_length <= self.max_new_tokens:
+            raise ValueError(
+                f"memory_length ({self.memory_length}, at most the model's {positions} positions) must exceed "
+                f"max_new_tokens ({self.max_new_tokens})"
+            )
         model_vocab = self.model.get_input_embeddings().num_embeddings
         if model_vocab < self.vocab_size:
             raise ValueError(
@@ -129,6 +136,11 @@ class TransformerPolicy(BasePolicy):
         return data
 
     # ------------------------------------------------------------------ prompts, sampling, log-probs
+    @property
+    def context_limit(self) -> int:
+        """The most prompt tokens kept (the newest ones): ``memory_length - max_new_tokens``."""
+        return self.memory_length - self.max_new_tokens
+
     def prompt_from_obs(self, obs: PyTorchObs) -> tuple[th.Tensor, th.Tensor]:
         """The prompt tensors of a batch of observations: ``(input_ids, attention_mask)``, both ``(B, T)``.
 
@@ -137,7 +149,7 @@ class TransformerPolicy(BasePolicy):
         """
         input_ids, mask = obs["input_ids"].long(), obs["attention_mask"].long()  # (B, L)
         used = int(mask.sum(dim=1).max().item()) if mask.numel() else 0
-        keep = max(1, min(used, self.memory_length - self.max_new_tokens))
+        keep = max(1, min(used, self.context_limit))
         return input_ids[:, -keep:], mask[:, -keep:]
 
     def generate(

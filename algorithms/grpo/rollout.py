@@ -30,6 +30,7 @@ class RolloutBatch:
     :param completion_mask: ``(N, C)`` bool, True up to and including EOS
     :param old_log_probs: ``(N, C)`` log-probs at sampling time (the importance-ratio denominator)
     :param advantages: ``(N,)`` group-relative advantages
+    :param returns: ``(N,)`` the discounted return of each row's episode (the value head's target)
     :param ref_log_probs: ``(N, C)`` reference log-probs when ``beta > 0``, else ``None``
     """
 
@@ -39,6 +40,7 @@ class RolloutBatch:
     completion_mask: th.Tensor
     old_log_probs: th.Tensor
     advantages: th.Tensor
+    returns: th.Tensor
     ref_log_probs: th.Tensor | None = None
 
     def __len__(self) -> int:

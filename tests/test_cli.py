@@ -1,0 +1,214 @@
+"""The ``grpo-gym`` command: train, sft, eval and env-demo in-process on a tiny config, errors, and --help."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from algorithms import GRPO
+from algorithms.cli import build_parser, main
+
+CONFIG = {
+    "R1Zero-v0": {
+        "n_timesteps": 16,
+        "n_groups": 2,
+        "group_size": 4,
+        "sft_steps": 3,
+        "sft_batch_size": 4,
+        "eval_problems": 4,
+        "policy_kwargs": {
+            "model": "tiny",
+            "model_kwargs": {
+                "num_hidden_layers": 1,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+            },
+        },
+        "env_kwargs": {"template": "compact", "max_new_tokens": 24, "context_length": 256, "difficulty": 0.1},
+    }
+}
+ROW = re.compile(
+    r"^(?P<label>.+?)\s+(?P<difficulty>\d\.\d\d)\s+(?P<n>\d+)\s+(?P<success>[\d.]+%)\s+(?P<reward>-?[\d.]+)"
+)
+
+
+def write_config(folder: Path) -> Path:
+    path = folder / "grpo.yml"
+    path.write_text(yaml.safe_dump(CONFIG), encoding="utf-8")
+    return path
+
+
+def table_rows(text: str) -> list[tuple[str, float, int]]:
+    """``(label, difficulty, problems)`` of every line of the tables printed in ``text``."""
+    rows = []
+    for line in text.splitlines():
+        match = ROW.match(line)
+        if match:
+            rows.append((match["label"].strip(), float(match["difficulty"]), int(match["n"])))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
+    """One ``grpo-gym train`` run: ``(folder, config, stdout)``."""
+    folder = tmp_path_factory.mktemp("train")
+    config = write_config(folder)
+    out = io.StringIO()
+    argv = [
+        "train",
+        "--config",
+        str(config),
+        "--save-path",
+        str(folder / "m.zip"),
+        "--tensorboard-log",
+        str(folder / "tb"),
+        "--no-progress-bar",
+    ]
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    return folder, config, out.getvalue()
+
+
+def test_train_prints_tables_and_the_tensorboard_line(trained: tuple[Path, Path, str]) -> None:
+    folder, _, out = trained
+    assert "cold start: 3 SFT steps" in out
+    assert "GRPO: 16 completions" in out
+    rows = table_rows(out)
+    labels = [label for label, _, _ in rows]
+    assert "before GRPO" in labels and "after GRPO" in labels
+    assert all(difficulty == 0.1 and n == 4 for _, difficulty, n in rows)  # the env's level, eval_problems
+    assert "held-out success at difficulty 0.10:" in out and "percentage points" in out
+    assert f"saved to {folder / 'm.zip'}" in out
+    assert out.rstrip().splitlines()[-1] == f"tensorboard --logdir {folder / 'tb'}"
+
+
+def test_train_saves_a_loadable_model(trained: tuple[Path, Path, str]) -> None:
+    folder, _, _ = trained
+    model = GRPO.load(folder / "m.zip")
+    assert model.num_timesteps == 16  # two iterations of 2 groups x 4 completions
+    assert model._cold_start_done and model.sft_steps == 3
+    assert model.n_groups == 2 and model.group_size == 4
+    assert model.policy.model.config.hidden_size == 32
+
+
+def test_train_writes_one_run_with_sft_and_grpo(trained: tuple[Path, Path, str]) -> None:
+    folder, _, _ = trained
+    runs = sorted(p.name for p in (folder / "tb").iterdir())
+    assert runs == ["GRPO_1"]  # the cold start and GRPO log to the same run
+    events = EventAccumulator(str(folder / "tb" / "GRPO_1")).Reload()
+    assert [e.step for e in events.Scalars("sft/loss")] == [3]
+    assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
+
+
+def test_eval_prints_a_row_per_difficulty(trained: tuple[Path, Path, str], capsys: pytest.CaptureFixture) -> None:
+    folder, config, _ = trained
+    argv = ["eval", str(folder / "m.zip"), "--config", str(config), "--difficulty", "0.1", "0.2", "--n", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["policy", "difficulty", "problems", "success", "reward", "length"]
+    assert table_rows(out) == [("m", 0.1, 4), ("m", 0.2, 4)]
+    # same model, same eval seed: the same table (sampling is seeded)
+    assert main([*argv, "--greedy"]) == 0
+    greedy = capsys.readouterr().out
+    assert main([*argv, "--greedy"]) == 0
+    assert capsys.readouterr().out == greedy
+
+
+def test_sft_saves_a_cold_started_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = write_config(tmp_path)
+    assert main(["sft", "--config", str(config), "--save-path", str(tmp_path / "s.zip")]) == 0
+    out = capsys.readouterr().out
+    assert table_rows(out) == [("after SFT", 0.1, 4)]
+    assert f"saved to {tmp_path / 's.zip'}" in out
+    model = GRPO.load(tmp_path / "s.zip")
+    assert model._cold_start_done and model.num_timesteps == 0
+
+
+def test_hyperparams_override_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = write_config(tmp_path)
+    argv = ["sft", "--config", str(config), "--save-path", str(tmp_path / "s.zip"), "-params", "sft_steps:1"]
+    assert main([*argv, "n_groups=1", "beta:0.0"]) == 0
+    capsys.readouterr()
+    model = GRPO.load(tmp_path / "s.zip")
+    assert model.sft_steps == 1 and model.n_groups == 1 and model.beta == 0.0
+
+
+def test_env_demo_prints_a_gold_completion_with_full_reward(capsys: pytest.CaptureFixture) -> None:
+    assert main(["env-demo", "--difficulty", "0.2", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "=== gold completion ===" in out and "=== random completion ===" in out
+    gold = out.split("=== random completion ===")[0]
+    assert "--- reward 1.000" in gold and "success True" in gold
+    assert "<think>" in gold and "</answer>" in gold
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--preset", "nope"], r"no entry 'R1Zero-v0-nope'.*\['R1Zero-v0'\]"),
+        (["--env", "Missing-v0"], "no entry 'Missing-v0'"),
+        (["-params", "learning_rate"], "key:value"),
+    ],
+)
+def test_bad_config_exits_2_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture, extra: list[str], match: str
+) -> None:
+    config = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(config), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpo-gym train: error: ")
+    assert re.search(match, err), err
+    assert "Traceback" not in err
+
+
+def test_missing_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(tmp_path / "m.zip"), "--config", str(tmp_path / "nope.yml")])
+    assert exit_info.value.code == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_eval_with_an_env_that_does_not_fit_the_model_exits_2(
+    trained: tuple[Path, Path, str], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    folder, _, _ = trained
+    other = {"R1Zero-v0": {**CONFIG["R1Zero-v0"], "env_kwargs": {"context_length": 512}}}
+    config = tmp_path / "other.yml"
+    config.write_text(yaml.safe_dump(other), encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", str(folder / "m.zip"), "--config", str(config), "--n", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpo-gym eval: error: ") and "spaces do not match" in err.lower()
+
+
+def test_parser_defaults() -> None:
+    args = build_parser().parse_args(["train"])
+    assert args.config.endswith(os.path.join("zoo_configs", "grpo.yml")) and Path(args.config).is_file()
+    assert args.env == "R1Zero-v0" and args.preset is None and args.progress_bar is True
+    assert build_parser().parse_args(["eval", "m.zip"]).difficulty == [0.1, 0.3, 0.5]
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])  # a command is required
+
+
+def test_help_in_a_subprocess() -> None:
+    script = Path(sys.executable).with_name("grpo-gym")
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "algorithms.cli"]
+    result = subprocess.run([*command, "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: grpo-gym")
+    for name in ("train", "sft", "eval", "env-demo"):
+        assert name in result.stdout
