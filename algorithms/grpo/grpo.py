@@ -19,6 +19,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
+import grpo_gym  # noqa: F401  (registers R1Zero-v0, so GRPO("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.cold_start import supervised_finetune
 from algorithms.common.generation import Completions, completion_log_probs
 from algorithms.common.schedules import UpdateDecay
@@ -197,7 +198,8 @@ class GRPO(BaseAlgorithm):
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
         self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
         self.policy = self.policy.to(self.device)
-        self.policy_kwargs.setdefault("model_config", self.policy.model.config.to_dict())  # offline load()
+        # the architecture, so load() rebuilds it offline (a copy: the caller's dict stays as it was)
+        self.policy_kwargs = {**self.policy_kwargs, "model_config": self.policy.model.config.to_dict()}
         self.clip_range = FloatSchedule(self.clip_range)
         if self.clip_range_high is not None:
             self.clip_range_high = FloatSchedule(self.clip_range_high)
