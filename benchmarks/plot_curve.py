@@ -10,8 +10,8 @@ import argparse
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
+import matplotlib.pyplot as plt
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 TAGS = {"rollout/success_rate": "training success rate (last 100 episodes)", "rollout/ep_rew_mean": "mean reward"}
 
