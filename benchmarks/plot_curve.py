@@ -1,6 +1,6 @@
 """Plot a GRPO run's learning curve from its TensorBoard events (needs matplotlib: the `bench` extra).
 
-    python benchmarks/plot_curve.py runs/GRPO_1 --out benchmarks/demo_curve.png
+python benchmarks/plot_curve.py runs/GRPO_1 --out benchmarks/demo_curve.png
 """
 
 from __future__ import annotations

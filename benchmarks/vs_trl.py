@@ -77,18 +77,26 @@ def memory_mib() -> dict[str, float]:
     return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
 
 
+def busy_cpu_seconds() -> float:
+    """CPU seconds all processes of the machine have used since boot (``/proc/stat``, idle and iowait excluded)."""
+    with open("/proc/stat") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 class Stopwatch:
     """Wall and CPU timestamps of iteration boundaries, and the wall time spent inside a wrapped ``generate``."""
 
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.machine: list[float] = []
         self.generation: list[float] = []
-        self.load = [os.getloadavg()[0]]
 
     def mark(self) -> None:
         self.wall.append(time.perf_counter())
         self.cpu.append(time.process_time())
+        self.machine.append(busy_cpu_seconds())
 
     def wrap_generate(self, owner: Any) -> None:
         """Time every call of ``owner.generate`` (an instance attribute shadows the method)."""
@@ -102,15 +110,15 @@ class Stopwatch:
 
         owner.generate = timed
 
-    def result(self, warmup: int) -> dict[str, list[float]]:
-        """Per-iteration wall, CPU and generation seconds, warm-up iterations dropped; the 1-minute load average
-        at the start and the end."""
-        self.load.append(os.getloadavg()[0])
+    def result(self, warmup: int) -> dict[str, Any]:
+        """Per-iteration wall, CPU and generation seconds, warm-up iterations dropped, and the share of the
+        machine's CPUs that other processes used during the timed iterations (the noise on the figures)."""
+        others = (self.machine[-1] - self.machine[warmup]) - (self.cpu[-1] - self.cpu[warmup])
         return {
             "iteration_s": [b - a for a, b in itertools.pairwise(self.wall)][warmup:],
             "cpu_s": [b - a for a, b in itertools.pairwise(self.cpu)][warmup:],
             "generation_s": self.generation[warmup:],
-            "load": self.load,
+            "others": max(0.0, others) / ((self.wall[-1] - self.wall[warmup]) * (os.cpu_count() or 1)),
         }
 
 
@@ -359,26 +367,40 @@ def save_model(settings: Settings) -> int:
     return count_parameters(model)
 
 
+def cpu_name() -> str:
+    """The CPU's model name from ``/proc/cpuinfo``."""
+    with open("/proc/cpuinfo") as info:
+        names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+    return f'"{names[0]}"' if names else platform.machine()
+
+
 def report(args: argparse.Namespace, parameters: int, runs: dict[str, list[dict[str, Any]]]) -> str:
     """The markdown written to RESULTS.md: command, versions, machine, table, ratios."""
     rows = {"ours (grpo-gym GRPO)": summarize(runs["ours"]), "TRL GRPOTrainer": summarize(runs["trl"])}
     versions = runs["trl"][0]["versions"]
-    loads = [load for name in runs for run in runs[name] for load in run["load"]]
     samples = next(iter(rows.values()))["samples"]
+    per_run = "; ".join(
+        f"{name}: "
+        + ", ".join(f"{statistics.median(run['iteration_s']):.3f} s ({run['others']:.0%})" for run in runs[name])
+        for name in runs
+    )
     return "\n".join(
         [
             f"Command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
             "",
             f"trl {versions['trl']}, transformers {versions['transformers']}, torch {versions['torch']}, Python "
-            f"{platform.python_version()}; {os.cpu_count()}-core {platform.processor() or platform.machine()} CPU, no "
-            f"GPU; torch threads {args.threads} in each process; 1-minute load average during the runs "
-            f"{min(loads):.1f}–{max(loads):.1f}. Model {args.model!r} ({parameters / 1e6:.2f}M "
+            f"{platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no "
+            f"GPU; torch threads {args.threads} in each process. Model {args.model!r} ({parameters / 1e6:.2f}M "
             f"parameters), {args.new_tokens} new tokens, K={N_GROUPS} x G={GROUP_SIZE}; {samples} timed iterations per "
             f"framework ({args.rounds} alternating runs of {args.iterations}, each after {args.warmup} warm-up).",
             "",
             table(rows),
             "",
             ratios(*rows.values()),
+            "",
+            "Median s/iteration of each run (runs alternate ours, TRL, TRL, ours, …) and, in brackets, the share of "
+            f"the machine's CPUs that other processes used during its timed iterations (the machine is shared): "
+            f"{per_run}.",
         ]
     )
 

@@ -308,10 +308,28 @@ def test_reward_rises_on_an_easy_task(tmp_path: Path) -> None:
     (tmp_path / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     weights = {"syntax": 0.2, "consistency": 0.0, "task": 0.8}
     env = make_env(task="jsonl", task_kwargs={"path": str(tmp_path / "rows.jsonl")}, reward_weights=weights)
-    small = {"model": "tiny", "model_kwargs": {"num_hidden_layers": 1, "hidden_size": 64, "intermediate_size": 128,
-                                               "num_attention_heads": 2, "num_key_value_heads": 1}}
-    model = make_model(env, n_groups=2, group_size=8, sft_steps=60, sft_batch_size=16, sft_learning_rate=3e-3,
-                       learning_rate=1e-3, beta=0.0, ent_coef=0.0, policy_kwargs=small)
+    small = {
+        "model": "tiny",
+        "model_kwargs": {
+            "num_hidden_layers": 1,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+        },
+    }
+    model = make_model(
+        env,
+        n_groups=2,
+        group_size=8,
+        sft_steps=60,
+        sft_batch_size=16,
+        sft_learning_rate=3e-3,
+        learning_rate=1e-3,
+        beta=0.0,
+        ent_coef=0.0,
+        policy_kwargs=small,
+    )
     task = env.get_attr("task")[0]
     problems = [task.sample_seeded(0.1, i) for i in range(64)]
     model.learn(16)  # the cold start and one GRPO iteration
