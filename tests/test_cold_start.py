@@ -17,16 +17,8 @@ import grpo_gym
 from algorithms import GRPO, TransformerPolicy
 from algorithms.common.cold_start import _right_pad, load_sft_rows, supervised_finetune
 from algorithms.grpo.rollout import left_pad
+from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 
-TINY_KWARGS = {
-    "num_hidden_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-}
-TINY = {"model": "tiny", "model_kwargs": TINY_KWARGS}
-ENV_KWARGS = {"template": "compact", "max_new_tokens": 24, "context_length": 256, "difficulty": 0.1}
 ROWS = [  # characters the arithmetic gold solutions never use, so fitting them is visible
     {"prompt": "Repeat the letter z.", "response": "<think>zzzz zzzz</think><answer>zzz</answer>"},
     {"prompt": "Say q.", "response": "<think>qq</think><answer>q</answer>"},

@@ -18,15 +18,7 @@ from algorithms.common.evaluation import (
     held_out_problems,
 )
 from algorithms.common.generation import Completions
-
-TINY_KWARGS = {
-    "num_hidden_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-}
-ENV_KWARGS = {"template": "compact", "max_new_tokens": 24, "context_length": 256, "difficulty": 0.1}
+from tests.sizes import ENV_KWARGS, TINY_KWARGS
 
 
 def make_env(**kwargs) -> DummyVecEnv:

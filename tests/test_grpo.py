@@ -16,19 +16,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import grpo_gym
 from algorithms import GRPO, UpdateDecay
-
-# a 2-layer, 32-wide built-in model: fast enough for many short runs on 2 cores
-TINY = {
-    "model": "tiny",
-    "model_kwargs": {
-        "num_hidden_layers": 1,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-    },
-}
-ENV_KWARGS = {"template": "compact", "max_new_tokens": 24, "context_length": 256, "difficulty": 0.1}
+from tests.sizes import ENV_KWARGS, TINY
 
 
 def make_env(n_envs: int = 1, **kwargs) -> DummyVecEnv:

@@ -20,14 +20,8 @@ from algorithms.common.hyperparams import (
     preset_key,
 )
 from algorithms.common.models import is_builtin_model
+from tests.sizes import TINY_KWARGS
 
-TINY_KWARGS = {
-    "num_hidden_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-}
 # what `grpo-gym train` takes out of a preset before the rest goes to GRPO(...) (see algorithms/cli.py)
 NOT_GRPO_ARGUMENTS = ("n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems")
 

@@ -13,16 +13,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import grpo_gym
 from algorithms import GRPO, TransformerPolicy
+from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 
-TINY_KWARGS = {
-    "num_hidden_layers": 1,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-}
-TINY = {"model": "tiny", "model_kwargs": TINY_KWARGS}
-ENV_KWARGS = {"template": "compact", "max_new_tokens": 24, "context_length": 256, "difficulty": 0.1}
 MAX_NEW = ENV_KWARGS["max_new_tokens"]
 EOS, PAD = 1, 0  # the built-in tokenizer's ids
 
