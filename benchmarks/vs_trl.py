@@ -389,10 +389,10 @@ def report(args: argparse.Namespace, parameters: int, runs: dict[str, list[dict[
             f"Command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
             "",
             f"trl {versions['trl']}, transformers {versions['transformers']}, torch {versions['torch']}, Python "
-            f"{platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no "
-            f"GPU; torch threads {args.threads} in each process. Model {args.model!r} ({parameters / 1e6:.2f}M "
-            f"parameters), {args.new_tokens} new tokens, K={N_GROUPS} x G={GROUP_SIZE}; {samples} timed iterations per "
-            f"framework ({args.rounds} alternating runs of {args.iterations}, each after {args.warmup} warm-up).",
+            f"{platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no GPU; torch threads {args.threads} in "
+            f"each process. Model {args.model!r} ({parameters / 1e6:.2f}M parameters), {args.new_tokens} new tokens, "
+            f"K={N_GROUPS} x G={GROUP_SIZE}; {samples} timed iterations per framework (runs per framework: "
+            f"{args.rounds}, alternating; each {args.iterations} timed after {args.warmup} warm-up).",
             "",
             table(rows),
             "",

@@ -29,7 +29,9 @@ class R1ZeroEnv(gym.Env):
 
     **Observation space.** ``Dict(input_ids=Box(0, vocab-1, (context_length,), int64),
     attention_mask=Box(0, 1, (context_length,), int64))``: the context window, left-padded so the newest
-    token is last (see :mod:`grpo_gym.context` for the truncation rules).
+    token is last (see :mod:`grpo_gym.context` for the truncation rules). The prompt's ids are the template's
+    constant text (encoded once per env) around the question (encoded at each reset); for the built-in
+    character tokenizer that equals encoding the whole text, for a BPE tokenizer it can differ at the seams.
 
     **Action space.** ``action_mode="sequence"`` (default): one step is one whole completion,
     ``MultiDiscrete([vocab] * max_new_tokens)``; the completion ends at the first EOS (or pad) id and what

@@ -60,10 +60,10 @@ def test_apply_to_env_wrapper_and_vec_env() -> None:
 
     curriculum = DynamicCurriculum()
     curriculum.update(0.9)
-    wrapped = gym.make("R1Zero-v0", context_length=128, max_new_tokens=16)
+    wrapped = gym.make("R1Zero-v0", context_length=128, max_new_tokens=16, template="compact")
     curriculum.apply(wrapped)
     assert wrapped.unwrapped.difficulty == 0.35
-    vec = DummyVecEnv([lambda: R1ZeroEnv(context_length=128, max_new_tokens=16)] * 2)
+    vec = DummyVecEnv([lambda: R1ZeroEnv(context_length=128, max_new_tokens=16, template="compact")] * 2)
     curriculum.apply(vec)
     assert vec.get_attr("difficulty") == [0.35, 0.35]
     assert vec.reset() is not None and all(p.difficulty == 0.35 for p in vec.get_attr("problem"))
