@@ -13,11 +13,20 @@ reports its RSS after its imports, after its setup (model, reference model and t
 
 Objective settings matched on TRL's side (its defaults differ): ``loss_type="grpo"`` (ours: per-sequence
 mean, ``loss_aggregation="sequence"``), ``max_grad_norm=0.5``, constant learning rate, plain AdamW with weight
-decay 0.01 (``torch.optim.AdamW``'s default, which ours uses), no entropy bonus (ours: ``ent_coef=0``).
+decay 0.01 (``torch.optim.AdamW``'s default, which ours uses), no entropy bonus (ours: ``ent_coef=0``),
+top-p 0.92 (ours' default).
 
-Command (what ``benchmarks/RESULTS.md`` records; about 3 minutes on 2 cores)::
+The runs alternate (ours, TRL, TRL, ours for ``--rounds 2``) and each states the share of the CPUs that other
+processes used meanwhile: with 2 torch threads on 2 cores, any other busy process slows both frameworks many
+times over, so only compare runs made on an otherwise idle machine.
+
+Command (what ``benchmarks/RESULTS.md`` records; about 1 minute on an idle 2-core machine)::
 
     python benchmarks/vs_trl.py --model tiny --new-tokens 64 --iterations 8 --warmup 2 --results benchmarks/RESULTS.md
+
+The optional mid-size variant (about 2.5 minutes; add ``--results benchmarks/RESULTS.md`` to record it)::
+
+    python benchmarks/vs_trl.py --model medium --new-tokens 256 --iterations 2 --warmup 1 --rounds 1
 
 Needs the ``bench`` extra (``pip install -e ".[bench]"``: ``trl``, ``datasets``). Nothing is downloaded.
 """

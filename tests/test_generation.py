@@ -231,3 +231,36 @@ def test_bad_arguments(tiny, tokenizer):
     for kwargs in ({"temperature": 0.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"top_k": -1}):
         with pytest.raises(ValueError):
             draw(tiny, ids, mask, **kwargs)
+
+
+def test_pad_is_never_drawn_unless_it_is_an_eos(tiny, tokenizer):
+    # make pad (id 0) the most likely token everywhere: it must still never appear inside a completion
+    hook = tiny.get_output_embeddings().register_forward_hook(
+        lambda module, inputs, out: out + 20.0 * (torch.arange(out.shape[-1]) == 0)
+    )
+    try:
+        ids = torch.tensor([[5, 6, 7]] * 16)
+        out = sample(
+            tiny,
+            ids,
+            torch.ones_like(ids),
+            max_new_tokens=12,
+            eos_token_id=1,
+            pad_token_id=0,
+            generator=torch.Generator().manual_seed(0),
+        )
+        assert not ((out.tokens == 0) & out.mask).any()
+        assert out.lengths.min() > 0
+        # pad that is also an EOS id is a legitimate stop
+        stop = sample(
+            tiny,
+            ids,
+            torch.ones_like(ids),
+            max_new_tokens=12,
+            eos_token_id=[1, 0],
+            pad_token_id=0,
+            generator=torch.Generator().manual_seed(0),
+        )
+        assert (stop.lengths == 1).all() and (stop.tokens[:, 0] == 0).all()
+    finally:
+        hook.remove()

@@ -138,7 +138,8 @@ def sample(
     :param attention_mask: ``(B, T)`` 1 for prompt tokens, 0 for padding
     :param max_new_tokens: number of columns of the result, the most tokens generated per row
     :param eos_token_id: id (or ids) that end a completion
-    :param pad_token_id: id written after the EOS
+    :param pad_token_id: id written after the EOS; never drawn unless it is also an EOS id (log-probs stay those
+        of the full softmax, pad included)
     :param temperature: logits are divided by it before sampling and in the log-probs
     :param top_p: nucleus sampling mass (S6: 0.92); 1 disables it
     :param top_k: keep only the ``top_k`` most likely ids before top-p; 0 disables it
@@ -170,9 +171,15 @@ def sample(
         use_cache=True,
         **keep,
     )
+    # The pad id is never drawn unless it is also an EOS id: it is not text, and the env ends a completion at
+    # it, so a drawn pad would be trained on with a reward that never saw what follows it.
+    blocked = None if bool(torch.isin(torch.tensor(pad_token_id), eos.cpu())) else pad_token_id
     for step in range(max_new_tokens):
         scaled = _scaled_logits(out.logits[:, -1], temperature, vocab_size)  # (B, V)
-        token = scaled.argmax(dim=-1) if greedy else _draw(scaled, top_p, top_k, generator)  # (B,)
+        drawable = (
+            scaled if blocked is None else scaled.index_fill(-1, torch.tensor([blocked], device=device), -torch.inf)
+        )
+        token = drawable.argmax(dim=-1) if greedy else _draw(drawable, top_p, top_k, generator)  # (B,)
         alive = ~finished
         tokens[:, step] = torch.where(alive, token, pad_token_id)
         log_probs[:, step] = torch.where(alive, _token_log_probs(scaled, token), 0.0)

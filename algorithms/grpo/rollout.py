@@ -46,10 +46,6 @@ class RolloutBatch:
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
 
-    def to(self, device: th.device) -> RolloutBatch:
-        """The batch on ``device``."""
-        return RolloutBatch(**{f.name: _move(getattr(self, f.name), device) for f in fields(self)})
-
     def select(self, index: th.Tensor) -> RolloutBatch:
         """The rows at ``index``, with prompt columns that are padding in every selected row removed."""
         rows = {f.name: _take(getattr(self, f.name), index) for f in fields(self)}
@@ -63,10 +59,6 @@ class RolloutBatch:
         order = th.randperm(len(self), generator=generator)
         for start in range(0, len(self), batch_size):
             yield self.select(order[start : start + batch_size].to(self.prompt_ids.device))
-
-
-def _move(value: th.Tensor | None, device: th.device) -> th.Tensor | None:
-    return None if value is None else value.to(device)
 
 
 def _take(value: th.Tensor | None, index: th.Tensor) -> th.Tensor | None:
