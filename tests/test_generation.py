@@ -193,6 +193,78 @@ def test_first_token_distribution_matches_softmax(tiny, temperature, top_p, top_
         assert 0.5 * (empirical - expected).abs().sum() < 0.05
 
 
+def _exact_pair_probs(model, ids, vocab, top_p, eos):
+    """Exact probability of every 2-token completion ``(a, b)`` (float64), with EOS ending after ``a``."""
+    with torch.no_grad():
+        first = model(input_ids=ids).logits[0, -1, :vocab].double()
+        nexts = model(input_ids=torch.cat([ids.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)).logits
+    expected = torch.zeros(vocab, vocab + 1, dtype=torch.float64)  # column `vocab`: the completion ended at a
+    p_first = _nucleus(first, top_p)
+    for a in range(vocab):
+        if a == eos:
+            expected[a, vocab] = p_first[a]
+        elif a != PAD:
+            expected[a, :vocab] = p_first[a] * _nucleus(nexts[a, -1, :vocab].double(), top_p)
+    return expected
+
+
+def _nucleus(logits, top_p):
+    logits = logits.clone()
+    logits[PAD] = -torch.inf  # never drawn
+    probs = torch.softmax(logits, -1)
+    ordered, order = probs.sort(descending=True)
+    keep = order[(ordered.cumsum(0) - ordered) < top_p]
+    out = torch.zeros_like(probs)
+    out[keep] = probs[keep] / probs[keep].sum()
+    return out
+
+
+@pytest.mark.parametrize("decoder", ["llama", "hf"])
+@pytest.mark.parametrize("top_p", [1.0, 0.7])
+def test_two_token_completions_follow_the_model(tiny, decoder, top_p):
+    """The joint law of whole completions (not just the first token) is the model's: one shared prompt for all
+    rows (its cache is shared) and an EOS that ends some rows after one token (they are dropped from the batch)."""
+    rows, vocab, eos = 6000, 8, 3
+    ids = torch.tensor([[50, 51, 52, 53]])
+    expected = _exact_pair_probs(tiny, ids, vocab, top_p, eos).flatten()
+    out = draw(tiny, ids.expand(rows, -1), torch.ones(rows, 4, dtype=torch.long), max_new_tokens=2,
+               eos_token_id=eos, vocab_size=vocab, top_p=top_p, decoder=decoder)  # fmt: skip
+    second = torch.where(out.mask[:, 1], out.tokens[:, 1], vocab)
+    empirical = torch.bincount(out.tokens[:, 0] * (vocab + 1) + second, minlength=len(expected)).double() / rows
+    assert (empirical[expected == 0] == 0).all()
+    support = expected > 0
+    chi2 = float((((empirical - expected) ** 2)[support] / expected[support]).sum() * rows)
+    df = int(support.sum()) - 1
+    assert chi2 < df + 6 * (2 * df) ** 0.5, (chi2, df)
+
+
+def test_decoders_draw_the_same_tokens(tiny, qwen2, tokenizer):
+    """The Llama-family decoder and the model's own forward give the same tokens at a fixed seed, whatever the
+    prompt sharing and row dropping: a row's noise is its own."""
+    ids, mask = batch(tokenizer, PROMPTS * 3)  # repeated prompts: shared prefill
+    eos = list(range(3, 30))
+    for model in (tiny, qwen2):
+        runs = [
+            draw(model, ids, mask, eos_token_id=eos, vocab_size=103, decoder=decoder, compact_below=compact)
+            for decoder, compact in [("hf", 0.0), ("llama", 0.75), ("llama", 1.0), ("hf", 1.0)]
+        ]
+        assert runs[0].lengths.min() < 12 < runs[0].lengths.max() + 1  # some rows end early, some run on
+        for run in runs[1:]:
+            assert torch.equal(run.tokens, runs[0].tokens)
+            torch.testing.assert_close(run.log_probs, runs[0].log_probs, atol=1e-5, rtol=0)
+
+
+def test_llama_decoder_applies_only_to_llama_family(tiny, qwen2, gpt2):
+    from algorithms.common.decoders import HFDecoder, LlamaDecoder, make_decoder
+
+    assert isinstance(make_decoder(tiny, 8), LlamaDecoder) and isinstance(make_decoder(qwen2, 8), LlamaDecoder)
+    assert isinstance(make_decoder(gpt2, 8), HFDecoder) and isinstance(make_decoder(tiny, 8, "hf"), HFDecoder)
+    with pytest.raises(ValueError, match="Llama-family"):
+        make_decoder(gpt2, 8, "llama")
+    with pytest.raises(ValueError, match="decoder must be"):
+        make_decoder(tiny, 8, "fast")
+
+
 def test_entropy_and_log_probs_by_hand(tiny):
     prompt, completion = torch.tensor([[40, 41, 42]]), torch.tensor([[43, 44, 45]])
     completion_mask = torch.tensor([[True, True, False]])

@@ -20,13 +20,14 @@ recomputed log-probs will not match.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from algorithms.common.decoders import forward_parameters, make_decoder
+from algorithms.common.packing import pack_rows
 
 
 @dataclass
@@ -53,18 +54,6 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)  # (B, T)
 
 
-def _forward_parameters(model: torch.nn.Module) -> set[str]:
-    try:
-        return set(inspect.signature(model.forward).parameters)
-    except (TypeError, ValueError):
-        return set()
-
-
-def _cache_of(out: Any) -> Any:
-    """The KV cache of a model output: ``cache`` (transformers >= 5.2x) or ``past_key_values`` (older)."""
-    return out["cache"] if "cache" in out else out["past_key_values"]
-
-
 def _scaled_logits(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
     """Logits restricted to ``[0, vocab_size)``, in float32, divided by the temperature."""
     if vocab_size is not None:
@@ -79,22 +68,33 @@ def _token_log_probs(scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
-def _draw(scaled: torch.Tensor, top_p: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one id per row of ``scaled`` ``(B, V)`` after top-k then top-p filtering: ``(B,)``."""
+def _filtered(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
+    """``scaled`` ``(b, V)`` with ``-inf`` outside the top-k ids, then outside the top-p nucleus of the rest.
+
+    The nucleus is the smallest set of most likely ids whose mass reaches ``top_p``; ids tied with the k-th
+    largest logit are kept.
+    """
     vocab = scaled.shape[-1]
     if 0 < top_k < vocab:
-        values, order = scaled.topk(top_k, dim=-1)  # (B, k), sorted descending
-    elif top_p < 1.0:
-        values, order = scaled.sort(dim=-1, descending=True)  # (B, V)
-    else:
-        probs = torch.softmax(scaled, dim=-1)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    probs = torch.softmax(values, dim=-1)
+        kth = scaled.topk(top_k, dim=-1).values[..., -1:]  # (b, 1)
+        scaled = scaled.masked_fill(scaled < kth, -torch.inf)
     if top_p < 1.0:
-        mass_before = probs.cumsum(dim=-1) - probs  # keep the smallest prefix whose mass reaches top_p
-        probs = probs.masked_fill(mass_before >= top_p, 0.0)
-    choice = torch.multinomial(probs, 1, generator=generator)  # (B, 1), index into the sorted order
-    return order.gather(-1, choice).squeeze(-1)
+        ordered, order = scaled.sort(dim=-1, descending=True)  # (b, V)
+        probs = torch.softmax(ordered, dim=-1)
+        outside = (probs.cumsum(dim=-1) - probs) >= top_p  # the mass before an id already reaches top_p
+        scaled = scaled.masked_fill(outside.scatter(-1, order, outside), -torch.inf)
+    return scaled
+
+
+def _draw(filtered: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """One id per row of ``softmax(filtered)`` ``(b, V)`` by the Gumbel-max trick: ``argmax(logits + Gumbel)``.
+
+    ``uniform`` ``(b, V)`` holds U(0, 1) draws, one per row and id (``-log(-log U)`` is Gumbel): a row's token
+    depends only on its own logits and noise, not on which other rows are in the batch, so sharing prompts
+    and dropping finished rows leave the sampled tokens unchanged.
+    """
+    gumbel = -torch.log(-torch.log(uniform.clamp_(min=torch.finfo(uniform.dtype).tiny)))
+    return (filtered + gumbel).argmax(dim=-1)
 
 
 def _check_sampling_args(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
@@ -123,15 +123,20 @@ def sample(
     vocab_size: int | None = None,
     generator: torch.Generator | None = None,
     greedy: bool = False,
+    decoder: str = "auto",
+    compact_below: float = 0.75,
 ) -> Completions:
     """Sample completions of a left-padded batch of prompts, with a KV cache.
 
-    The prompts are run once (prefill), then one batched forward per new token reuses the cache. Rows
-    that emitted an EOS produce ``pad_token_id`` with mask False; the loop stops once all rows are done
-    (one host sync per step). Each token is drawn from the temperature-scaled distribution after top-k,
-    then top-p filtering (``greedy=True``: the argmax). The returned log-probs are under the **full**
-    temperature-scaled softmax, not the truncated one (see the module doc): they equal
-    :func:`completion_log_probs` of the same tokens.
+    Identical prompts are run once (prefill) and their cache is shared by their rows (a GRPO group's G
+    completions); then one batched forward per new token. Rows that emitted an EOS produce ``pad_token_id``
+    with mask False and stop costing work: once fewer than ``compact_below`` of the rows in the batch are
+    still running, the finished ones are dropped from the batch and its cache. The loop ends when every row
+    is done (one host sync per step). Each token is drawn from the temperature-scaled distribution after
+    top-k, then top-p filtering (``greedy=True``: the argmax), with noise drawn for every row of the batch at
+    every step, so a row's tokens do not depend on prompt sharing or on which rows were dropped. The returned
+    log-probs are under the **full** temperature-scaled softmax, not the truncated one (see the module doc):
+    they equal :func:`completion_log_probs` of the same tokens.
 
     :param model: a Hugging Face causal LM, in eval mode
     :param input_ids: ``(B, T)`` left-padded prompt ids
@@ -146,6 +151,9 @@ def sample(
     :param vocab_size: ids ``>= vocab_size`` are never sampled and excluded from the softmax
     :param generator: the ``torch.Generator`` to sample with (on the model's device); ``None``: global RNG
     :param greedy: take the argmax instead of sampling
+    :param decoder: the forward pass, see :func:`~algorithms.common.decoders.make_decoder`: ``"auto"`` (this
+        project's Llama-family decoder when it applies, else the model's own), ``"llama"`` or ``"hf"``
+    :param compact_below: drop finished rows once the running share of the batch falls below this (0: never)
     """
     _check_sampling_args(temperature, top_p, top_k, max_new_tokens)
     batch, prompt_len = input_ids.shape
@@ -157,44 +165,59 @@ def sample(
     if max_new_tokens == 0:
         return Completions(tokens, log_probs, mask, mask.sum(-1))
     attention = torch.ones((batch, prompt_len + max_new_tokens), dtype=attention_mask.dtype, device=device)
-    attention[:, :prompt_len] = attention_mask  # (B, T + N): grows one column per step
-    next_position = attention_mask.long().sum(-1, keepdim=True)  # (B, 1): position of the first new token
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)  # (B,)
+    attention[:, :prompt_len] = attention_mask  # (B, T + N): a step's forward sees columns [0, T + step + 1)
+    next_position = attention_mask.long().sum(-1)  # (B,): position of each row's first new token
 
-    parameters = _forward_parameters(model)
-    keep = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
-    cache_name = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.2x
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        use_cache=True,
-        **keep,
-    )
+    runner = make_decoder(model, prompt_len + max_new_tokens, decoder)
+    prompts, rows_of = _distinct_rows(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1))
+    logits = runner.forward(
+        input_ids[prompts], position_ids_from_mask(attention_mask[prompts]), attention_mask[prompts]
+    )  # (U, V)
+    if len(prompts) < batch:  # share each distinct prompt's cache among its rows
+        runner.select(rows_of)
+        logits = logits[rows_of]
     # The pad id is never drawn unless it is also an EOS id: it is not text, and the env ends a completion at
     # it, so a drawn pad would be trained on with a reward that never saw what follows it.
-    blocked = None if bool(torch.isin(torch.tensor(pad_token_id), eos.cpu())) else pad_token_id
+    blocked = None if bool(torch.isin(torch.tensor(pad_token_id), eos.cpu())) else torch.tensor([pad_token_id])
+    rows = torch.arange(batch, device=device)  # (b,): the batch rows still in the decoder, in its order
+    running = torch.ones(batch, dtype=torch.bool, device=device)  # (b,)
     for step in range(max_new_tokens):
-        scaled = _scaled_logits(out.logits[:, -1], temperature, vocab_size)  # (B, V)
-        drawable = (
-            scaled if blocked is None else scaled.index_fill(-1, torch.tensor([blocked], device=device), -torch.inf)
-        )
-        token = drawable.argmax(dim=-1) if greedy else _draw(drawable, top_p, top_k, generator)  # (B,)
-        alive = ~finished
-        tokens[:, step] = torch.where(alive, token, pad_token_id)
-        log_probs[:, step] = torch.where(alive, _token_log_probs(scaled, token), 0.0)
-        mask[:, step] = alive
-        finished = finished | torch.isin(token, eos)
-        if step == max_new_tokens - 1 or bool(finished.all()):
+        scaled = _scaled_logits(logits, temperature, vocab_size)  # (b, V)
+        drawable = scaled if blocked is None else scaled.index_fill(-1, blocked.to(device), -torch.inf)
+        if greedy:
+            token = drawable.argmax(dim=-1)  # (b,)
+        else:
+            uniform = torch.rand((batch, scaled.shape[-1]), device=device, generator=generator)  # (B, V)
+            token = _draw(_filtered(drawable, top_p, top_k), uniform[rows])  # (b,)
+        tokens[rows, step] = torch.where(running, token, pad_token_id)
+        log_probs[rows, step] = torch.where(running, _token_log_probs(scaled, token), 0.0)
+        mask[rows, step] = running
+        running = running & ~torch.isin(token, eos)
+        alive = int(running.sum())
+        if step == max_new_tokens - 1 or alive == 0:
             break
-        out = model(
-            input_ids=tokens[:, step : step + 1],
-            attention_mask=attention[:, : prompt_len + step + 1],
-            position_ids=next_position + step,
-            **{cache_name: _cache_of(out)},
-            use_cache=True,
-        )
+        if alive < compact_below * len(rows):  # drop the finished rows from the batch and the cache
+            keep = running.nonzero().squeeze(1)
+            runner.select(keep)
+            rows, running, token = rows[keep], running[keep], token[keep]
+        column = prompt_len + step
+        logits = runner.forward(token[:, None], (next_position[rows] + step)[:, None], attention[rows, : column + 1])
     return Completions(tokens, log_probs, mask, mask.sum(-1))
+
+
+def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first index of each distinct row of ``rows`` ``(B, W)`` and, for every row, which one it repeats.
+
+    :return: ``(first, of)``: ``rows[first]`` are the distinct rows ``(U,)`` in order of appearance, and
+        ``rows[first][of] == rows`` ``(B,)``
+    """
+    _, inverse = torch.unique(rows, dim=0, return_inverse=True)  # (B,): the id of each row's distinct value
+    first_of_id = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long, device=rows.device)
+    first_of_id.scatter_reduce_(0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin")
+    first = first_of_id.sort().values  # (U,): in order of appearance
+    rank = torch.empty_like(first_of_id)
+    rank[inverse[first]] = torch.arange(len(first), device=rows.device)
+    return first, rank[inverse]
 
 
 def completion_log_probs(
@@ -207,12 +230,18 @@ def completion_log_probs(
     temperature: float = 1.0,
     vocab_size: int | None = None,
     with_entropy: bool = False,
+    layout: str = "auto",
+    pad_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropies) of completions, in one forward pass; differentiable.
 
-    The prompt and completion are concatenated with the same position ids as :func:`sample`, and only the
-    logits that predict completion tokens are kept. Log-probs follow the module's single definition (full
-    temperature-scaled softmax over ids ``< vocab_size``); the entropy is that distribution's.
+    Two layouts give the same values (up to float rounding): ``"padded"``, one row per completion (its
+    prompt, then the completion, cut to the longest completion), and ``"packed"``
+    (:mod:`~algorithms.common.packing`: each distinct prompt once, its completions after it, no padding),
+    which does the work of the real tokens only. ``"auto"`` packs when the model takes a custom 4D attention
+    mask (``sdpa`` or ``eager`` attention). Positions are those of :func:`sample`, so log-probs follow the
+    module's single definition (full temperature-scaled softmax over ids ``< vocab_size``); the entropy is
+    that distribution's.
 
     :param model: a Hugging Face causal LM (eval mode for a ratio of exactly 1 on-policy)
     :param prompt_ids: ``(B, T)`` left-padded prompt ids
@@ -222,15 +251,38 @@ def completion_log_probs(
     :param temperature: the sampling temperature
     :param vocab_size: ids ``>= vocab_size`` are excluded from the softmax
     :param with_entropy: also return the per-token entropy
+    :param layout: ``"auto"``, ``"packed"`` or ``"padded"``
+    :param pad_id: the id written in the packed layout's padding
     :return: ``(log_probs, entropy)``, both ``(B, C)`` float32 and 0 where the mask is False;
         ``entropy`` is None unless ``with_entropy``
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    completion_len = completion_ids.shape[1]
+    if layout not in ("auto", "packed", "padded"):
+        raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
     mask = completion_mask.bool()  # (B, C)
+    attention_kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if layout == "auto":
+        layout = "packed" if attention_kind in ("sdpa", "eager") else "padded"
+    if layout == "packed":
+        logits = _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind)
+    else:
+        logits = _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask)[mask]  # (N, V)
+    scaled = _scaled_logits(logits, temperature, vocab_size)  # (N, V): one row per real completion token
+    log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    log_probs = log_probs.masked_scatter(mask, _token_log_probs(scaled, completion_ids[mask]))  # (B, C)
+    entropy = None
+    if with_entropy:
+        log_p = F.log_softmax(scaled, dim=-1)  # (N, V)
+        entropy = torch.zeros_like(log_probs).masked_scatter(mask, -(log_p.exp() * log_p).sum(-1))  # (B, C)
+    return log_probs, entropy
+
+
+def _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask) -> torch.Tensor:
+    """``(B, C, V)`` logits predicting each completion column, one row per completion."""
+    completion_len = completion_ids.shape[1]
     attention = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)  # (B, T + C)
-    keep = {"logits_to_keep": completion_len + 1} if "logits_to_keep" in _forward_parameters(model) else {}
+    keep = {"logits_to_keep": completion_len + 1} if "logits_to_keep" in forward_parameters(model) else {}
     logits = model(
         input_ids=torch.cat([prompt_ids, completion_ids], dim=1),  # (B, T + C)
         attention_mask=attention,
@@ -238,12 +290,19 @@ def completion_log_probs(
         use_cache=False,
         **keep,
     ).logits
-    logits = logits[:, -(completion_len + 1) : -1]  # (B, C, V): logits at T-1 ... T+C-2
-    scaled = _scaled_logits(logits, temperature, vocab_size)
-    ids = completion_ids.masked_fill(~mask, 0)  # padding may hold any id; keep gather in range
-    log_probs = _token_log_probs(scaled, ids).masked_fill(~mask, 0.0)  # (B, C)
-    entropy = None
-    if with_entropy:
-        log_p = F.log_softmax(scaled, dim=-1)  # (B, C, V)
-        entropy = -(log_p.exp() * log_p).sum(-1).masked_fill(~mask, 0.0)  # (B, C)
-    return log_probs, entropy
+    return logits[:, -(completion_len + 1) : -1]  # (B, C, V): logits at T-1 ... T+C-2
+
+
+def _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind) -> torch.Tensor:
+    """``(N, V)`` logits predicting each real completion token (row-major order), from the packed layout."""
+    packed = pack_rows(prompt_ids, prompt_mask, completion_ids, mask, pad_id=pad_id)
+    allowed = packed.attention_mask()  # (R, 1, W, W) bool
+    if attention_kind != "sdpa":  # eager attention adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+    logits = model(
+        input_ids=packed.input_ids, attention_mask=allowed, position_ids=packed.position_ids, use_cache=False
+    ).logits  # (R, W, V)
+    return logits.flatten(0, 1)[packed.source]

@@ -427,7 +427,7 @@ class GRPO(BaseAlgorithm):
                     minibatch.prompt_mask,
                     minibatch.completion_ids,
                     minibatch.completion_mask,
-                    with_entropy=True,
+                    with_entropy=ent_coef != 0,
                 )
                 loss, stats = objective.grpo_loss(
                     log_probs,
@@ -452,6 +452,8 @@ class GRPO(BaseAlgorithm):
                 grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
                 self.policy.optimizer.step()
                 self._n_updates += 1
+                if entropy is None:  # no entropy bonus: estimate it from the sampled tokens, -E[log p(token)]
+                    stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
                 for key, value in {"loss": loss, "grad_norm": grad_norm, **stats}.items():
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
         for key, values in history.items():

@@ -47,11 +47,15 @@ class RolloutBatch:
         return self.prompt_ids.shape[0]
 
     def select(self, index: th.Tensor) -> RolloutBatch:
-        """The rows at ``index``, with prompt columns that are padding in every selected row removed."""
+        """The rows at ``index``, without the prompt and completion columns that are padding in all of them."""
         rows = {f.name: _take(getattr(self, f.name), index) for f in fields(self)}
-        used = int(rows["prompt_mask"].sum(dim=1).max().item())
-        rows["prompt_ids"] = rows["prompt_ids"][:, -max(used, 1) :]
-        rows["prompt_mask"] = rows["prompt_mask"][:, -max(used, 1) :]
+        prompt_width = max(int(rows["prompt_mask"].sum(dim=1).max()), 1)
+        completion_width = max(int(rows["completion_mask"].sum(dim=1).max()), 1)
+        for name in ("prompt_ids", "prompt_mask"):
+            rows[name] = rows[name][:, -prompt_width:]
+        for name in ("completion_ids", "completion_mask", "old_log_probs", "ref_log_probs"):
+            if rows[name] is not None:
+                rows[name] = rows[name][:, :completion_width]
         return RolloutBatch(**rows)
 
     def minibatches(self, batch_size: int, generator: th.Generator) -> Iterator[RolloutBatch]:

@@ -1,0 +1,121 @@
+"""Padding-free, prefix-shared layout of (prompt, completion) rows for one forward pass.
+
+A GRPO update scores K prompts x G completions. Laid out one row per completion, every row repeats its
+prompt and is padded to the longest completion of the batch (a random or exploring policy often has one
+completion at the length cap and most far shorter). Packed, each distinct prompt appears once, followed by its
+completions back to back, with positions restarting after the prompt for each completion and a block mask:
+a prompt token sees the prompt before it; a completion token sees the prompt and its own completion before
+it. A row holds at most ``max(pack_length, longest prompt + completion)`` tokens, so attention (quadratic in the
+row length) stays bounded when a prompt has many long completions; a prompt whose completions do not fit in
+one row is repeated at the start of the next.
+
+Every token's logits equal those of the one-row-per-completion layout up to float rounding (the same tokens
+at the same positions see the same tokens), which the tests check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PROMPT, PADDING = -1, -2  # segment ids of prompt and padding tokens; completions are numbered from 0
+
+
+@dataclass
+class PackedRows:
+    """The packed layout of a batch and where to read each completion token's logits.
+
+    :param input_ids: ``(R, W)`` packed token ids (``pad_id`` at the end of short rows)
+    :param position_ids: ``(R, W)`` positions: ``0..P-1`` for a prompt, ``P..P+L-1`` for each completion
+    :param segments: ``(R, W)`` ``PROMPT``, ``PADDING`` or the completion's row index in the batch
+    :param source: ``(N,)`` flat indices (``row * W + column``) of the logits that predict the completion
+        tokens, one per real completion token, in the order of ``completion_mask.nonzero()``
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    segments: torch.Tensor
+    source: torch.Tensor
+
+    def attention_mask(self) -> torch.Tensor:
+        """``(R, 1, W, W)`` bool, True where a query (row, q) may attend to a key (row, k).
+
+        Causal; a prompt token sees its row's prompt; a completion token sees the prompt and its own segment;
+        a padding token sees itself only (so no query row is fully masked).
+        """
+        seg = self.segments
+        query, key = seg[:, :, None], seg[:, None, :]  # (R, W, 1), (R, 1, W)
+        width = seg.shape[1]
+        causal = torch.ones((width, width), dtype=torch.bool, device=seg.device).tril()
+        same = (key == PROMPT) | (key == query)
+        allowed = causal & same & (query != PADDING)
+        itself = torch.eye(width, dtype=torch.bool, device=seg.device) & (query == PADDING)
+        return (allowed | itself).unsqueeze(1)
+
+
+def pack_rows(
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    pad_id: int = 0,
+    pack_length: int = 512,
+) -> PackedRows:
+    """Pack left-padded prompts and right-padded completions, each distinct prompt once (see the module doc).
+
+    :param prompt_ids: ``(B, T)`` left-padded
+    :param prompt_mask: ``(B, T)`` 1 for prompt tokens
+    :param completion_ids: ``(B, C)``
+    :param completion_mask: ``(B, C)`` True for the tokens of each completion (a prefix of its row)
+    :param pad_id: the id written in padding
+    :param pack_length: the target length of a packed row (a row may be longer to hold one prompt + completion)
+    """
+    device = prompt_ids.device
+    prompt_lengths = prompt_mask.sum(dim=1).tolist()
+    lengths = completion_mask.sum(dim=1).tolist()
+    if any(p == 0 and n > 0 for p, n in zip(prompt_lengths, lengths, strict=True)):
+        raise ValueError("every completion needs a prompt of at least one token (its first token's predictor)")
+    key = torch.cat([prompt_ids * prompt_mask, prompt_mask], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    by_prompt: dict[int, list[int]] = {}
+    for row, prompt in enumerate(inverse.tolist()):
+        by_prompt.setdefault(prompt, []).append(row)
+
+    # plan: each packed row is a prompt (taken from its first batch row) and completions placed after it
+    plan: list[tuple[int, list[int]]] = []
+    for rows in by_prompt.values():
+        owner, used, members = rows[0], prompt_lengths[rows[0]], []
+        for row in rows:
+            if members and used + lengths[row] > pack_length:
+                plan.append((owner, members))
+                used, members = prompt_lengths[owner], []
+            members.append(row)
+            used += lengths[row]
+        plan.append((owner, members))
+    width = max(prompt_lengths[owner] + sum(lengths[r] for r in members) for owner, members in plan)
+
+    ids = torch.full((len(plan), width), pad_id, dtype=torch.long, device=device)
+    positions = torch.zeros((len(plan), width), dtype=torch.long, device=device)
+    segments = torch.full((len(plan), width), PADDING, dtype=torch.long, device=device)
+    source = torch.empty(int(sum(lengths)), dtype=torch.long, device=device)
+    offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]  # where each batch row's tokens start in `source`
+    for r, (owner, members) in enumerate(plan):
+        p = prompt_lengths[owner]
+        ids[r, :p] = prompt_ids[owner, prompt_ids.shape[1] - p :]
+        positions[r, :p] = torch.arange(p, device=device)
+        segments[r, :p] = PROMPT
+        column = p
+        for row in members:
+            n = lengths[row]
+            if n == 0:
+                continue
+            ids[r, column : column + n] = completion_ids[row, :n]
+            positions[r, column : column + n] = torch.arange(p, p + n, device=device)
+            segments[r, column : column + n] = row
+            # token j is predicted by the logits of the token before it: the prompt's last, then its own
+            before = torch.arange(column - 1, column + n - 1, device=device)
+            before[0] = p - 1
+            source[offsets[row] : offsets[row] + n] = r * width + before
+            column += n
+    return PackedRows(ids, positions, segments, source)
