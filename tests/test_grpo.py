@@ -54,6 +54,7 @@ def test_learn_writes_the_tensorboard_tags(tmp_path: Path) -> None:
         "train/entropy",
         "train/clip_fraction",
         "train/grad_norm",
+        "train/skipped_steps",
         "train/learning_rate",
         "train/ent_coef",
         "time/fps",

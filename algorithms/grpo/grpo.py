@@ -22,6 +22,7 @@ from stable_baselines3.common.vec_env import VecEnv
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so GRPO("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.cold_start import supervised_finetune
 from algorithms.common.generation import Completions, completion_log_probs
+from algorithms.common.precision import DTYPES, resolve_precision
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import objective
 from algorithms.grpo.policies import TransformerPolicy
@@ -94,6 +95,11 @@ class GRPO(BaseAlgorithm):
         ``"none"`` (Dr. GRPO)
     :param loss_aggregation: ``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)
     :param drop_uniform_groups: leave groups whose rewards are all equal out of the update (S29)
+    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): the model's forward passes
+        (sampling, update, reference) run under autocast; weights, optimizer, value head and loss stay float32;
+        fp16 adds a gradient scaler. A step whose gradients are not finite is skipped and counted
+        (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.precision` (float32 on a CPU
+        without native bf16)
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
         initialised built-in model), ``True`` or ``False``
     :param sft_steps: SFT gradient steps (the seed preset: 5000)
@@ -131,6 +137,7 @@ class GRPO(BaseAlgorithm):
         advantage_scale: str = "group",
         loss_aggregation: str = "sequence",
         drop_uniform_groups: bool = False,
+        mixed_precision: str = "auto",
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
         sft_batch_size: int = 32,
@@ -176,6 +183,9 @@ class GRPO(BaseAlgorithm):
         self.vf_coef = vf_coef
         self.advantage_scale, self.loss_aggregation = advantage_scale, loss_aggregation
         self.drop_uniform_groups = drop_uniform_groups
+        self.mixed_precision = mixed_precision
+        resolve_precision(mixed_precision, self.device)  # a bad value fails here, not at the first update
+        self._skipped_steps = 0
         self.cold_start, self.sft_steps, self.sft_batch_size = cold_start, sft_steps, sft_batch_size
         self.sft_learning_rate, self.sft_data = sft_learning_rate, sft_data
         self.ref_model: th.nn.Module | None = None
@@ -198,6 +208,9 @@ class GRPO(BaseAlgorithm):
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
         self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
         self.policy = self.policy.to(self.device)
+        precision = resolve_precision(self.mixed_precision, self.device)
+        self.policy.autocast_dtype = DTYPES.get(precision)
+        self._scaler = th.amp.GradScaler(self.device.type) if precision == "fp16" else None
         # the architecture, so load() rebuilds it offline (a copy: the caller's dict stays as it was)
         self.policy_kwargs = {**self.policy_kwargs, "model_config": self.policy.model.config.to_dict()}
         self.clip_range = FloatSchedule(self.clip_range)
@@ -228,7 +241,7 @@ class GRPO(BaseAlgorithm):
         return reference
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "ref_model", "_generator", "_rollout"]
+        return [*super()._excluded_save_params(), "ref_model", "_generator", "_rollout", "_scaler"]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
@@ -447,23 +460,45 @@ class GRPO(BaseAlgorithm):
                     values = self.policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
                     stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
                     loss = loss + self.vf_coef * stats["value_loss"]
-                self.policy.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-                self.policy.optimizer.step()
-                self._n_updates += 1
+                grad_norm = self._optimizer_step(loss)
                 if entropy is None:  # no entropy bonus: estimate it from the sampled tokens, -E[log p(token)]
                     stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
-                for key, value in {"loss": loss, "grad_norm": grad_norm, **stats}.items():
+                if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
+                    stats["grad_norm"] = grad_norm
+                for key, value in {"loss": loss, **stats}.items():
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
         for key, values in history.items():
             self.logger.record(f"train/{key}", float(np.mean(values)))
+        self.logger.record("train/skipped_steps", self._skipped_steps)
         self.logger.record("train/ent_coef", ent_coef)
         self.logger.record("train/clip_range", clip_low)
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
+    def _optimizer_step(self, loss: th.Tensor) -> th.Tensor:
+        """Backward, unscale (fp16), clip and step; a step with non-finite gradients is skipped and counted."""
+        optimizer = self.policy.optimizer
+        optimizer.zero_grad(set_to_none=True)
+        if self._scaler is None:
+            loss.backward()
+        else:
+            self._scaler.scale(loss).backward()
+            self._scaler.unscale_(optimizer)
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        finite = bool(th.isfinite(grad_norm))
+        if self._scaler is not None:
+            self._scaler.step(optimizer)  # skips the step itself when the unscaled gradients hold inf or NaN
+            self._scaler.update()
+        elif finite:
+            optimizer.step()
+        if finite:
+            self._n_updates += 1
+        else:
+            self._skipped_steps += 1
+            optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
     def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
-        with th.no_grad():
+        with th.no_grad(), self.policy.autocast():
             log_probs, _ = completion_log_probs(
                 self.ref_model,
                 batch.prompt_ids,
@@ -472,6 +507,7 @@ class GRPO(BaseAlgorithm):
                 batch.completion_mask,
                 temperature=self.policy.temperature,
                 vocab_size=self.policy.vocab_size,
+                pad_id=self.policy.pad_token_id,
             )
         return log_probs
 

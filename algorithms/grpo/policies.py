@@ -11,8 +11,10 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from algorithms.common.checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.generation import Completions, completion_log_probs, sample
 from algorithms.common.models import is_builtin_model, load_model
+from algorithms.common.precision import autocast, float32_region
 
 
 class TransformerPolicy(BasePolicy):
@@ -39,6 +41,8 @@ class TransformerPolicy(BasePolicy):
     :param memory_length: the most tokens the policy attends to, prompt and completion together (S4: 2048;
         capped at the model's position limit); older context tokens are cut
     :param value_head: add an FP32 value head on the last prompt token (S9's value-network baseline)
+    :param gradient_checkpointing: checkpoint the decoder's layers in chunks (S16): ``True`` for every 4 layers,
+        an int N for every N layers, ``False`` for none (:mod:`~algorithms.common.checkpointing`)
     :param seed: seeds a built-in model's initial weights
     :param optimizer_class: the optimizer (AdamW)
     :param optimizer_kwargs: its keyword arguments
@@ -59,6 +63,7 @@ class TransformerPolicy(BasePolicy):
         top_k: int = 0,
         memory_length: int = 2048,
         value_head: bool = False,
+        gradient_checkpointing: bool | int = False,
         seed: int | None = None,
         optimizer_class: type[th.optim.Optimizer] = th.optim.AdamW,
         optimizer_kwargs: dict[str, Any] | None = None,
@@ -93,6 +98,13 @@ class TransformerPolicy(BasePolicy):
                 "gym.make('R1Zero-v0', tokenizer='<model folder>'), or use a built-in model, which adapts to the env"
             )
         self.value_net = nn.Linear(self.model.config.hidden_size, 1, dtype=th.float32) if value_head else None
+        self.gradient_checkpointing = gradient_checkpointing
+        if gradient_checkpointing:
+            checkpoint_every(
+                self.model, DEFAULT_EVERY if gradient_checkpointing is True else int(gradient_checkpointing)
+            )
+        #: the autocast dtype of the model's forward passes (None: float32); the algorithm sets it (S15)
+        self.autocast_dtype: th.dtype | None = None
         self.model.eval()
         self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
 
@@ -129,6 +141,7 @@ class TransformerPolicy(BasePolicy):
             top_k=self.top_k,
             memory_length=self.memory_length,
             value_head=self.value_net is not None,
+            gradient_checkpointing=self.gradient_checkpointing,
             seed=self.seed,
             optimizer_class=self.optimizer_class,
             optimizer_kwargs=self.optimizer_kwargs,
@@ -161,7 +174,7 @@ class TransformerPolicy(BasePolicy):
         max_new_tokens: int | None = None,
     ) -> Completions:
         """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs."""
-        with th.no_grad():
+        with th.no_grad(), self.autocast():
             return sample(
                 self.model,
                 input_ids,
@@ -186,26 +199,34 @@ class TransformerPolicy(BasePolicy):
         with_entropy: bool = False,
     ) -> tuple[th.Tensor, th.Tensor | None]:
         """Per-token log-probs ``(B, C)`` (and entropies) of given completions under the current weights."""
-        return completion_log_probs(
-            self.model,
-            prompt_ids,
-            prompt_mask,
-            completion_ids,
-            completion_mask,
-            temperature=self.temperature,
-            vocab_size=self.vocab_size,
-            with_entropy=with_entropy,
-        )
+        with self.autocast():
+            return completion_log_probs(
+                self.model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
+                temperature=self.temperature,
+                vocab_size=self.vocab_size,
+                with_entropy=with_entropy,
+                pad_id=self.pad_token_id,
+            )
+
+    def autocast(self):
+        """The autocast region of the model's forward passes (nothing when :attr:`autocast_dtype` is None)."""
+        return autocast(self.autocast_dtype, self.device)
 
     def predict_values(self, prompt_ids: th.Tensor, prompt_mask: th.Tensor) -> th.Tensor:
         """FP32 value estimates ``(B,)`` from the last prompt token's hidden state (needs ``value_head=True``)."""
         if self.value_net is None:
             raise ValueError("this policy has no value head; pass policy_kwargs={'value_head': True}")
         positions = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, output_hidden_states=True
-        )
-        return self.value_net(out.hidden_states[-1][:, -1].float()).squeeze(-1)
+        with self.autocast():
+            out = self.model(
+                input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions, output_hidden_states=True
+            )
+        with float32_region(self.device):
+            return self.value_net(out.hidden_states[-1][:, -1].float()).squeeze(-1)
 
     def forward(self, obs: PyTorchObs, deterministic: bool = False) -> th.Tensor:
         """Actions for a batch of observations (see :meth:`_predict`)."""
