@@ -39,7 +39,6 @@ import itertools
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
+from common import busy_cpu_seconds, cpu_name, memory_mib, update_results
 
 N_GROUPS, GROUP_SIZE = 4, 8  # K prompts x G completions per iteration
 SECTION = "## GRPO vs TRL GRPOTrainer (CPU)"
@@ -75,24 +77,6 @@ class Settings:
 
 
 # ---------------------------------------------------------------------------------------------- measuring
-def memory_mib() -> dict[str, float]:
-    """Current (``VmRSS``) and peak (``VmHWM``) resident set size of this process, in MiB."""
-    fields = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = int(value.split()[0]) / 1024  # kB
-    return {"rss": fields["VmRSS"], "peak": fields["VmHWM"]}
-
-
-def busy_cpu_seconds() -> float:
-    """CPU seconds all processes of the machine have used since boot (``/proc/stat``, idle and iowait excluded)."""
-    with open("/proc/stat") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in stat.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 class Stopwatch:
     """Wall and CPU timestamps of iteration boundaries, and the wall time spent inside a wrapped ``generate``."""
 
@@ -346,24 +330,6 @@ def ratios(ours: dict[str, float], theirs: dict[str, float]) -> str:
     )
 
 
-def update_results(path: Path, title: str, body: str) -> None:
-    """Put ``### title`` + ``body`` into this benchmark's section of ``path``, replacing a subsection of the same
-    title; the section is appended at the end when absent. Other sections are left as they are."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = f"### {title}\n\n{body.strip()}\n"
-    start = text.find(SECTION)
-    if start < 0:
-        path.write_text(f"{text.rstrip()}\n\n{SECTION}\n\n{block}")
-        return
-    following = re.search(r"^## ", text[start + len(SECTION) :], flags=re.MULTILINE)
-    end = start + len(SECTION) + following.start() if following else len(text)
-    section = text[start:end].rstrip()
-    old = re.search(rf"^### {re.escape(title)}\n.*?(?=^### |\Z)", section, flags=re.MULTILINE | re.DOTALL)
-    section = section[: old.start()] + block + "\n" + section[old.end() :] if old else f"{section}\n\n{block}"
-    rest = text[end:]
-    path.write_text(text[:start] + section.rstrip() + "\n" + ("\n" + rest if rest else ""))
-
-
 def save_model(settings: Settings) -> int:
     """Build the built-in model (random init, ``seed``), write it with the built-in tokenizer to the folder, and
     return its number of parameters."""
@@ -374,13 +340,6 @@ def save_model(settings: Settings) -> int:
     model.save_pretrained(settings.folder)
     grpo_gym.build_char_tokenizer().save_pretrained(settings.folder)
     return count_parameters(model)
-
-
-def cpu_name() -> str:
-    """The CPU's model name from ``/proc/cpuinfo``."""
-    with open("/proc/cpuinfo") as info:
-        names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-    return f'"{names[0]}"' if names else platform.machine()
 
 
 def report(args: argparse.Namespace, parameters: int, runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -453,7 +412,10 @@ def main() -> None:
     print(body)
     if args.results:
         update_results(
-            args.results, f"`--model {args.model} --new-tokens {args.new_tokens} --threads {args.threads}`", body
+            args.results,
+            SECTION,
+            f"`--model {args.model} --new-tokens {args.new_tokens} --threads {args.threads}`",
+            body,
         )
         print(f"written to {args.results}")
 

@@ -17,14 +17,18 @@ and drops finished rows. Two implementations:
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: ``config.model_type`` values :class:`LlamaDecoder` runs (same layer layout, RoPE, RMSNorm, SiLU MLP)
+#: ``config.model_type`` values :class:`LlamaDecoder` runs (same layer layout, RoPE, RMSNorm, gated MLP)
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+#: models with at most this many parameters get fused q/k/v and gate/up projections in :class:`LlamaDecoder`:
+#: small matmuls are dominated by per-call overhead, and the fused copy of the weights stays small
+FUSE_BELOW = 200_000_000
 
 
 def forward_parameters(model: nn.Module) -> set[str]:
@@ -78,6 +82,8 @@ class LlamaDecoder:
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
+        fuse = sum(p.numel() for p in model.parameters()) <= FUSE_BELOW
+        self._layers = [_LayerWeights.of(layer, fuse) for layer in self.inner.layers]
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
         self._length = 0  # columns written so far
@@ -88,9 +94,9 @@ class LlamaDecoder:
         self._keys = [like.new_empty(shape) for _ in range(layers)]
         self._values = [like.new_empty(shape) for _ in range(layers)]
 
-    def _norm(self, norm: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    def _norm(self, weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """HF's ``LlamaRMSNorm``: normalise in float32, back to the input dtype, times the weight."""
-        return norm.weight * F.rms_norm(hidden.float(), (hidden.shape[-1],), eps=self.eps).to(hidden.dtype)
+        return weight * F.rms_norm(hidden.float(), (hidden.shape[-1],), eps=self.eps).to(hidden.dtype)
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         """Run ``ids`` ``(b, s)`` at ``positions`` ``(b, s)``; ``attention`` ``(b, cached + s)`` masks the keys.
@@ -108,12 +114,12 @@ class LlamaDecoder:
             itself = torch.zeros_like(causal)
             itself[:, start:] = torch.eye(new, dtype=torch.bool, device=ids.device)
             visible = (visible & causal) | itself
-        for i, layer in enumerate(self.inner.layers):
-            attn = layer.self_attn
-            x = self._norm(layer.input_layernorm, hidden)
-            q = attn.q_proj(x).view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, h, s, D)
-            k = attn.k_proj(x).view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, kv, s, D)
-            v = attn.v_proj(x).view(rows, new, -1, self.head_dim).transpose(1, 2)
+        split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        for i, weights in enumerate(self._layers):
+            q, k, v = weights.qkv(self._norm(weights.input_norm, hidden)).split(split, dim=-1)
+            q = q.view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, h, s, D)
+            k = k.view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, kv, s, D)
+            v = v.view(rows, new, -1, self.head_dim).transpose(1, 2)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             if not self._keys:
                 self._allocate(k, rows)
@@ -124,13 +130,13 @@ class LlamaDecoder:
                 self._keys[i][:, :, :end],
                 self._values[i][:, :, :end],
                 attn_mask=visible,
-                scale=attn.scaling,
+                scale=weights.scaling,
                 enable_gqa=self.kv_heads != self.heads,
             )  # (b, h, s, D)
-            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(rows, new, -1))
-            hidden = hidden + layer.mlp(self._norm(layer.post_attention_layernorm, hidden))
+            hidden = hidden + F.linear(out.transpose(1, 2).reshape(rows, new, -1), *weights.out)
+            hidden = hidden + weights.mlp(self._norm(weights.post_norm, hidden))
         self._length = end
-        return self.model.lm_head(self._norm(self.inner.norm, hidden[:, -1]))
+        return self.model.lm_head(self._norm(self.inner.norm.weight, hidden[:, -1]))
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the cache rows at ``index`` ``(b',)``, in that order (an index may repeat)."""
@@ -139,6 +145,59 @@ class LlamaDecoder:
                 kept = layer.new_empty((len(index), *layer.shape[1:]))
                 kept[:, :, : self._length] = layer[index, :, : self._length]
                 cache[i] = kept
+
+
+@dataclass
+class _LayerWeights:
+    """One decoder layer's weights as :class:`LlamaDecoder` uses them: ``(weight, bias)`` pairs for
+    ``F.linear`` (no module-call overhead), the q/k/v and gate/up projections fused into one matmul each when
+    ``fuse`` (a concatenated copy, made once per :func:`~algorithms.common.generation.sample` call)."""
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    projections: list[tuple[torch.Tensor, torch.Tensor | None]]  # q, k, v, or the fused qkv
+    out: tuple[torch.Tensor, torch.Tensor | None]
+    gate_up: list[tuple[torch.Tensor, torch.Tensor | None]]  # gate, up, or the fused gate_up
+    down: tuple[torch.Tensor, torch.Tensor | None]
+    act: Any
+    scaling: float
+
+    @classmethod
+    def of(cls, layer: nn.Module, fuse: bool) -> _LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+        qkv = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        gate_up = [(m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj)]
+        if fuse:
+            qkv, gate_up = [_concatenated(qkv)], [_concatenated(gate_up)]
+        return cls(
+            input_norm=layer.input_layernorm.weight,
+            post_norm=layer.post_attention_layernorm.weight,
+            projections=qkv,
+            out=(attn.o_proj.weight, attn.o_proj.bias),
+            gate_up=gate_up,
+            down=(mlp.down_proj.weight, mlp.down_proj.bias),
+            act=mlp.act_fn,
+            scaling=attn.scaling,
+        )
+
+    def qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """``(b, s, (h + 2 kv) D)``: the query, key and value projections side by side."""
+        outs = [F.linear(x, weight, bias) for weight, bias in self.projections]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """Llama's MLP: ``down(act(gate(x)) * up(x))``."""
+        outs = [F.linear(x, weight, bias) for weight, bias in self.gate_up]
+        gate, up = outs if len(outs) == 2 else outs[0].chunk(2, dim=-1)
+        return F.linear(self.act(gate) * up, *self.down)
+
+
+def _concatenated(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    weight = torch.cat([w for w, _ in pairs])
+    biases = [b for _, b in pairs]
+    if all(b is None for b in biases):
+        return weight, None
+    return weight, torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs])
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -159,8 +218,13 @@ def supports_llama_decoder(model: nn.Module) -> bool:
         return False
     layer = layers[0]
     attention = getattr(layer, "self_attn", None)
-    return all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling")) and all(
-        hasattr(getattr(layer, name, None), "weight") for name in ("input_layernorm", "post_attention_layernorm")
+    mlp = getattr(layer, "mlp", None)
+    return (
+        all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling"))
+        and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        and all(
+            hasattr(getattr(layer, name, None), "weight") for name in ("input_layernorm", "post_attention_layernorm")
+        )
     )
 
 
