@@ -6,6 +6,8 @@ import copy
 import itertools
 import os
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
@@ -14,17 +16,19 @@ import numpy as np
 import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import FloatSchedule, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so GRPO("TransformerPolicy", "R1Zero-v0") works)
+from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
 from algorithms.common.generation import Completions, completion_log_probs
 from algorithms.common.precision import DTYPES, resolve_precision
 from algorithms.common.schedules import UpdateDecay
-from algorithms.grpo import objective
+from algorithms.grpo import controls, objective
 from algorithms.grpo.policies import TransformerPolicy
 from algorithms.grpo.rollout import RolloutBatch, left_pad
 
@@ -95,6 +99,36 @@ class GRPO(BaseAlgorithm):
         ``"none"`` (Dr. GRPO)
     :param loss_aggregation: ``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)
     :param drop_uniform_groups: leave groups whose rewards are all equal out of the update (S29)
+    :param competition: competition between groups: ``None`` (off), ``"fixed"`` (S10: the winning group's
+        advantages x ``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or ``"adaptive"``
+        (S11: the coefficient follows the between-group reward variance, in [0.8, 1.5])
+    :param competition_coef: S10's coefficient (1.2)
+    :param diversity_guard: S12: when the spread of per-group mean entropies exceeds ``diversity_threshold``,
+        leave out the groups whose rewards carry no signal (all equal); logged as ``diversity/*``
+    :param diversity_threshold: S12's spread (0.15)
+    :param update_mode: ``"joint"`` (one step on all groups, as published) or ``"sequential"`` (S14: one step
+        per group, in turn)
+    :param advantage_baseline: ``"group"`` (the group's mean reward, GRPO) or ``"value"`` (S9: the FP32 value
+        head's estimate for the prompt; needs ``policy_kwargs={"value_head": True}``)
+    :param reward_ramp: S20.2: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000
+        timesteps up to the env's configured weight
+    :param protected_rollouts: S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed
+        says "the first 3 groups"; read as the first 3 rollouts, since the first rollout's groups come from the
+        cold-start weights anyway); their sampling log-probs are the frozen policy's, so the importance ratio
+        corrects for it
+    :param curriculum: S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of
+        every env from the rolling success rate (``curriculum/difficulty``)
+    :param diagnostics: S24: per-group reward histograms, per-group gradient norms and their spread (warning
+        above 0.3), "group stability" (S18, :func:`~algorithms.grpo.controls.group_stability`) and an entropy
+        warning below 0.5; the update is then accumulated group by group (same gradient, K smaller passes)
+    :param replay_ratio: fraction of each update's completions replayed from a prioritized trajectory buffer
+        (S3, S5; :class:`~algorithms.common.buffers.PrioritizedTrajectoryBuffer`); 0 (default) is published GRPO.
+        Replayed completions keep their sampling log-probs (the importance ratio is clipped as usual), their
+        group-relative advantage (computed from their own group's rewards when collected) times their
+        importance-sampling weight; after the update their priority becomes ``|advantage| * exp(-drift)``, the
+        drift being their mean ``|log ratio|`` per token (how far the policy has moved since they were sampled)
+    :param max_replay_age: completions collected more than this many iterations ago are evicted before sampling
+    :param replay_buffer_kwargs: arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): the model's forward passes
         (sampling, update, reference) run under autocast; weights, optimizer, value head and loss stay float32;
         fp16 adds a gradient scaler. A step whose gradients are not finite is skipped and counted
@@ -137,6 +171,19 @@ class GRPO(BaseAlgorithm):
         advantage_scale: str = "group",
         loss_aggregation: str = "sequence",
         drop_uniform_groups: bool = False,
+        competition: str | None = None,
+        competition_coef: float = controls.COMPETITION_COEF,
+        diversity_guard: bool = False,
+        diversity_threshold: float = controls.DIVERSITY_SPREAD,
+        update_mode: str = "joint",
+        advantage_baseline: str = "group",
+        reward_ramp: bool = False,
+        protected_rollouts: int = 0,
+        curriculum: bool = False,
+        diagnostics: bool = False,
+        replay_ratio: float = 0.0,
+        max_replay_age: int = 10,
+        replay_buffer_kwargs: dict[str, Any] | None = None,
         mixed_precision: str = "auto",
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
@@ -183,6 +230,26 @@ class GRPO(BaseAlgorithm):
         self.vf_coef = vf_coef
         self.advantage_scale, self.loss_aggregation = advantage_scale, loss_aggregation
         self.drop_uniform_groups = drop_uniform_groups
+        if not 0 <= replay_ratio < 1 or max_replay_age < 0:
+            raise ValueError(f"need 0 <= replay_ratio < 1, max_replay_age >= 0; got {replay_ratio}, {max_replay_age}")
+        for name, value, valid in (
+            ("competition", competition, (None, "fixed", "adaptive")),
+            ("update_mode", update_mode, ("joint", "sequential")),
+            ("advantage_baseline", advantage_baseline, ("group", "value")),
+        ):
+            if value not in valid:
+                raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+        self.competition, self.competition_coef = competition, competition_coef
+        self.diversity_guard, self.diversity_threshold = diversity_guard, diversity_threshold
+        self.update_mode, self.advantage_baseline = update_mode, advantage_baseline
+        self.reward_ramp, self.protected_rollouts = reward_ramp, protected_rollouts
+        self.curriculum, self.diagnostics = curriculum, diagnostics
+        self._between_variance = 0.0  # running mean of the between-group reward variance (S11's reference)
+        self._reward_model_target: float | None = None  # the configured weight that reward_ramp rises to
+        self.replay_ratio, self.max_replay_age = replay_ratio, max_replay_age
+        self.replay_buffer_kwargs = dict(replay_buffer_kwargs or {})
+        self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
+        self._groups_seen = 0
         self.mixed_precision = mixed_precision
         resolve_precision(mixed_precision, self.device)  # a bad value fails here, not at the first update
         self._skipped_steps = 0
@@ -218,8 +285,13 @@ class GRPO(BaseAlgorithm):
             self.clip_range_high = FloatSchedule(self.clip_range_high)
         if not isinstance(self.ent_coef, UpdateDecay):
             self.ent_coef = FloatSchedule(self.ent_coef)
-        if self.beta > 0:
+        if self.advantage_baseline == "value" and self.policy.value_net is None:
+            raise ValueError("advantage_baseline='value' needs a value head: policy_kwargs={'value_head': True}")
+        if self.beta > 0 or self.protected_rollouts > 0:
             self.ref_model = self._frozen_copy()
+        if self.replay_ratio > 0:
+            kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
+            self.replay_buffer = PrioritizedTrajectoryBuffer(**kwargs)
 
     def _check_env(self, env: VecEnv) -> None:
         """Read the token ids the policy needs from the env, and reject what GRPO cannot train on."""
@@ -241,7 +313,17 @@ class GRPO(BaseAlgorithm):
         return reference
 
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "ref_model", "_generator", "_rollout", "_scaler"]
+        return [*super()._excluded_save_params(), "ref_model", "_generator", "_rollout", "_scaler", "replay_buffer"]
+
+    def save_replay_buffer(self, path: str | os.PathLike) -> None:
+        """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""
+        if self.replay_buffer is None:
+            raise ValueError("this model has no replay buffer (replay_ratio=0)")
+        self.replay_buffer.save(path)
+
+    def load_replay_buffer(self, path: str | os.PathLike) -> None:
+        """Read a replay buffer written by :meth:`save_replay_buffer` into this model."""
+        self.replay_buffer = PrioritizedTrajectoryBuffer.load(path)
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
@@ -281,6 +363,9 @@ class GRPO(BaseAlgorithm):
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
+        if self.curriculum:
+            callback = CallbackList([callback, CurriculumCallback()])
+            callback.init_callback(self)
         if self._needs_cold_start():
             self.run_cold_start()
         callback.on_training_start(locals(), globals())
@@ -316,7 +401,7 @@ class GRPO(BaseAlgorithm):
             verbose=self.verbose,
         )
         self._cold_start_done = True
-        if self.beta > 0:
+        if self.ref_model is not None:
             self.ref_model = self._frozen_copy()
         return stats
 
@@ -329,6 +414,8 @@ class GRPO(BaseAlgorithm):
         """
         callback.on_rollout_start()
         self.policy.set_training_mode(False)
+        if self.reward_ramp:
+            self._ramp_reward_model_weight(env)
         n_envs, group = env.num_envs, self.group_size
         problems = [env.env_method("sample_problem", indices=[k % n_envs])[0] for k in range(self.n_groups)]
         episode_problems = [p for p in problems for _ in range(group)]
@@ -377,7 +464,17 @@ class GRPO(BaseAlgorithm):
 
     def _sample(self, prompts: list[th.Tensor]) -> Completions:
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
-        return self.policy.generate(ids.to(self.device), mask.to(self.device), generator=self._generator)
+        protected = self._iteration < self.protected_rollouts  # S20.3: the frozen cold-start policy samples
+        model = self.ref_model if protected else None
+        return self.policy.generate(ids.to(self.device), mask.to(self.device), generator=self._generator, model=model)
+
+    def _ramp_reward_model_weight(self, env: VecEnv) -> None:
+        """S20.2: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
+        if self._reward_model_target is None:
+            self._reward_model_target = env.get_attr("reward_fn", indices=[0])[0].weights["consistency"]
+        weight = controls.reward_model_weight(self._reward_model_target, self.num_timesteps)
+        env.env_method("set_reward_weights", {"consistency": weight})
+        self.logger.record("train/reward_model_weight", weight)
 
     def _build_batch(self, rows: _Rows, generation_seconds: float) -> RolloutBatch:
         """Advantages from the episodes' discounted returns, grouped by problem; one row per completion."""
@@ -387,15 +484,17 @@ class GRPO(BaseAlgorithm):
         turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
         played[rows.episodes, rows.turns] = True
         returns = objective.discounted_returns(turn_rewards, self.gamma, played).view(self.n_groups, -1)  # (K, G)
-        advantages = objective.group_advantages(returns, scale=self.advantage_scale).flatten()  # (K*G,)
+        advantages = self._advantages(returns, rows).flatten()  # (K*G,)
         uniform = objective.uniform_group_mask(returns)  # (K,)
-        keep = [
-            i for i, e in enumerate(rows.episodes) if not (self.drop_uniform_groups and uniform[e // self.group_size])
-        ]
+        dropped = uniform if self.drop_uniform_groups else th.zeros_like(uniform)
+        if self.diversity_guard:
+            dropped = dropped | self._diversity_guard(returns, rows)
+        keep = [i for i, e in enumerate(rows.episodes) if not dropped[e // self.group_size]]
         keep = keep or list(range(len(rows.episodes)))  # all groups uniform: a zero-advantage update, not none
         prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], self.policy.pad_token_id)
         masks = th.stack([rows.masks[i] for i in keep])
         self._log_rollout(returns, uniform, masks, rows.infos, generation_seconds)
+        first_group, self._groups_seen = self._groups_seen, self._groups_seen + self.n_groups  # ids across rollouts
         return RolloutBatch(
             prompt_ids=prompt_ids.to(self.device),
             prompt_mask=prompt_mask.to(self.device),
@@ -404,7 +503,47 @@ class GRPO(BaseAlgorithm):
             old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
             advantages=advantages[[rows.episodes[i] for i in keep]].to(self.device),
             returns=returns.flatten()[[rows.episodes[i] for i in keep]].to(self.device),
+            groups=th.as_tensor([first_group + rows.episodes[i] // self.group_size for i in keep], device=self.device),
         )
+
+    def _advantages(self, returns: th.Tensor, rows: _Rows) -> th.Tensor:
+        """``(K, G)`` advantages: group- (or value-) relative, then scaled by the competition between groups."""
+        if self.advantage_baseline == "value":  # S9: the value head's estimate of each first-turn prompt
+            first = [i for i, turn in enumerate(rows.turns) if turn == 0]
+            ids, mask = left_pad([rows.contexts[i] for i in first], self.policy.pad_token_id)
+            with th.no_grad():
+                values = self.policy.predict_values(ids.to(self.device), mask.to(self.device)).cpu()
+            episodes = th.as_tensor([rows.episodes[i] for i in first])
+            baseline = th.zeros(returns.numel()).index_copy_(0, episodes, values).view_as(returns)  # (K, G)
+            advantages = returns - baseline  # a group shares its prompt, so its baseline is one number
+        else:
+            advantages = objective.group_advantages(returns, scale=self.advantage_scale)
+        if self.competition is None:
+            return advantages
+        coef = self.competition_coef
+        if self.competition == "adaptive":  # S11: relative to the running between-group variance
+            between = float(returns.mean(1).var(unbiased=False))
+            coef = controls.adaptive_competition_coef(between, self._between_variance, base=self.competition_coef)
+            self._between_variance = 0.9 * self._between_variance + 0.1 * between if self._between_variance else between
+        scale = controls.competition_scale(returns, coef)  # (K,)
+        self.logger.record("train/competition_coef", coef)
+        self.logger.record("train/winning_groups", int((scale != 1).sum()))
+        return advantages * scale[:, None]
+
+    def _diversity_guard(self, returns: th.Tensor, rows: _Rows) -> th.Tensor:
+        """S12: ``(K,)`` groups to leave out: the signal-free ones, when the per-group entropy spread is too wide."""
+        first = [i for i, turn in enumerate(rows.turns) if turn == 0]
+        log_probs, masks = th.stack([rows.log_probs[i] for i in first]), th.stack([rows.masks[i] for i in first])
+        groups = th.as_tensor([rows.episodes[i] // self.group_size for i in first])
+        spread = controls.diversity_spread(controls.group_entropies(log_probs, masks, groups, self.n_groups))
+        triggered = spread > self.diversity_threshold
+        dropped = controls.signal_free_groups(returns) if triggered else th.zeros(self.n_groups, dtype=th.bool)
+        if bool(dropped.all()):  # every group signal-free: keep them (a zero-advantage update, not none)
+            dropped = th.zeros_like(dropped)
+        self.logger.record("diversity/entropy_spread", spread)
+        self.logger.record("diversity/triggered", float(triggered))
+        self.logger.record("diversity/dropped_groups", int(dropped.sum()))
+        return dropped
 
     def _log_rollout(self, returns, uniform, masks, infos, generation_seconds) -> None:
         lengths = masks.sum(dim=1).float()
@@ -415,6 +554,9 @@ class GRPO(BaseAlgorithm):
             self.logger.record(f"rollout/reward_{name}", safe_mean([i["reward_components"][name] for i in infos]))
         self.logger.record("time/tokens_per_second", lengths.sum().item() / max(generation_seconds, 1e-9))
         self.logger.record("rollout/rewards", returns.flatten().cpu().numpy(), exclude=("stdout", "log", "json", "csv"))
+        if self.diagnostics:  # S24: one reward histogram per group
+            for k, group_returns in enumerate(returns.cpu().numpy()):
+                self.logger.record(f"groups/rewards_{k}", group_returns, exclude=("stdout", "log", "json", "csv"))
         sample = infos[0]
         text = f"reward {sample.get('reward_components')}\n\n{sample.get('completion', '')}"
         self.logger.record("samples/completion", text, exclude=("stdout", "log", "json", "csv"))
@@ -429,59 +571,172 @@ class GRPO(BaseAlgorithm):
         clip_low = self.clip_range(progress)
         clip_high = self.clip_range_high(progress) if self.clip_range_high is not None else clip_low
         ent_coef = self.ent_coef(self._n_updates) if isinstance(self.ent_coef, UpdateDecay) else self.ent_coef(progress)
-        batch = self._rollout
-        if self.beta > 0 and self.ref_model is not None:
+        fresh = batch = self._rollout
+        replayed = self._replay(len(fresh))
+        if replayed is not None:
+            batch = fresh.concat(replayed)
+        if self.beta > 0:
             batch.ref_log_probs = self._reference_log_probs(batch)
         history: dict[str, list[float]] = {}
+        drift: dict[int, float] = {}  # replayed slot -> mean |log ratio| per token, from its last minibatch
+        settings = {"clip_low": clip_low, "clip_high": clip_high, "ent_coef": ent_coef}
         for _ in range(self.n_epochs):
-            for minibatch in batch.minibatches(self.batch_size or len(batch), self._generator):
-                log_probs, entropy = self.policy.log_probs(
-                    minibatch.prompt_ids,
-                    minibatch.prompt_mask,
-                    minibatch.completion_ids,
-                    minibatch.completion_mask,
-                    with_entropy=ent_coef != 0,
-                )
-                loss, stats = objective.grpo_loss(
-                    log_probs,
-                    minibatch.old_log_probs,
-                    minibatch.ref_log_probs,
-                    minibatch.advantages,
-                    minibatch.completion_mask,
-                    clip_low=clip_low,
-                    clip_high=clip_high,
-                    beta=self.beta,
-                    ent_coef=ent_coef,
-                    entropy=entropy,
-                    aggregation=self.loss_aggregation,
-                    max_tokens=self.policy.max_new_tokens,
-                )
-                if self.policy.value_net is not None:  # S9: the FP32 value head learns the episode return
-                    values = self.policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
-                    stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
-                    loss = loss + self.vf_coef * stats["value_loss"]
-                grad_norm = self._optimizer_step(loss)
-                if entropy is None:  # no entropy bonus: estimate it from the sampled tokens, -E[log p(token)]
+            for minibatch in self._minibatches(batch):
+                if self.diagnostics:
+                    loss, stats, log_probs = self._backward_by_group(minibatch, settings)
+                    grad_norm = self._optimizer_step(None)
+                else:
+                    loss, stats, log_probs = self._loss(minibatch, **settings)
+                    grad_norm = self._optimizer_step(loss)
+                if minibatch.slots is not None:
+                    drift.update(_drift(log_probs.detach(), minibatch))
+                if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
                     stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
                 if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
                     stats["grad_norm"] = grad_norm
                 for key, value in {"loss": loss, **stats}.items():
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
+        if self.diagnostics and np.mean(history["entropy"]) < controls.ENTROPY_WARNING:
+            warnings.warn(
+                f"policy entropy {np.mean(history['entropy']):.3f} < {controls.ENTROPY_WARNING} (S24)", stacklevel=2
+            )
         for key, values in history.items():
             self.logger.record(f"train/{key}", float(np.mean(values)))
+        if self.replay_buffer is not None:
+            self._after_replay(fresh, replayed, drift)
         self.logger.record("train/skipped_steps", self._skipped_steps)
         self.logger.record("train/ent_coef", ent_coef)
         self.logger.record("train/clip_range", clip_low)
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
-    def _optimizer_step(self, loss: th.Tensor) -> th.Tensor:
-        """Backward, unscale (fp16), clip and step; a step with non-finite gradients is skipped and counted."""
-        optimizer = self.policy.optimizer
-        optimizer.zero_grad(set_to_none=True)
-        if self._scaler is None:
-            loss.backward()
+    def _minibatches(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
+        """Shuffled minibatches of ``batch_size`` (joint), or one group after the other (sequential, S14)."""
+        if self.update_mode == "sequential":
+            for group in th.unique(batch.groups).tolist():
+                yield batch.select((batch.groups == group).nonzero().squeeze(1))
         else:
-            self._scaler.scale(loss).backward()
+            yield from batch.minibatches(self.batch_size or len(batch), self._generator)
+
+    def _loss(self, minibatch: RolloutBatch, clip_low: float, clip_high: float, ent_coef: float):
+        """The GRPO loss of a minibatch (+ the value head's), its stats and the current log-probs."""
+        log_probs, entropy = self.policy.log_probs(
+            minibatch.prompt_ids,
+            minibatch.prompt_mask,
+            minibatch.completion_ids,
+            minibatch.completion_mask,
+            with_entropy=ent_coef != 0,
+        )
+        loss, stats = objective.grpo_loss(
+            log_probs,
+            minibatch.old_log_probs,
+            minibatch.ref_log_probs,
+            minibatch.advantages if minibatch.weights is None else minibatch.advantages * minibatch.weights,
+            minibatch.completion_mask,
+            clip_low=clip_low,
+            clip_high=clip_high,
+            beta=self.beta,
+            ent_coef=ent_coef,
+            entropy=entropy,
+            aggregation=self.loss_aggregation,
+            max_tokens=self.policy.max_new_tokens,
+        )
+        if self.policy.value_net is not None:  # S9: the FP32 value head learns the episode return
+            values = self.policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
+            stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
+            loss = loss + self.vf_coef * stats["value_loss"]
+        return loss, stats, log_probs
+
+    def _backward_by_group(self, minibatch: RolloutBatch, settings: dict[str, float]):
+        """S24 diagnostics: accumulate the minibatch's gradient one group at a time (each group's loss weighted
+        by its share of the minibatch's aggregation, so the sum is the joint gradient) and log the per-group
+        gradient norms, their spread and the groups' agreement ("group stability")."""
+        optimizer, parameters = self.policy.optimizer, [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer.zero_grad(set_to_none=True)
+        tokens = minibatch.completion_mask.sum()
+        previous = th.zeros(sum(p.numel() for p in parameters), device=self.device)
+        gradients, loss_sum, stats_sum, log_probs = [], 0.0, {}, th.zeros_like(minibatch.old_log_probs)
+        for group in th.unique(minibatch.groups).tolist():
+            rows = (minibatch.groups == group).nonzero().squeeze(1)
+            part = minibatch.select(rows)
+            share = (
+                part.completion_mask.sum() / tokens if self.loss_aggregation == "token" else len(rows) / len(minibatch)
+            )
+            loss, stats, part_log_probs = self._loss(part, **settings)
+            scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
+            (loss * share * scale).backward()
+            total = th.cat([(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]) / scale
+            gradients.append((total - previous) / share)
+            previous = total
+            loss_sum = loss_sum + loss.detach() * share
+            for key, value in stats.items():
+                stats_sum[key] = stats_sum.get(key, 0.0) + value.detach() * share
+            log_probs[rows, : part_log_probs.shape[1]] = part_log_probs.detach()
+        norms = th.stack([g.norm() for g in gradients])
+        spread = controls.gradient_spread(norms)
+        self.logger.record("groups/grad_norm_mean", float(norms.mean()))
+        self.logger.record("groups/grad_norm_spread", spread)
+        self.logger.record("groups/stability", controls.group_stability(th.stack(gradients)))
+        if spread > controls.GRAD_SPREAD_WARNING:
+            warnings.warn(
+                f"per-group gradient-norm spread {spread:.2f} > {controls.GRAD_SPREAD_WARNING} (S24)", stacklevel=3
+            )
+        return loss_sum, stats_sum, log_probs
+
+    # ------------------------------------------------------------------ prioritized replay (S3, S5)
+    def _replay(self, n_fresh: int) -> RolloutBatch | None:
+        """Rows drawn from the buffer so that they make ``replay_ratio`` of the update (None: none this time)."""
+        buffer = self.replay_buffer
+        if buffer is None:
+            return None
+        buffer.evict_older_than(self._iteration - self.max_replay_age)
+        wanted = round(n_fresh * self.replay_ratio / (1 - self.replay_ratio))
+        if wanted == 0 or buffer.sampler.count < wanted:
+            self._log_replay(0, n_fresh, None)
+            return None
+        drawn = buffer.sample_batch(wanted)
+        arrays = {name: th.as_tensor(value, device=self.device) for name, value in drawn.rollout_arrays().items()}
+        replayed = RolloutBatch(
+            **arrays,
+            weights=th.as_tensor(drawn.weights, dtype=th.float32, device=self.device),
+            slots=th.as_tensor(drawn.indices, device=self.device),
+        )
+        self._log_replay(wanted, n_fresh, self._iteration - drawn.iterations)
+        return replayed
+
+    def _log_replay(self, n_replayed: int, n_fresh: int, ages: np.ndarray | None) -> None:
+        self.logger.record("replay/fraction", n_replayed / (n_replayed + n_fresh))
+        self.logger.record("replay/size", len(self.replay_buffer))
+        if ages is not None:
+            self.logger.record("replay/age_mean", float(np.mean(ages)))
+
+    def _after_replay(self, fresh: RolloutBatch, replayed: RolloutBatch | None, drift: dict[int, float]) -> None:
+        """New priorities for the replayed rows (``|A| exp(-drift)``), then this rollout's rows into the buffer
+        (after: adding may overwrite the slots just updated)."""
+        buffer = self.replay_buffer
+        if replayed is not None and drift:
+            slots = np.array(list(drift))
+            advantage = {int(s): abs(float(a)) for s, a in zip(replayed.slots, replayed.advantages, strict=True)}
+            buffer.update_priorities(slots, [advantage[s] * np.exp(-drift[s]) + 1e-3 for s in slots])
+        buffer.add_batch(
+            fresh.prompt_ids.cpu().numpy(),
+            fresh.prompt_mask.cpu().numpy(),
+            fresh.completion_ids.cpu().numpy(),
+            fresh.completion_mask.cpu().numpy(),
+            fresh.old_log_probs.cpu().numpy(),
+            rewards=fresh.returns.cpu().numpy(),
+            group_ids=fresh.groups.cpu().numpy(),
+            iteration=self._iteration,
+            advantages=fresh.advantages.cpu().numpy(),
+        )
+
+    def _optimizer_step(self, loss: th.Tensor | None) -> th.Tensor:
+        """Backward (unless ``loss`` is None: the gradients are there already), unscale (fp16), clip and step;
+        a step with non-finite gradients is skipped and counted."""
+        optimizer = self.policy.optimizer
+        if loss is not None:
+            optimizer.zero_grad(set_to_none=True)
+            (loss if self._scaler is None else self._scaler.scale(loss)).backward()
+        if self._scaler is not None:
             self._scaler.unscale_(optimizer)
         grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
         finite = bool(th.isfinite(grad_norm))
@@ -524,3 +779,10 @@ class GRPO(BaseAlgorithm):
         self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
         self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         self.logger.dump(step=self.num_timesteps)
+
+
+def _drift(log_probs: th.Tensor, minibatch: RolloutBatch) -> dict[int, float]:
+    """Mean ``|log ratio|`` per token of each replayed row of ``minibatch``, by buffer slot."""
+    mask = minibatch.completion_mask
+    per_row = ((log_probs - minibatch.old_log_probs).abs() * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return {int(slot): float(d) for slot, d in zip(minibatch.slots, per_row, strict=True) if slot >= 0}

@@ -172,11 +172,14 @@ class TransformerPolicy(BasePolicy):
         generator: th.Generator | None = None,
         greedy: bool = False,
         max_new_tokens: int | None = None,
+        model: nn.Module | None = None,
     ) -> Completions:
-        """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs."""
+        """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs.
+
+        ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings."""
         with th.no_grad(), self.autocast():
             return sample(
-                self.model,
+                model if model is not None else self.model,
                 input_ids,
                 attention_mask,
                 max_new_tokens=max_new_tokens or self.max_new_tokens,

@@ -31,7 +31,10 @@ class RolloutBatch:
     :param old_log_probs: ``(N, C)`` log-probs at sampling time (the importance-ratio denominator)
     :param advantages: ``(N,)`` group-relative advantages
     :param returns: ``(N,)`` the discounted return of each row's episode (the value head's target)
+    :param groups: ``(N,)`` the group (problem) of each row within its rollout
     :param ref_log_probs: ``(N, C)`` reference log-probs when ``beta > 0``, else ``None``
+    :param weights: ``(N,)`` importance-sampling weights of replayed rows (1 for fresh ones), or ``None``: all 1
+    :param slots: ``(N,)`` replay-buffer slot of each replayed row, -1 for fresh ones, or ``None``: none replayed
     """
 
     prompt_ids: th.Tensor
@@ -41,7 +44,10 @@ class RolloutBatch:
     old_log_probs: th.Tensor
     advantages: th.Tensor
     returns: th.Tensor
+    groups: th.Tensor
     ref_log_probs: th.Tensor | None = None
+    weights: th.Tensor | None = None
+    slots: th.Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -58,6 +64,30 @@ class RolloutBatch:
                 rows[name] = rows[name][:, :completion_width]
         return RolloutBatch(**rows)
 
+    def concat(self, other: RolloutBatch) -> RolloutBatch:
+        """This batch's rows, then ``other``'s: prompts left-padded and completions right-padded to common widths;
+        rows without ``weights`` get 1 and rows without ``slots`` get -1 when the other batch has them."""
+        prompt_width = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
+        completion_width = max(self.completion_ids.shape[1], other.completion_ids.shape[1])
+        rows = {}
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            if mine is None and theirs is None:
+                rows[f.name] = None
+                continue
+            if f.name in ("weights", "slots"):
+                fill = 1.0 if f.name == "weights" else -1
+                mine = th.full((len(self),), fill, device=theirs.device) if mine is None else mine
+                theirs = th.full((len(other),), fill, device=mine.device) if theirs is None else theirs
+            if mine is None or theirs is None:
+                raise ValueError(f"cannot concatenate batches where only one has {f.name}")
+            if f.name in ("prompt_ids", "prompt_mask"):
+                mine, theirs = _pad(mine, prompt_width, left=True), _pad(theirs, prompt_width, left=True)
+            elif mine.dim() == 2:
+                mine, theirs = _pad(mine, completion_width), _pad(theirs, completion_width)
+            rows[f.name] = th.cat([mine, theirs.to(mine.dtype)])
+        return RolloutBatch(**rows)
+
     def minibatches(self, batch_size: int, generator: th.Generator) -> Iterator[RolloutBatch]:
         """Shuffled minibatches of at most ``batch_size`` rows (the last one may be smaller)."""
         order = th.randperm(len(self), generator=generator)
@@ -67,3 +97,12 @@ class RolloutBatch:
 
 def _take(value: th.Tensor | None, index: th.Tensor) -> th.Tensor | None:
     return None if value is None else value[index]
+
+
+def _pad(value: th.Tensor, width: int, left: bool = False) -> th.Tensor:
+    """``(N, w)`` padded with zeros (False) to ``(N, width)``, on the left or the right."""
+    extra = width - value.shape[1]
+    if extra == 0:
+        return value
+    zeros = value.new_zeros((value.shape[0], extra))
+    return th.cat([zeros, value] if left else [value, zeros], dim=1)

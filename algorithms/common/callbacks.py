@@ -1,0 +1,44 @@
+"""Callbacks of the training loop: the dynamic curriculum (S21)."""
+
+from __future__ import annotations
+
+import numpy as np
+from stable_baselines3.common.callbacks import BaseCallback
+
+from grpo_gym.curriculum import DynamicCurriculum
+
+
+class CurriculumCallback(BaseCallback):
+    """Feed each rollout's success rate to a :class:`DynamicCurriculum` and set its level on every env (S21).
+
+    After every rollout the share of its completions the env marked ``is_success`` goes to
+    ``curriculum.update``; the new level is applied to the training VecEnv through ``env_method`` (so envs in
+    other processes follow) and logged as ``curriculum/difficulty``. The level is also applied once at the
+    start of training, so the first rollout already uses ``curriculum.difficulty``.
+
+    :param curriculum: the rule and its state (default: S21's, starting at 0.3)
+    """
+
+    def __init__(self, curriculum: DynamicCurriculum | None = None, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.curriculum = curriculum or DynamicCurriculum()
+        self._successes: list[float] = []
+
+    def _on_training_start(self) -> None:
+        self.curriculum.apply(self.training_env)
+        self.logger.record("curriculum/difficulty", self.curriculum.difficulty)
+
+    def _on_rollout_start(self) -> None:
+        self._successes = []
+
+    def _on_step(self) -> bool:
+        self._successes.extend(float(info.get("is_success", False)) for info in self.locals.get("infos", []))
+        return True
+
+    def _on_rollout_end(self) -> None:
+        if not self._successes:
+            return
+        level = self.curriculum.update(float(np.mean(self._successes)))
+        self.curriculum.apply(self.training_env)
+        self.logger.record("curriculum/difficulty", level)
+        self.logger.record("curriculum/success_rate", float(np.mean(self._successes)))

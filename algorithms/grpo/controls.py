@@ -1,0 +1,108 @@
+"""The seed's training controls as pure functions: competition between groups (S10, S11), the diversity guard
+(S12), the reward-model weight ramp (S20.2) and the diagnostics (S18 "group stability", S24).
+
+Each function reads like its rule; :class:`~algorithms.grpo.grpo.GRPO` switches them on and logs them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+#: S10: the winning group's advantages are scaled by this, the others by 1
+COMPETITION_COEF = 1.2
+#: S11: the adaptive coefficient's range
+ADAPTIVE_RANGE = (0.8, 1.5)
+#: S12: the per-group entropy spread above which the diversity guard acts
+DIVERSITY_SPREAD = 0.15
+#: S24: warning thresholds: spread of per-group gradient norms (relative), and policy entropy (nats per token)
+GRAD_SPREAD_WARNING, ENTROPY_WARNING = 0.3, 0.5
+
+
+def winning_groups(group_rewards: Tensor) -> Tensor:
+    """``(K,)`` bool: the group(s) with the highest mean reward, when that mean beats another group's.
+
+    "Winning" (S10, left undefined by the seed): the group whose completions scored best on average this
+    rollout. When every group has the same mean there is no winner (no group is favoured by a tie).
+
+    :param group_rewards: ``(K, G)`` rewards (returns) of each group's completions
+    """
+    means = group_rewards.mean(dim=1)  # (K,)
+    best = means.max()
+    if bool((means == best).all()):
+        return torch.zeros_like(means, dtype=torch.bool)
+    return means == best
+
+
+def competition_scale(group_rewards: Tensor, coef: float = COMPETITION_COEF) -> Tensor:
+    """``(K,)`` advantage multipliers: ``coef`` for the winning group(s), 1 for the others (S10)."""
+    return torch.where(winning_groups(group_rewards), coef, 1.0)
+
+
+def adaptive_competition_coef(
+    between_variance: float, reference_variance: float, base: float = COMPETITION_COEF, bounds=ADAPTIVE_RANGE
+) -> float:
+    """S11's adaptive coefficient: ``clip(base * variance / reference, low, high)``.
+
+    The rule (the seed gives only the range): the coefficient follows the between-group variance of the mean
+    rewards relative to its running average (``reference_variance``): as strong as S10's 1.2 when the groups
+    differ as much as usual, up to 1.5 when they differ more (a clear winner is worth following), down to 0.8
+    when they differ less (the "winner" is noise). With no reference yet (0), it is ``base``.
+    """
+    low, high = bounds
+    if reference_variance <= 0:
+        return base
+    return float(min(high, max(low, base * between_variance / reference_variance)))
+
+
+def group_entropies(log_probs: Tensor, mask: Tensor, groups: Tensor, n_groups: int) -> Tensor:
+    """``(K,)`` mean policy entropy of each group, estimated per token by ``-log p(sampled token)``.
+
+    :param log_probs: ``(N, C)`` sampling log-probs; ``mask`` ``(N, C)``; ``groups`` ``(N,)`` in ``[0, K)``
+    """
+    per_row_sum = -(log_probs * mask).sum(dim=1)  # (N,)
+    tokens = mask.sum(dim=1).float()  # (N,)
+    total = torch.zeros(n_groups).index_add_(0, groups.cpu(), per_row_sum.cpu().float())
+    count = torch.zeros(n_groups).index_add_(0, groups.cpu(), tokens.cpu())
+    return total / count.clamp(min=1)
+
+
+def diversity_spread(entropies: Tensor) -> float:
+    """The spread of per-group entropies, ``max - min`` (S12 acts when it exceeds 0.15)."""
+    return float(entropies.max() - entropies.min())
+
+
+def signal_free_groups(group_rewards: Tensor) -> Tensor:
+    """``(K,)`` bool: groups whose rewards are all equal, so their advantages are 0 and they teach nothing."""
+    return (group_rewards == group_rewards[:, :1]).all(dim=1)
+
+
+def reward_model_weight(target: float, timesteps: int, step: float = 0.05, every: int = 1000) -> float:
+    """S20.2: the reward-model (semantic) weight rises by ``step`` every ``every`` timesteps up to ``target``."""
+    return float(min(target, step * (timesteps // every)))
+
+
+def gradient_spread(norms: Tensor) -> float:
+    """Relative spread of per-group gradient norms: ``std / mean`` (S24 warns above 0.3)."""
+    mean = norms.mean()
+    return float(norms.std(unbiased=False) / mean) if mean > 0 else 0.0
+
+
+def group_stability(gradients: Tensor) -> float:
+    """ "Group stability" (S18, undefined by the seed): how much the K groups' gradients agree, in [0, 1].
+
+    The mean pairwise cosine similarity of the per-group gradient vectors, mapped from [-1, 1] to [0, 1]:
+    1 when every group pushes the weights the same way, 0.5 when their directions are unrelated, 0 when they
+    oppose each other. Groups with a zero gradient (no signal) are left out; fewer than two: 1.
+
+    :param gradients: ``(K, P)`` flattened per-group gradients
+    """
+    norms = gradients.norm(dim=1)
+    live = gradients[norms > 0]
+    if len(live) < 2:
+        return 1.0
+    unit = live / live.norm(dim=1, keepdim=True)
+    cosine = unit @ unit.T  # (k, k)
+    k = len(live)
+    mean_off_diagonal = (cosine.sum() - cosine.diagonal().sum()) / (k * (k - 1))
+    return float((1 + mean_off_diagonal) / 2)
