@@ -51,22 +51,43 @@ def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, se
     return evaluate_difficulties(model.policy, env, levels, n, seed=seed)
 
 
+def _torchrun(nproc: int, argv: Sequence[str]) -> int:
+    """``grpo-gym train --nproc N ...``: the same command under ``torchrun --standalone --nproc_per_node N``."""
+    import subprocess
+
+    rest, skip = [], False
+    for arg in argv:  # drop --nproc and its value
+        if skip or arg == "--nproc":
+            skip = not skip
+            continue
+        if not arg.startswith("--nproc="):
+            rest.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return subprocess.call([*command, "-m", "algorithms.cli", *rest])
+
+
 def train(args: argparse.Namespace) -> int:
-    """Cold start (when due), held-out evaluation, GRPO, held-out evaluation again; save and summarise."""
+    """Cold start (when due), held-out evaluation, GRPO, held-out evaluation again; save and summarise.
+
+    With several processes (torchrun) every rank trains its groups; rank 0 alone evaluates, prints and saves."""
     from algorithms.common.evaluation import format_table
 
     model, env, plan = _setup(args)
+    main = model._dist.is_main
+    say = print if main else lambda *_, **__: None
     started = time.perf_counter()
     model._setup_learn(0, None, True, "GRPO", False)  # the logger, so the cold start logs to the same run
     if model._needs_cold_start():
-        print(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
+        say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
         model.run_cold_start()
     sft_seconds = time.perf_counter() - started
-    rows = {"before GRPO": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)}
-    print(format_table(rows), flush=True)
-    print(f"GRPO: {plan['n_timesteps']} completions ...", flush=True)
-    model.learn(plan["n_timesteps"], reset_num_timesteps=False, progress_bar=args.progress_bar, tb_log_name="GRPO")
+    rows = {"before GRPO": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed) if main else []}
+    say(format_table(rows), flush=True)
+    say(f"GRPO: {plan['n_timesteps']} completions ...", flush=True)
+    model.learn(plan["n_timesteps"], reset_num_timesteps=False, progress_bar=args.progress_bar and main)
     grpo_seconds = time.perf_counter() - started - sft_seconds
+    if not main:
+        return 0
     rows["after GRPO"] = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
     print(format_table(rows))
     for before, after in zip(rows["before GRPO"], rows["after GRPO"], strict=True):
@@ -161,6 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--verbose", type=int, default=0)
         command.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
         command.set_defaults(func=func)
+        if name == "train":
+            command.add_argument("--nproc", type=int, default=None,
+                                 help="train on N processes: runs this command under torchrun (S17)")  # fmt: skip
     ev = commands.add_parser("eval", help="held-out success of a saved model, per difficulty")
     ev.add_argument("model", help="a model saved by `grpo-gym train --save-path`")
     _add_config_arguments(ev)
@@ -180,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``grpo-gym`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "nproc", None):
+        return _torchrun(args.nproc, list(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.func(args))
     except ValueError as error:  # a bad config, file or argument: say what to fix, no traceback

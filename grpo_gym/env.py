@@ -136,13 +136,14 @@ class R1ZeroEnv(gym.Env):
         """Change the weights of the reward components at run time (partial dicts allowed)."""
         self.reward_fn.set_weights(weights)
 
-    def sample_problem(self, difficulty: float | None = None) -> Problem:
-        """Draw a problem at ``difficulty`` (default: the current level) from the env's seeded generator.
+    def sample_problem(self, difficulty: float | None = None, seed: int | None = None) -> Problem:
+        """Draw a problem at ``difficulty`` (default: the current level) from ``seed``, or from the env's seeded
+        generator when ``seed`` is None.
 
         The problem records its own seed, so ``task.sample(d, np.random.default_rng(problem.seed))`` remakes it.
         """
         level = self.difficulty if difficulty is None else check_difficulty(difficulty)
-        seed = int(self.np_random.integers(2**63 - 1))
+        seed = int(self.np_random.integers(2**63 - 1)) if seed is None else int(seed)
         problem = self.task.sample(level, np.random.default_rng(seed))
         problem.seed = seed
         return problem

@@ -13,7 +13,8 @@ class CurriculumCallback(BaseCallback):
 
     After every rollout the share of its completions the env marked ``is_success`` goes to
     ``curriculum.update``; the new level is applied to the training VecEnv through ``env_method`` (so envs in
-    other processes follow) and logged as ``curriculum/difficulty``. The level is also applied once at the
+    other processes follow) and logged as ``curriculum/difficulty``. With several training processes (S17) the
+    rate is that of every process's episodes, so every rank sets the same level. The level is also applied once at the
     start of training, so the first rollout already uses ``curriculum.difficulty``.
 
     :param curriculum: the rule and its state (default: S21's, starting at 0.3)
@@ -36,9 +37,13 @@ class CurriculumCallback(BaseCallback):
         return True
 
     def _on_rollout_end(self) -> None:
-        if not self._successes:
+        successes, count = float(np.sum(self._successes)), float(len(self._successes))
+        dist = getattr(self.model, "_dist", None)
+        if dist is not None and dist.enabled:  # every process's episodes: all ranks move to the same level
+            successes, count = dist.sum(successes), dist.sum(count)
+        if not count:
             return
-        level = self.curriculum.update(float(np.mean(self._successes)))
+        level = self.curriculum.update(successes / count)
         self.curriculum.apply(self.training_env)
         self.logger.record("curriculum/difficulty", level)
-        self.logger.record("curriculum/success_rate", float(np.mean(self._successes)))
+        self.logger.record("curriculum/success_rate", successes / count)

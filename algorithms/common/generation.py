@@ -125,6 +125,8 @@ def sample(
     greedy: bool = False,
     decoder: str = "auto",
     compact_below: float = 0.75,
+    noise_offset: int = 0,
+    noise_rows: int | None = None,
 ) -> Completions:
     """Sample completions of a left-padded batch of prompts, with a KV cache.
 
@@ -154,6 +156,10 @@ def sample(
     :param decoder: the forward pass, see :func:`~algorithms.common.decoders.make_decoder`: ``"auto"`` (this
         project's Llama-family decoder when it applies, else the model's own), ``"llama"`` or ``"hf"``
     :param compact_below: drop finished rows once the running share of the batch falls below this (0: never)
+    :param noise_offset: this batch's first row within a larger batch whose noise is drawn (see ``noise_rows``)
+    :param noise_rows: draw the noise of this many rows at each step and use rows ``noise_offset`` onwards: a
+        process sampling its slice of a job's batch then draws exactly the tokens one process sampling the whole
+        batch would (``None``: this batch's rows)
     """
     _check_sampling_args(temperature, top_p, top_k, max_new_tokens)
     batch, prompt_len = input_ids.shape
@@ -187,8 +193,8 @@ def sample(
         if greedy:
             token = drawable.argmax(dim=-1)  # (b,)
         else:
-            uniform = torch.rand((batch, scaled.shape[-1]), device=device, generator=generator)  # (B, V)
-            token = _draw(_filtered(drawable, top_p, top_k), uniform[rows])  # (b,)
+            uniform = torch.rand((noise_rows or batch, scaled.shape[-1]), device=device, generator=generator)
+            token = _draw(_filtered(drawable, top_p, top_k), uniform[noise_offset + rows])  # (b,)
         tokens[rows, step] = torch.where(running, token, pad_token_id)
         log_probs[rows, step] = torch.where(running, _token_log_probs(scaled, token), 0.0)
         mask[rows, step] = running

@@ -25,6 +25,7 @@ import grpo_gym  # noqa: F401  (registers R1Zero-v0, so GRPO("TransformerPolicy"
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
+from algorithms.common.distributed import COMPRESSIONS, Distributed, GradientSync
 from algorithms.common.generation import Completions, completion_log_probs
 from algorithms.common.precision import DTYPES, resolve_precision
 from algorithms.common.schedules import UpdateDecay
@@ -129,6 +130,9 @@ class GRPO(BaseAlgorithm):
         drift being their mean ``|log ratio|`` per token (how far the policy has moved since they were sampled)
     :param max_replay_age: completions collected more than this many iterations ago are evicted before sampling
     :param replay_buffer_kwargs: arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)
+    :param gradient_compression: with several processes (S17, :mod:`~algorithms.common.distributed`):
+        ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"`` (PyTorch's DDP communication hooks)
+    :param dist_timeout: seconds a rank waits for the others before the job fails (a hung rank ends the job)
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): the model's forward passes
         (sampling, update, reference) run under autocast; weights, optimizer, value head and loss stay float32;
         fp16 adds a gradient scaler. A step whose gradients are not finite is skipped and counted
@@ -184,6 +188,8 @@ class GRPO(BaseAlgorithm):
         replay_ratio: float = 0.0,
         max_replay_age: int = 10,
         replay_buffer_kwargs: dict[str, Any] | None = None,
+        gradient_compression: str | None = None,
+        dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
@@ -200,6 +206,10 @@ class GRPO(BaseAlgorithm):
     ) -> None:
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
             env = gym.make(env)
+        self._dist = Distributed(timeout=dist_timeout)
+        device = self._dist.device(device)
+        if not self._dist.is_main:  # S17: only rank 0 logs and prints
+            tensorboard_log, verbose = None, 0
         super().__init__(
             policy,
             env,
@@ -250,6 +260,11 @@ class GRPO(BaseAlgorithm):
         self.replay_buffer_kwargs = dict(replay_buffer_kwargs or {})
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
         self._groups_seen = 0
+        if gradient_compression not in COMPRESSIONS:
+            raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got {gradient_compression!r}")
+        self.gradient_compression, self.dist_timeout = gradient_compression, dist_timeout
+        self._sync: GradientSync | None = None
+        self._placeholder = False
         self.mixed_precision = mixed_precision
         resolve_precision(mixed_precision, self.device)  # a bad value fails here, not at the first update
         self._skipped_steps = 0
@@ -268,8 +283,13 @@ class GRPO(BaseAlgorithm):
     def _setup_model(self) -> None:
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
+        # one seed for the whole job (every rank draws the same numbers): the problems and the sampling noise of
+        # group k at iteration t do not depend on the number of processes (see collect_rollouts)
+        seed = self.seed if self.seed is not None else int(self._dist.gather_objects(int(th.randint(2**62, (1,))))[0])
+        self._sampling_seed = seed
         self._generator = th.Generator(device=self.device)
-        self._generator.manual_seed(self.seed if self.seed is not None else int(th.randint(2**62, (1,)).item()))
+        self._generator.manual_seed(seed)
+        self._problem_rng = np.random.default_rng(seed)
         if self.env is not None:
             self._check_env(self.env)
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
@@ -297,9 +317,15 @@ class GRPO(BaseAlgorithm):
         """Read the token ids the policy needs from the env, and reject what GRPO cannot train on."""
         if not isinstance(env.action_space, spaces.MultiDiscrete):
             raise ValueError("GRPO trains on whole completions: make the env with action_mode='sequence'")
-        if (self.n_groups * self.group_size) % env.num_envs:
+        if self.n_groups % self._dist.world_size:
             raise ValueError(
-                f"n_groups * group_size ({self.n_groups * self.group_size}) must be a multiple of the number of "
+                f"n_groups ({self.n_groups}) must be a multiple of the number of processes ({self._dist.world_size}): "
+                "each process trains whole groups"
+            )
+        if (self._local_groups * self.group_size) % env.num_envs:
+            raise ValueError(
+                f"n_groups / processes * group_size ({self._local_groups * self.group_size}) must be a multiple of the "
+                "number of "
                 f"envs ({env.num_envs})"
             )
         if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
@@ -312,8 +338,19 @@ class GRPO(BaseAlgorithm):
         reference.requires_grad_(False)
         return reference
 
+    @property
+    def _local_groups(self) -> int:
+        """The groups this process trains: K / world size."""
+        return self.n_groups // self._dist.world_size
+
     def _excluded_save_params(self) -> list[str]:
-        return [*super()._excluded_save_params(), "ref_model", "_generator", "_rollout", "_scaler", "replay_buffer"]
+        excluded = ["ref_model", "_generator", "_problem_rng", "_rollout", "_scaler", "replay_buffer", "_dist", "_sync"]
+        return [*super()._excluded_save_params(), *excluded]
+
+    def save(self, path, exclude=None, include=None) -> None:
+        """SB3's ``save``; with several processes only rank 0 writes (the others return)."""
+        if self._dist.is_main:
+            super().save(path, exclude, include)
 
     def save_replay_buffer(self, path: str | os.PathLike) -> None:
         """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""
@@ -417,7 +454,12 @@ class GRPO(BaseAlgorithm):
         if self.reward_ramp:
             self._ramp_reward_model_weight(env)
         n_envs, group = env.num_envs, self.group_size
-        problems = [env.env_method("sample_problem", indices=[k % n_envs])[0] for k in range(self.n_groups)]
+        # every rank draws the seeds of all K groups and plays its own K / world: the same groups whatever the
+        # number of processes; the sampler is reseeded per iteration for the same reason
+        seeds = self._problem_rng.integers(2**63 - 1, size=self.n_groups)
+        mine = seeds[self._dist.rank * self._local_groups : (self._dist.rank + 1) * self._local_groups]
+        problems = [env.env_method("sample_problem", seed=int(s), indices=[k % n_envs])[0] for k, s in enumerate(mine)]
+        self._generator.manual_seed(self._sampling_seed + 1 + self._iteration)
         episode_problems = [p for p in problems for _ in range(group)]
         chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
 
@@ -426,10 +468,11 @@ class GRPO(BaseAlgorithm):
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             prompts.extend(self._contexts(env.reset()))
         timer = time.perf_counter()
-        first = self._sample(prompts)
+        first = self._sample(prompts, noise_offset=self._dist.rank * len(prompts), noise_rows=self.n_groups * group)
         generation_seconds = time.perf_counter() - timer
 
         rows = _Rows()
+        finished: list[tuple[Any, Any]] = []  # (Monitor episode, is_success) of the episodes that ended
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
@@ -438,11 +481,13 @@ class GRPO(BaseAlgorithm):
             log_probs = first.log_probs[chunk.start : chunk.stop]
             for turn in itertools.count():
                 new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
-                self.num_timesteps += n_envs
+                self.num_timesteps += n_envs * self._dist.world_size  # completions of the whole job
                 callback.update_locals(locals())
                 if not callback.on_step():
                     return False
                 self._update_info_buffer(infos, dones)
+                ended = [info for info, done in zip(infos, dones, strict=True) if done]
+                finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
                 rows.add(chunk, turn, contexts, completions, log_probs, rewards, infos)
                 if dones.all():
                     break
@@ -451,6 +496,7 @@ class GRPO(BaseAlgorithm):
                 answer = self._sample(contexts)
                 generation_seconds += time.perf_counter() - timer
                 completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
+        self._merge_episode_infos(finished)
         self._rollout = self._build_batch(rows, generation_seconds)
         callback.update_locals(locals())
         callback.on_rollout_end()
@@ -462,11 +508,30 @@ class GRPO(BaseAlgorithm):
         pairs = zip(obs["input_ids"], obs["attention_mask"], strict=True)
         return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
 
-    def _sample(self, prompts: list[th.Tensor]) -> Completions:
+    def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
         protected = self._iteration < self.protected_rollouts  # S20.3: the frozen cold-start policy samples
-        model = self.ref_model if protected else None
-        return self.policy.generate(ids.to(self.device), mask.to(self.device), generator=self._generator, model=model)
+        return self.policy.generate(
+            ids.to(self.device),
+            mask.to(self.device),
+            generator=self._generator,
+            model=self.ref_model if protected else None,
+            noise_offset=noise_offset,
+            noise_rows=noise_rows,
+        )
+
+    def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
+        """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
+        if not self._dist.enabled:
+            return
+        for rank, episodes in enumerate(self._dist.gather_objects(finished)):
+            if rank == self._dist.rank:
+                continue
+            for episode, success in episodes:
+                if episode is not None:
+                    self.ep_info_buffer.extend([episode])
+                if success is not None:
+                    self.ep_success_buffer.append(success)
 
     def _ramp_reward_model_weight(self, env: VecEnv) -> None:
         """S20.2: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
@@ -477,24 +542,33 @@ class GRPO(BaseAlgorithm):
         self.logger.record("train/reward_model_weight", weight)
 
     def _build_batch(self, rows: _Rows, generation_seconds: float) -> RolloutBatch:
-        """Advantages from the episodes' discounted returns, grouped by problem; one row per completion."""
-        n_episodes = self.n_groups * self.group_size
-        turn_rewards = th.zeros((n_episodes, max(rows.turns) + 1))  # (K*G, turns)
+        """Advantages from the episodes' discounted returns, grouped by problem; one row per completion.
+
+        Statistics that cross groups (batch-scaled advantages, competition, the diversity guard, the logs) are
+        computed on every rank's groups (all-gathered, K of them); this process keeps the rows of its own."""
+        local = self._local_groups
+        turn_rewards = th.zeros((local * self.group_size, max(rows.turns) + 1))  # (K_local*G, turns)
         played = th.zeros_like(turn_rewards, dtype=th.bool)
         turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
         played[rows.episodes, rows.turns] = True
-        returns = objective.discounted_returns(turn_rewards, self.gamma, played).view(self.n_groups, -1)  # (K, G)
-        advantages = self._advantages(returns, rows).flatten()  # (K*G,)
+        returns = objective.discounted_returns(turn_rewards, self.gamma, played).view(local, -1)  # (K_local, G)
+        returns = self._dist.gather(returns)  # (K, G): every rank's groups, in rank order
+        mine = slice(self._dist.rank * local, (self._dist.rank + 1) * local)
+        advantages = self._advantages(returns, rows)[mine].flatten()  # (K_local*G,)
         uniform = objective.uniform_group_mask(returns)  # (K,)
         dropped = uniform if self.drop_uniform_groups else th.zeros_like(uniform)
         if self.diversity_guard:
             dropped = dropped | self._diversity_guard(returns, rows)
-        keep = [i for i, e in enumerate(rows.episodes) if not dropped[e // self.group_size]]
-        keep = keep or list(range(len(rows.episodes)))  # all groups uniform: a zero-advantage update, not none
+        if bool(dropped.all()):  # all groups left out: a zero-advantage update, not none
+            dropped = th.zeros_like(dropped)
+        keep = [i for i, e in enumerate(rows.episodes) if not dropped[mine][e // self.group_size]]
+        self._placeholder = not keep  # this rank's groups all left out: one row with no weight keeps ranks in step
+        keep = keep or [0]
         prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], self.policy.pad_token_id)
         masks = th.stack([rows.masks[i] for i in keep])
         self._log_rollout(returns, uniform, masks, rows.infos, generation_seconds)
-        first_group, self._groups_seen = self._groups_seen, self._groups_seen + self.n_groups  # ids across rollouts
+        first_group = self._groups_seen + self._dist.rank * local  # group ids across rollouts and ranks
+        self._groups_seen += self.n_groups
         return RolloutBatch(
             prompt_ids=prompt_ids.to(self.device),
             prompt_mask=prompt_mask.to(self.device),
@@ -502,7 +576,7 @@ class GRPO(BaseAlgorithm):
             completion_mask=masks,
             old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
             advantages=advantages[[rows.episodes[i] for i in keep]].to(self.device),
-            returns=returns.flatten()[[rows.episodes[i] for i in keep]].to(self.device),
+            returns=returns[mine].flatten()[[rows.episodes[i] for i in keep]].to(self.device),
             groups=th.as_tensor([first_group + rows.episodes[i] // self.group_size for i in keep], device=self.device),
         )
 
@@ -514,8 +588,8 @@ class GRPO(BaseAlgorithm):
             with th.no_grad():
                 values = self.policy.predict_values(ids.to(self.device), mask.to(self.device)).cpu()
             episodes = th.as_tensor([rows.episodes[i] for i in first])
-            baseline = th.zeros(returns.numel()).index_copy_(0, episodes, values).view_as(returns)  # (K, G)
-            advantages = returns - baseline  # a group shares its prompt, so its baseline is one number
+            baseline = th.zeros(len(episodes)).index_copy_(0, episodes, values).view(-1, self.group_size)
+            advantages = returns - self._dist.gather(baseline)  # (K, G); a group shares its prompt and its baseline
         else:
             advantages = objective.group_advantages(returns, scale=self.advantage_scale)
         if self.competition is None:
@@ -535,23 +609,31 @@ class GRPO(BaseAlgorithm):
         first = [i for i, turn in enumerate(rows.turns) if turn == 0]
         log_probs, masks = th.stack([rows.log_probs[i] for i in first]), th.stack([rows.masks[i] for i in first])
         groups = th.as_tensor([rows.episodes[i] // self.group_size for i in first])
-        spread = controls.diversity_spread(controls.group_entropies(log_probs, masks, groups, self.n_groups))
+        entropies = self._dist.gather(controls.group_entropies(log_probs, masks, groups, self._local_groups))  # (K,)
+        spread = controls.diversity_spread(entropies)
         triggered = spread > self.diversity_threshold
         dropped = controls.signal_free_groups(returns) if triggered else th.zeros(self.n_groups, dtype=th.bool)
-        if bool(dropped.all()):  # every group signal-free: keep them (a zero-advantage update, not none)
-            dropped = th.zeros_like(dropped)
         self.logger.record("diversity/entropy_spread", spread)
         self.logger.record("diversity/triggered", float(triggered))
         self.logger.record("diversity/dropped_groups", int(dropped.sum()))
         return dropped
 
     def _log_rollout(self, returns, uniform, masks, infos, generation_seconds) -> None:
-        lengths = masks.sum(dim=1).float()
+        lengths = self._dist.gather(masks.sum(dim=1).float())  # every rank's completions
         self.logger.record("rollout/completion_length", lengths.mean().item())
         self.logger.record("rollout/frac_uniform_groups", uniform.float().mean().item())
         self.logger.record("rollout/reward_mean", returns.mean().item())
-        for name in infos[0].get("reward_components", {}):
-            self.logger.record(f"rollout/reward_{name}", safe_mean([i["reward_components"][name] for i in infos]))
+        components = {
+            name: [i["reward_components"][name] for i in infos] for name in infos[0].get("reward_components", {})
+        }
+        if self._dist.enabled:  # every rank's completions
+            merged: dict[str, list[float]] = {name: [] for name in components}
+            for rank_components in self._dist.gather_objects(components):
+                for name, values in rank_components.items():
+                    merged[name].extend(values)
+            components = merged
+        for name, values in components.items():
+            self.logger.record(f"rollout/reward_{name}", safe_mean(values))
         self.logger.record("time/tokens_per_second", lengths.sum().item() / max(generation_seconds, 1e-9))
         self.logger.record("rollout/rewards", returns.flatten().cpu().numpy(), exclude=("stdout", "log", "json", "csv"))
         if self.diagnostics:  # S24: one reward histogram per group
@@ -571,6 +653,12 @@ class GRPO(BaseAlgorithm):
         clip_low = self.clip_range(progress)
         clip_high = self.clip_range_high(progress) if self.clip_range_high is not None else clip_low
         ent_coef = self.ent_coef(self._n_updates) if isinstance(self.ent_coef, UpdateDecay) else self.ent_coef(progress)
+        if self._dist.enabled and self._sync is None:  # after the cold start: rank 0's weights everywhere
+            self._dist.broadcast_module(self.policy)
+            if self.ref_model is not None:
+                self._dist.broadcast_module(self.ref_model)
+            trainable = [p for p in self.policy.parameters() if p.requires_grad]
+            self._sync = GradientSync(trainable, self._dist.world_size, self.gradient_compression)
         fresh = batch = self._rollout
         replayed = self._replay(len(fresh))
         if replayed is not None:
@@ -581,13 +669,13 @@ class GRPO(BaseAlgorithm):
         drift: dict[int, float] = {}  # replayed slot -> mean |log ratio| per token, from its last minibatch
         settings = {"clip_low": clip_low, "clip_high": clip_high, "ent_coef": ent_coef}
         for _ in range(self.n_epochs):
-            for minibatch in self._minibatches(batch):
+            for minibatch, share in self._minibatches(batch):
                 if self.diagnostics:
-                    loss, stats, log_probs = self._backward_by_group(minibatch, settings)
+                    loss, stats, log_probs = self._backward_by_group(minibatch, settings, share)
                     grad_norm = self._optimizer_step(None)
                 else:
                     loss, stats, log_probs = self._loss(minibatch, **settings)
-                    grad_norm = self._optimizer_step(loss)
+                    grad_norm = self._optimizer_step(loss * share)
                 if minibatch.slots is not None:
                     drift.update(_drift(log_probs.detach(), minibatch))
                 if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
@@ -610,12 +698,27 @@ class GRPO(BaseAlgorithm):
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
 
     def _minibatches(self, batch: RolloutBatch) -> Iterator[RolloutBatch]:
-        """Shuffled minibatches of ``batch_size`` (joint), or one group after the other (sequential, S14)."""
+        """Shuffled minibatches of ``batch_size`` (joint), or one group after the other (sequential, S14).
+
+        Each yields with its ``share``: the part of the whole job's minibatch (all ranks) it holds, by rows, or by
+        tokens with ``loss_aggregation="token"``; the loss is weighted by it, so the gradients summed over the
+        ranks are those of the job's minibatch. Every rank yields the same number of minibatches."""
         if self.update_mode == "sequential":
-            for group in th.unique(batch.groups).tolist():
-                yield batch.select((batch.groups == group).nonzero().squeeze(1))
+            groups = sorted(set().union(*self._dist.gather_objects(set(th.unique(batch.groups).tolist()))))
+            parts = [(batch.groups == group).nonzero().squeeze(1) for group in groups]
         else:
-            yield from batch.minibatches(self.batch_size or len(batch), self._generator)
+            size = self.batch_size or len(batch)
+            count = int(self._dist.sum(-(-len(batch) // size)) // self._dist.world_size) if self._dist.enabled else None
+            order = th.randperm(len(batch), generator=self._generator).to(batch.prompt_ids.device)
+            parts = list(order.split(size)) if count is None else list(order.tensor_split(max(count, 1)))
+        for rows in parts:
+            part = batch.select(rows) if len(rows) else batch.select(th.zeros(1, dtype=th.long, device=rows.device))
+            amount = (
+                0.0
+                if not len(rows) or self._placeholder
+                else float(part.completion_mask.sum() if self.loss_aggregation == "token" else len(rows))
+            )
+            yield part, amount / max(self._dist.sum(amount), 1e-12)
 
     def _loss(self, minibatch: RolloutBatch, clip_low: float, clip_high: float, ent_coef: float):
         """The GRPO loss of a minibatch (+ the value head's), its stats and the current log-probs."""
@@ -646,7 +749,7 @@ class GRPO(BaseAlgorithm):
             loss = loss + self.vf_coef * stats["value_loss"]
         return loss, stats, log_probs
 
-    def _backward_by_group(self, minibatch: RolloutBatch, settings: dict[str, float]):
+    def _backward_by_group(self, minibatch: RolloutBatch, settings: dict[str, float], rank_share: float = 1.0):
         """S24 diagnostics: accumulate the minibatch's gradient one group at a time (each group's loss weighted
         by its share of the minibatch's aggregation, so the sum is the joint gradient) and log the per-group
         gradient norms, their spread and the groups' agreement ("group stability")."""
@@ -663,9 +766,10 @@ class GRPO(BaseAlgorithm):
             )
             loss, stats, part_log_probs = self._loss(part, **settings)
             scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
-            (loss * share * scale).backward()
-            total = th.cat([(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]) / scale
-            gradients.append((total - previous) / share)
+            (loss * share * rank_share * scale).backward()
+            grads = [(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]
+            total = th.cat(grads) / scale
+            gradients.append((total - previous) / max(share * rank_share, 1e-12))
             previous = total
             loss_sum = loss_sum + loss.detach() * share
             for key, value in stats.items():
@@ -736,6 +840,8 @@ class GRPO(BaseAlgorithm):
         if loss is not None:
             optimizer.zero_grad(set_to_none=True)
             (loss if self._scaler is None else self._scaler.scale(loss)).backward()
+        if self._sync is not None:  # S17: the sum of every rank's (share-weighted) gradient
+            self._sync.sync()
         if self._scaler is not None:
             self._scaler.unscale_(optimizer)
         grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)

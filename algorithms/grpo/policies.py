@@ -173,10 +173,13 @@ class TransformerPolicy(BasePolicy):
         greedy: bool = False,
         max_new_tokens: int | None = None,
         model: nn.Module | None = None,
+        noise_offset: int = 0,
+        noise_rows: int | None = None,
     ) -> Completions:
         """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs.
 
-        ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings."""
+        ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings;
+        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sample`."""
         with th.no_grad(), self.autocast():
             return sample(
                 model if model is not None else self.model,
@@ -191,6 +194,8 @@ class TransformerPolicy(BasePolicy):
                 vocab_size=self.vocab_size,
                 generator=generator,
                 greedy=greedy,
+                noise_offset=noise_offset,
+                noise_rows=noise_rows,
             )
 
     def log_probs(

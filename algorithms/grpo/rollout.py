@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch as th
@@ -87,12 +87,6 @@ class RolloutBatch:
                 mine, theirs = _pad(mine, completion_width), _pad(theirs, completion_width)
             rows[f.name] = th.cat([mine, theirs.to(mine.dtype)])
         return RolloutBatch(**rows)
-
-    def minibatches(self, batch_size: int, generator: th.Generator) -> Iterator[RolloutBatch]:
-        """Shuffled minibatches of at most ``batch_size`` rows (the last one may be smaller)."""
-        order = th.randperm(len(self), generator=generator)
-        for start in range(0, len(self), batch_size):
-            yield self.select(order[start : start + batch_size].to(self.prompt_ids.device))
 
 
 def _take(value: th.Tensor | None, index: th.Tensor) -> th.Tensor | None:

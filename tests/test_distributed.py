@@ -1,0 +1,85 @@
+"""Group parallelism (S17) with real processes: torchrun, 2 gloo ranks, the tiny model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from algorithms import GRPO
+from tests.distributed_job import run
+from tests.test_grpo import make_env
+
+JOB = Path(__file__).with_name("distributed_job.py")
+
+
+def torchrun(out: Path, mode: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(JOB),
+               str(out), mode, *extra]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("two_ranks")
+    done = torchrun(out, "train")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return out
+
+
+def test_two_processes_train_the_weights_of_one(two_ranks: Path, tmp_path: Path):
+    """Each rank trains one of the K=2 groups; the summed gradients give the single-process weights."""
+    single = run(tmp_path).policy.state_dict()
+    for rank in (0, 1):
+        weights = torch.load(two_ranks / f"params_{rank}.pt")
+        assert weights.keys() == single.keys()
+        for name, value in single.items():
+            torch.testing.assert_close(weights[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+
+def test_only_rank_zero_logs_and_saves(two_ranks: Path):
+    runs = sorted(p.name for p in (two_ranks / "tb").iterdir())
+    assert runs == ["GRPO_1"]
+    assert len(list((two_ranks / "tb" / "GRPO_1").iterdir())) == 1  # one events file
+    assert (two_ranks / "model.zip").is_file()
+
+
+def test_a_checkpoint_loads_on_one_process(two_ranks: Path):
+    model = GRPO.load(two_ranks / "model.zip", env=make_env())
+    saved = torch.load(two_ranks / "params_0.pt")
+    for name, value in model.policy.state_dict().items():
+        torch.testing.assert_close(value, saved[name], atol=0, rtol=0)
+    model.learn(8)  # and trains on, alone
+
+
+@pytest.mark.parametrize("mode", ["die", "hang"])
+def test_a_failed_rank_ends_the_job_with_an_error(tmp_path: Path, mode: str):
+    start = time.perf_counter()
+    done = torchrun(tmp_path, mode, timeout=180)
+    elapsed = time.perf_counter() - start
+    assert done.returncode != 0
+    assert "ChildFailedError" in done.stderr or "failed" in done.stderr.lower(), done.stderr[-2000:]
+    assert elapsed < 120  # the job's timeout is 10 s; no silent hang
+
+
+def test_compression_runs(tmp_path: Path):
+    done = torchrun(tmp_path, "train", "fp16")
+    assert done.returncode == 0, done.stderr[-3000:]
+    a, b = (torch.load(tmp_path / f"params_{rank}.pt") for rank in (0, 1))
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=0, rtol=0)  # every rank applies the same update
+
+
+def test_groups_must_divide_over_the_processes(monkeypatch):
+    from algorithms.common import distributed
+
+    monkeypatch.setattr(distributed.Distributed, "__init__", lambda self, **_: setattr(self, "rank", 0)
+                        or setattr(self, "world_size", 3))  # fmt: skip
+    with pytest.raises(ValueError, match="multiple of the number of processes"):
+        GRPO("TransformerPolicy", make_env(), n_groups=2, group_size=4, seed=0)
