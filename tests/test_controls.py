@@ -86,6 +86,9 @@ def _scalars(tmp_path: Path) -> dict[str, list[float]]:
         ({"curriculum": True}, "curriculum/difficulty"),
         ({"diagnostics": True}, "groups/stability"),
         ({"replay_ratio": 0.25}, "replay/fraction"),
+        ({"update_mode": "sequential"}, "train/optimizer_steps"),
+        ({"protected_rollouts": 1}, "rollout/protected"),
+        ({"advantage_baseline": "value", "policy_kwargs": {**TINY, "value_head": True}}, "train/value_baseline"),
     ],
 )
 def test_each_control_is_active_in_learn(tmp_path: Path, kwargs, tag):
@@ -137,10 +140,11 @@ def test_diagnostics_give_the_joint_gradient(tmp_path: Path):
     assert {"groups/rewards_0", "groups/rewards_1"} <= set(events.Tags()["histograms"])
 
 
-def test_sequential_updates_step_once_per_group():
-    model = make_model(update_mode="sequential")
+def test_sequential_updates_step_once_per_group(tmp_path: Path):
+    model = make_model(update_mode="sequential", tensorboard_log=str(tmp_path))
     model.learn(8)
     assert model._n_updates == 2  # two groups, one step each
+    assert _scalars(tmp_path)["train/optimizer_steps"] == [2.0]
 
 
 def test_value_baseline_and_protected_rollouts():

@@ -511,6 +511,8 @@ class GRPO(BaseAlgorithm):
     def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
         protected = self._iteration < self.protected_rollouts  # S20.3: the frozen cold-start policy samples
+        if self.protected_rollouts:
+            self.logger.record("rollout/protected", float(protected))
         return self.policy.generate(
             ids.to(self.device),
             mask.to(self.device),
@@ -589,7 +591,9 @@ class GRPO(BaseAlgorithm):
                 values = self.policy.predict_values(ids.to(self.device), mask.to(self.device)).cpu()
             episodes = th.as_tensor([rows.episodes[i] for i in first])
             baseline = th.zeros(len(episodes)).index_copy_(0, episodes, values).view(-1, self.group_size)
-            advantages = returns - self._dist.gather(baseline)  # (K, G); a group shares its prompt and its baseline
+            baseline = self._dist.gather(baseline)  # (K, G): a group shares its prompt, so its baseline
+            self.logger.record("train/value_baseline", baseline.mean().item())
+            advantages = returns - baseline
         else:
             advantages = objective.group_advantages(returns, scale=self.advantage_scale)
         if self.competition is None:
@@ -693,6 +697,7 @@ class GRPO(BaseAlgorithm):
         if self.replay_buffer is not None:
             self._after_replay(fresh, replayed, drift)
         self.logger.record("train/skipped_steps", self._skipped_steps)
+        self.logger.record("train/optimizer_steps", len(history.get("loss", [])))  # per rollout: groups when sequential
         self.logger.record("train/ent_coef", ent_coef)
         self.logger.record("train/clip_range", clip_low)
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
