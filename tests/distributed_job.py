@@ -42,12 +42,12 @@ class Fail(BaseCallback):
         return True
 
 
-def run(out: Path, mode: str = "train", **kwargs) -> GRPO:
+def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
     torch.set_num_threads(1)
     settings = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": False,
                 "seed": 0, "policy_kwargs": TINY, "tensorboard_log": str(out / "tb"), "dist_timeout": 10.0}  # fmt: skip
     model = GRPO("TransformerPolicy", make_env(), **{**settings, **kwargs})
-    model.learn(16, callback=Fail(mode))
+    model.learn(8 * iterations, callback=Fail(mode))
     torch.save(model.policy.state_dict(), out / f"params_{model._dist.rank}.pt")
     model.save(out / "model.zip")
     return model
@@ -55,5 +55,5 @@ def run(out: Path, mode: str = "train", **kwargs) -> GRPO:
 
 if __name__ == "__main__":
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    extra = {"gradient_compression": sys.argv[3]} if len(sys.argv) > 3 else {}
+    extra = {"gradient_compression": sys.argv[3], "iterations": 4} if len(sys.argv) > 3 else {}  # PowerSGD from step 3
     run(out, mode, **extra)

@@ -200,3 +200,12 @@ def test_grpo_cold_start_logs_sft_loss_to_tensorboard(tmp_path: Path) -> None:
     assert [e.step for e in sft_loss] == [3]  # logged once, at the last SFT step (log_interval 50 > 3 steps)
     assert 0 < sft_loss[0].value < math.log(103) + 0.5  # a per-token NLL of a 103-token vocabulary
     assert [e.step for e in events.Scalars("train/loss")] == [8]
+
+
+def test_run_cold_start_before_learn_needs_no_setup():
+    """A user (or a benchmark) may run the SFT stage alone, right after construction."""
+    from tests.test_grpo import make_model
+
+    model = make_model(sft_steps=2)
+    stats = model.run_cold_start()
+    assert model._cold_start_done and stats

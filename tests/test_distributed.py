@@ -68,8 +68,9 @@ def test_a_failed_rank_ends_the_job_with_an_error(tmp_path: Path, mode: str):
     assert elapsed < 120  # the job's timeout is 10 s; no silent hang
 
 
-def test_compression_runs(tmp_path: Path):
-    done = torchrun(tmp_path, "train", "fp16")
+@pytest.mark.parametrize("compression", ["fp16", "powersgd"])
+def test_compression_runs(tmp_path: Path, compression: str):
+    done = torchrun(tmp_path, "train", compression)
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = (torch.load(tmp_path / f"params_{rank}.pt") for rank in (0, 1))
     for name in a:

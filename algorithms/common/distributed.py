@@ -129,7 +129,11 @@ class GradientSync:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         self.parameters, self.world_size = parameters, world_size
-        self.ddp = nn.parallel.DistributedDataParallel(_Dot(parameters), broadcast_buffers=False)
+        # PowerSGD chains its all-reduces in future callbacks; with several buckets in flight, gloo can see them
+        # in different orders on different ranks, so it gets one bucket holding every gradient
+        whole = sum(p.numel() * p.element_size() for p in parameters) / 2**20 + 1
+        bucket_mb = whole if compression == "powersgd" else None
+        self.ddp = nn.parallel.DistributedDataParallel(_Dot(parameters), bucket_cap_mb=bucket_mb)
         self.seconds, self.bytes = 0.0, 0
         if compression == "powersgd":
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)

@@ -18,7 +18,7 @@ from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import FloatSchedule, safe_mean
+from stable_baselines3.common.utils import FloatSchedule, configure_logger, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so GRPO("TransformerPolicy", "R1Zero-v0") works)
@@ -426,6 +426,8 @@ class GRPO(BaseAlgorithm):
     def run_cold_start(self) -> dict[str, float]:
         """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``."""
         assert self.env is not None
+        if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
+            self._logger = configure_logger(self.verbose, None, "GRPO", True)
         stats = supervised_finetune(
             self.policy,
             self.env,
