@@ -12,9 +12,9 @@ over seeds), the completions needed until the rollout success rate (averaged ove
 reached ``--target``, the final difficulty (it moves only under the curriculum), and wall time. Learning curves
 (rollout success rate against completions, mean over seeds) go to ``benchmarks/ablation_curves.png``.
 
-Command (what ``benchmarks/RESULTS.md`` records; about 20 minutes on 2 cores)::
+Command (what ``benchmarks/RESULTS.md`` records; about 15 minutes on 2 cores)::
 
-    python benchmarks/ablation.py --results benchmarks/RESULTS.md
+    python benchmarks/ablation.py --iterations 150 --results benchmarks/RESULTS.md
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
+import json
 import os
 import platform
 import statistics
@@ -105,7 +106,7 @@ def completions_to_target(curve: list[float], per_iteration: int, target: float,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=40)
+    parser.add_argument("--iterations", type=int, default=150)
     parser.add_argument("--groups", type=int, default=8, help="K problems per iteration (G = 8)")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--sft-steps", type=int, default=500)
@@ -163,7 +164,9 @@ def main() -> None:
             f"{statistics.mean(successes) - vanilla:+.1%} | {reached_text} | "
             f"{level:.2f} | {seconds:.0f} s |"
         )
-    plot(results, per_iteration, Path(__file__).resolve().parent / "ablation_curves.png")
+    here = Path(__file__).resolve().parent
+    (here / "ablation_runs.json").write_text(json.dumps(results))  # the raw curves, to re-plot without re-running
+    plot(results, per_iteration, here / "ablation_curves.png")
     body = "\n".join(lines) + "\n\n![ablation learning curves](ablation_curves.png)"
     print(body)
     if args.results:
@@ -179,11 +182,13 @@ def plot(results: dict[str, list[dict]], per_iteration: int, path: Path) -> None
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
-    for name, runs in results.items():
+    colors = plt.get_cmap("tab20").colors
+    for i, (name, runs) in enumerate(results.items()):
         curve = np.mean([r["curve"] for r in runs], axis=0)
         smooth = np.convolve(curve, np.ones(5) / 5, mode="valid")
         x = (np.arange(len(smooth)) + 5) * per_iteration
-        ax.plot(x, smooth, label=name, linewidth=2.5 if name in ("vanilla", "all") else 1.2)
+        color = {"vanilla": "tab:blue", "all": "black"}.get(name, colors[(2 * i + 2) % len(colors)])
+        ax.plot(x, smooth, label=name, color=color, linewidth=2.5 if name in ("vanilla", "all") else 1.2)
     ax.set_xlabel("completions")
     ax.set_ylabel("rollout success rate (5-iteration mean, mean over seeds)")
     ax.legend(fontsize=8)

@@ -68,7 +68,7 @@ def worker(args: argparse.Namespace) -> None:
         def _on_rollout_start(self) -> None:
             marks.append(time.perf_counter())
             if len(marks) == args.warmup + 1 and model._sync is not None:  # count from the first timed iteration
-                model._sync.seconds, model._sync.bytes = 0.0, 0
+                model._sync.seconds, model._sync.bytes, model._sync.steps = 0.0, 0, 0
 
         def _on_step(self) -> bool:
             return True
@@ -79,14 +79,14 @@ def worker(args: argparse.Namespace) -> None:
         return
     iterations = [b - a for a, b in itertools.pairwise(marks)][args.warmup :]
     sync = model._sync
-    timed_train = sum(train_seconds[args.warmup : args.warmup + len(iterations)])
+    timed_train = sum(train_seconds[args.warmup :])  # the updates whose gradient combination was counted
     print(
         json.dumps(
             {
                 "iteration_s": statistics.median(iterations),
                 "comm_share": sync.seconds / timed_train if sync else 0.0,
-                "comm_s": sync.seconds / len(iterations) if sync else 0.0,
-                "bytes_per_step": sync.bytes / len(iterations) if sync else 0,
+                "comm_s": sync.seconds / sync.steps if sync else 0.0,
+                "bytes_per_step": sync.bytes / sync.steps if sync else 0,
                 "parameters": sum(p.numel() for p in model.policy.parameters()),
             }
         )

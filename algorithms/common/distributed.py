@@ -117,7 +117,8 @@ class GradientSync:
     through a ``DistributedDataParallel`` wrapper around those same parameters: DDP's reducer all-reduces the
     gradients bucket by bucket with the chosen hook and divides by the world size, so each ``p.grad`` ends as
     the sum of the ranks' gradients (the caller weights each rank's loss by its share of the global batch).
-    The time spent and the bytes the hooks all-reduce (after compression) are counted for the benchmark.
+    The calls, the time spent and the bytes the hooks all-reduce (after compression) are counted for the
+    benchmark.
 
     :param parameters: the trainable parameters (the same objects the optimizer holds)
     :param compression: ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"``
@@ -134,7 +135,7 @@ class GradientSync:
         whole = sum(p.numel() * p.element_size() for p in parameters) / 2**20 + 1
         bucket_mb = whole if compression == "powersgd" else None
         self.ddp = nn.parallel.DistributedDataParallel(_Dot(parameters), bucket_cap_mb=bucket_mb)
-        self.seconds, self.bytes = 0.0, 0
+        self.seconds, self.bytes, self.steps = 0.0, 0, 0
         if compression == "powersgd":
             state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
             hook = powerSGD_hook.powerSGD_hook
@@ -165,3 +166,4 @@ class GradientSync:
         finally:
             dist.all_reduce = original
         self.seconds += time.perf_counter() - start
+        self.steps += 1

@@ -345,6 +345,7 @@ class GRPO(BaseAlgorithm):
 
     def _excluded_save_params(self) -> list[str]:
         excluded = ["ref_model", "_generator", "_problem_rng", "_rollout", "_scaler", "replay_buffer", "_dist", "_sync"]
+        excluded.append("_curriculum")  # a callback holds the model: not pickled
         return [*super()._excluded_save_params(), *excluded]
 
     def save(self, path, exclude=None, include=None) -> None:
@@ -400,8 +401,9 @@ class GRPO(BaseAlgorithm):
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
-        if self.curriculum:
-            callback = CallbackList([callback, CurriculumCallback()])
+        if self.curriculum:  # one curriculum per model: its level carries over from one learn() to the next
+            self._curriculum = getattr(self, "_curriculum", None) or CurriculumCallback()
+            callback = CallbackList([callback, self._curriculum])
             callback.init_callback(self)
         if self._needs_cold_start():
             self.run_cold_start()
