@@ -46,9 +46,7 @@ import datetime
 import importlib.util
 import os
 import platform
-import re
 import sys
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +56,9 @@ import numpy as np
 import torch
 
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
+from common import cpu_name, memory_mib, update_results
 
 SECTION = "## Prioritized replay buffer vs torchrl"
 OPS = ["insert, batched", "insert, one by one", "sample", "priority update"]
@@ -177,11 +178,6 @@ class TorchRL:
         self.rb.update_priority(self.indices, self.priorities)
 
 
-def rss_mib() -> float:
-    with open("/proc/self/status") as status:
-        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS")) / 1024
-
-
 def rate(op: Callable[[int], None], seconds: float) -> float:
     """Calls of ``op`` per second over about ``seconds`` (after 3 warm-up calls)."""
     for i in range(3):
@@ -196,10 +192,10 @@ def rate(op: Callable[[int], None], seconds: float) -> float:
 
 def fill(impl: Ours | TorchRL, capacity: int, batch: int) -> tuple[float, float]:
     """Insert batches until the buffer holds ``capacity`` trajectories; returns (seconds, RSS growth in MiB)."""
-    rss, start = rss_mib(), time.perf_counter()
+    rss, start = memory_mib()["rss"], time.perf_counter()
     for i in range(-(-capacity // batch)):
         impl.insert_batch(i)
-    return time.perf_counter() - start, rss_mib() - rss
+    return time.perf_counter() - start, memory_mib()["rss"] - rss
 
 
 def measure(args: argparse.Namespace, impls: dict[str, Ours | TorchRL]) -> dict[str, dict[str, float]]:
@@ -220,13 +216,6 @@ def measure(args: argparse.Namespace, impls: dict[str, Ours | TorchRL]) -> dict[
                     impl.sample(args.sample_batch)
                 best[name][op] = max(best[name][op], per_call * rate(ops[op](impl), args.seconds))
     return best
-
-
-def cpu_name() -> str:
-    """The CPU's model name from ``/proc/cpuinfo``."""
-    with open("/proc/cpuinfo") as info:
-        names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
-    return f'"{names[0]}"' if names else platform.machine()
 
 
 def report(args: argparse.Namespace, versions: str, how: str, fills: dict, rates: dict) -> str:
@@ -252,31 +241,6 @@ def report(args: argparse.Namespace, versions: str, how: str, fills: dict, rates
         f"| speed {t_rl / t_ours:.2f}x; RSS {m_ours / m_rl:.2f}x |"
     )
     return "\n".join(lines)
-
-
-def update_results(path: Path, title: str, body: str) -> None:
-    """Put ``### title`` + ``body`` into this benchmark's section of ``path``, replacing a subsection of the same
-    title; the section (with a line on what it compares) is appended at the end when absent."""
-    text = path.read_text() if path.exists() else "# Benchmark results\n"
-    block = f"### {title}\n\n{body.strip()}\n"
-    start = text.find(SECTION)
-    if start < 0:
-        intro = textwrap.fill(
-            "`benchmarks/buffer_throughput.py`: grpo-gym's `PrioritizedTrajectoryBuffer` (numpy) against torchrl's "
-            "`PrioritizedReplayBuffer` on a `LazyTensorStorage` (its fastest storage), with the same fixed-shape "
-            "trajectories, both at full capacity; the script's docstring says what each operation covers and why "
-            "the comparison is fair. Ratios above 1 favour ours.",
-            width=110,
-        )
-        path.write_text(f"{text.rstrip()}\n\n{SECTION}\n\n{intro}\n\n{block}")
-        return
-    following = re.search(r"^## ", text[start + len(SECTION) :], flags=re.MULTILINE)
-    end = start + len(SECTION) + following.start() if following else len(text)
-    section = text[start:end].rstrip()
-    old = re.search(rf"^### {re.escape(title)}\n.*?(?=^### |\Z)", section, flags=re.MULTILINE | re.DOTALL)
-    section = section[: old.start()] + block + "\n" + section[old.end() :] if old else f"{section}\n\n{block}"
-    rest = text[end:]
-    path.write_text(text[:start] + section.rstrip() + "\n" + ("\n" + rest if rest else ""))
 
 
 def main() -> None:
@@ -315,7 +279,7 @@ def main() -> None:
     print(body)
     if args.results:
         title = f"`--capacity {args.capacity} --prompt-len {args.prompt_len} --completion-len {args.completion_len}`"
-        update_results(args.results, title, body)
+        update_results(args.results, SECTION, title, body)
 
 
 if __name__ == "__main__":
