@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.common.decoders import forward_parameters, make_decoder
-from algorithms.common.packing import pack_rows
+from algorithms.common.packing import distinct_rows, pack_rows
 
 
 @dataclass
@@ -175,7 +175,7 @@ def sample(
     next_position = attention_mask.long().sum(-1)  # (B,): position of each row's first new token
 
     runner = make_decoder(model, prompt_len + max_new_tokens, decoder)
-    prompts, rows_of = _distinct_rows(torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1))
+    prompts, rows_of = distinct_rows(input_ids, attention_mask)
     logits = runner.forward(
         input_ids[prompts], position_ids_from_mask(attention_mask[prompts]), attention_mask[prompts]
     )  # (U, V)
@@ -209,21 +209,6 @@ def sample(
         column = prompt_len + step
         logits = runner.forward(token[:, None], (next_position[rows] + step)[:, None], attention[rows, : column + 1])
     return Completions(tokens, log_probs, mask, mask.sum(-1))
-
-
-def _distinct_rows(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first index of each distinct row of ``rows`` ``(B, W)`` and, for every row, which one it repeats.
-
-    :return: ``(first, of)``: ``rows[first]`` are the distinct rows ``(U,)`` in order of appearance, and
-        ``rows[first][of] == rows`` ``(B,)``
-    """
-    _, inverse = torch.unique(rows, dim=0, return_inverse=True)  # (B,): the id of each row's distinct value
-    first_of_id = torch.full((int(inverse.max()) + 1,), len(rows), dtype=torch.long, device=rows.device)
-    first_of_id.scatter_reduce_(0, inverse, torch.arange(len(rows), device=rows.device), reduce="amin")
-    first = first_of_id.sort().values  # (U,): in order of appearance
-    rank = torch.empty_like(first_of_id)
-    rank[inverse[first]] = torch.arange(len(first), device=rows.device)
-    return first, rank[inverse]
 
 
 def completion_log_probs(

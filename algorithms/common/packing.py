@@ -76,10 +76,9 @@ def pack_rows(
     lengths = completion_mask.sum(dim=1).tolist()
     if any(p == 0 and n > 0 for p, n in zip(prompt_lengths, lengths, strict=True)):
         raise ValueError("every completion needs a prompt of at least one token (its first token's predictor)")
-    key = torch.cat([prompt_ids * prompt_mask, prompt_mask], dim=1)
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    by_prompt: dict[int, list[int]] = {}
-    for row, prompt in enumerate(inverse.tolist()):
+    _, of = distinct_rows(prompt_ids, prompt_mask)
+    by_prompt: dict[int, list[int]] = {}  # distinct prompt -> its rows, both in order of appearance
+    for row, prompt in enumerate(of.tolist()):
         by_prompt.setdefault(prompt, []).append(row)
 
     # plan: each packed row is a prompt (taken from its first batch row) and completions placed after it
@@ -119,3 +118,21 @@ def pack_rows(
             source[offsets[row] : offsets[row] + n] = r * width + before
             column += n
     return PackedRows(ids, positions, segments, source)
+
+
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first row of each distinct masked row of ``ids`` ``(B, T)`` and, for every row, which one it repeats.
+
+    Rows are equal when their mask and their ids under the mask are (what padding holds does not matter).
+
+    :return: ``(first, of)``: ``first`` ``(U,)`` indexes the distinct rows in order of appearance, and row ``i``
+        repeats row ``first[of[i]]``
+    """
+    key = torch.cat([ids * mask, mask.to(ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)  # (B,): the id of each row's distinct value
+    first_of_id = torch.full((int(inverse.max()) + 1,), len(key), dtype=torch.long, device=key.device)
+    first_of_id.scatter_reduce_(0, inverse, torch.arange(len(key), device=key.device), reduce="amin")
+    first = first_of_id.sort().values  # (U,): in order of appearance
+    rank = torch.empty_like(first_of_id)
+    rank[inverse[first]] = torch.arange(len(first), device=key.device)
+    return first, rank[inverse]

@@ -567,7 +567,8 @@ class GRPO(BaseAlgorithm):
             dropped = dropped | self._diversity_guard(returns, rows)
         if bool(dropped.all()):  # all groups left out: a zero-advantage update, not none
             dropped = th.zeros_like(dropped)
-        keep = [i for i, e in enumerate(rows.episodes) if not dropped[mine][e // self.group_size]]
+        left_out = dropped[mine].tolist()  # this rank's groups
+        keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // self.group_size]]
         self._placeholder = not keep  # this rank's groups all left out: one row with no weight keeps ranks in step
         keep = keep or [0]
         prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], self.policy.pad_token_id)
