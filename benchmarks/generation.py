@@ -41,7 +41,7 @@ N_GROUPS, GROUP_SIZE = 4, 8
 def prompts(seed: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """K distinct env prompts, each repeated G times, left-padded: ``(ids, mask, pad_id, eos_id)``."""
     import grpo_gym
-    from algorithms.grpo.rollout import left_pad
+    from algorithms.common.batch import left_pad
 
     env = grpo_gym.R1ZeroEnv(template="compact", difficulty=0.5)
     rows = []

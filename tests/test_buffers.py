@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.common.batch import RolloutBatch
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer, PrioritySampler, RingBuffer
-from algorithms.grpo.rollout import RolloutBatch
 
 # Upper 0.1% points of the chi-square distribution (tables; scipy.stats.chi2.ppf(0.999, df)).
 CHI2_999 = {8: 26.124, 9: 27.877}

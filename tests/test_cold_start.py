@@ -15,8 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import grpo_gym
 from algorithms import GRPO, TransformerPolicy
-from algorithms.common.cold_start import _right_pad, load_sft_rows, supervised_finetune
-from algorithms.grpo.rollout import left_pad
+from algorithms.common.batch import left_pad, right_pad
+from algorithms.common.cold_start import load_sft_rows, supervised_finetune
 from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 
 ROWS = [  # characters the arithmetic gold solutions never use, so fitting them is visible
@@ -64,7 +64,7 @@ def make_policy(env: DummyVecEnv) -> TransformerPolicy:
 def nll(policy: TransformerPolicy, examples: list[tuple[np.ndarray, np.ndarray]]) -> float:
     """Mean negative log-likelihood per completion token (EOS included) of ``(prompt, completion)`` ids."""
     prompt_ids, prompt_mask = left_pad([th.as_tensor(p) for p, _ in examples], policy.pad_token_id)
-    completion_ids, completion_mask = _right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
+    completion_ids, completion_mask = right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
     with th.no_grad():
         log_probs, _ = policy.log_probs(prompt_ids, prompt_mask, completion_ids, completion_mask)
     return float(-log_probs.sum() / completion_mask.sum())

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from algorithms.grpo import objective
-from algorithms.grpo.rollout import left_pad
+from algorithms.common.batch import left_pad, right_pad
+from algorithms.common.losses import aggregate
 
 
 def load_sft_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
@@ -86,11 +86,11 @@ def supervised_finetune(
         examples = sft_examples(env, batch_size, rows, rng)
         prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
         prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
-        completion_ids, completion_mask = _right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
+        completion_ids, completion_mask = right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
         log_probs, _ = policy.log_probs(
             prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device), completion_mask.to(device)
         )
-        loss = -objective.aggregate(log_probs, completion_mask.to(device), mode="token")
+        loss = -aggregate(log_probs, completion_mask.to(device), mode="token")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         th.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
@@ -106,13 +106,3 @@ def supervised_finetune(
             elif verbose:
                 print(f"sft step {step}/{steps}: loss {stats['loss']:.4f}")
     return stats
-
-
-def _right_pad(rows: list[th.Tensor], pad_id: int) -> tuple[th.Tensor, th.Tensor]:
-    width = max(len(row) for row in rows)
-    ids = th.full((len(rows), width), pad_id, dtype=th.long)
-    mask = th.zeros((len(rows), width), dtype=th.bool)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-        mask[i, : len(row)] = True
-    return ids, mask

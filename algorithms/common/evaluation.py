@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from algorithms.grpo.rollout import left_pad
+from algorithms.common.batch import left_pad
 
 HELD_OUT_SEED = 10**12  # problem seeds start here; training draws its seeds from the env's own generator
 

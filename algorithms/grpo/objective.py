@@ -1,33 +1,27 @@
-"""The GRPO objective as pure tensor functions: tensors in, tensors out, no state, no I/O.
+"""GRPO's objective as pure tensor functions: tensors in, tensors out, no state, no I/O.
 
 Shapes: ``K`` groups (prompts) of ``G`` completions each; ``B`` sequences (``K*G`` or a minibatch of them)
-of ``T`` completion tokens; ``V`` the vocabulary. Masks are ``True`` on valid completion tokens and
-``False`` on padding and after EOS; masked positions never contribute to a value or a gradient, even
-when they hold NaN or inf.
+of ``T`` completion tokens. Masks are ``True`` on valid completion tokens and ``False`` on padding and after
+EOS; masked positions never contribute to a value or a gradient, even when they hold NaN or inf. The terms
+every policy-gradient method shares (surrogate, k3 KL, aggregation) are in :mod:`algorithms.common.losses`.
+
+Where it sits in the data flow: the rollout's rewards ``(K, G)`` become advantages here
+(:func:`group_advantages`, used by :mod:`algorithms.grpo.advantages`); the update assembles its loss with
+:func:`grpo_loss` (:mod:`algorithms.grpo.update`).
 
 Sources: GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), Eq. 3–4; DAPO, Yu et al. 2025
 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRPO, Liu et al. 2025 (arXiv 2503.20783),
-no std scaling and a constant normaliser; the k3 KL estimator, http://joschu.net/blog/kl-approx.html.
+no std scaling and a constant normaliser.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from algorithms.common.losses import aggregate, check_choice, check_shape, clipped_surrogate, kl_k3
+
 ADVANTAGE_SCALES = ("group", "batch", "none")
-AGGREGATION_MODES = ("sequence", "token", "constant")
-
-
-def _check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ValueError(f"Unknown {name} {value!r}; valid values are {', '.join(map(repr, valid))}.")
-
-
-def _check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:
-    if tensor.shape != shape:
-        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}.")
 
 
 def _check_rewards(rewards: Tensor) -> None:
@@ -65,7 +59,7 @@ def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -
     :param eps: added to the std before dividing
     :return: advantages, shape ``(K, G)``
     """
-    _check_choice("scale", scale, ADVANTAGE_SCALES)
+    check_choice("scale", scale, ADVANTAGE_SCALES)
     _check_rewards(rewards)
     rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
     if rewards.shape[1] < 2 or rewards.numel() == 0:  # the std of one value is NaN: no signal anyway
@@ -79,128 +73,6 @@ def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -
         advantages = centred  # (K, G): Dr. GRPO
     uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1): the mean can be 1 ulp off r, force 0
     return torch.where(uniform, 0.0, advantages)  # (K, G)
-
-
-def discounted_returns(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
-    """Return from the first turn of a multi-turn episode: ``sum_t gamma^t r_t`` over valid turns.
-
-    ``t`` is the turn's position (turn 0 is undiscounted). Reduces an episode to one score per
-    completion chain (S23: gamma 0.95 for dialogues, 0.99 for generation).
-
-    :param rewards: per-turn rewards, shape ``(N, T_turns)``
-    :param gamma: discount factor in ``[0, 1]``
-    :param mask: ``True`` on the turns that happened, shape ``(N, T_turns)``
-    :return: returns, shape ``(N,)``
-    """
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
-    _check_shape("mask", mask, rewards.shape)
-    discounts = gamma ** torch.arange(rewards.shape[-1], dtype=rewards.dtype, device=rewards.device)  # (T,)
-    discounted = torch.where(mask.bool(), rewards * discounts, 0.0)  # (N, T)
-    return discounted.sum(dim=-1)  # (N,)
-
-
-def clipped_surrogate(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_low: float, clip_high: float | None = None
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-token PPO/GRPO surrogate ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``.
-
-    DeepSeekMath Eq. 3 with DAPO's clip-higher: ``clip_high`` defaults to ``clip_low`` (symmetric PPO
-    clipping); DAPO uses 0.2 / 0.28.
-
-    :param logp: log-probs of the taken tokens under the current policy, shape ``(B, T)``
-    :param old_logp: the same under the sampling policy (no gradient), shape ``(B, T)``
-    :param advantages: one per sequence ``(B,)``, broadcast over its tokens, or per token ``(B, T)``
-    :param clip_low: epsilon of the lower bound ``1 - clip_low``
-    :param clip_high: epsilon of the upper bound ``1 + clip_high``; ``None`` means ``clip_low``
-    :return: per-token loss ``(B, T)``, ratio ``(B, T)``, and a ``(B, T)`` mask of the tokens where the
-        clipped term is the smaller one and differs from the unclipped one (no gradient flows there)
-    """
-    clip_high = clip_low if clip_high is None else clip_high
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}.")
-    _check_shape("old_logp", old_logp, logp.shape)
-    if advantages.shape[0] != logp.shape[0] or advantages.dim() not in (1, 2):
-        raise ValueError(f"advantages must be (B,) or (B, T), B={len(logp)}; got {tuple(advantages.shape)}.")
-    advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
-    ratio = torch.exp(logp - old_logp)  # (B, T)
-    unclipped = ratio * advantages  # (B, T)
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages  # (B, T)
-    per_token_loss = -torch.min(unclipped, clipped)  # (B, T)
-    return per_token_loss, ratio, clipped < unclipped
-
-
-def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """Schulman's k3 estimator of KL(pi || pi_ref) per token: ``exp(ref - logp) - (ref - logp) - 1``.
-
-    DeepSeekMath Eq. 4; http://joschu.net/blog/kl-approx.html. With ``r = pi_ref / pi`` it is
-    ``r - log r - 1 >= 0``, and its expectation over tokens sampled from pi is exactly KL(pi || pi_ref)
-    (because ``E_pi[r] = 1``). Added to the loss with a positive beta, it pulls pi toward pi_ref.
-    ``expm1`` keeps it >= 0 near ``logp == ref_logp``, where ``exp(x) - x - 1`` rounds below 0.
-
-    :param logp: log-probs of the taken tokens under the policy, shape ``(B, T)``
-    :param ref_logp: the same under the reference model, shape ``(B, T)``
-    :return: per-token k3, shape ``(B, T)``
-    """
-    _check_shape("ref_logp", ref_logp, logp.shape)
-    log_ratio = ref_logp - logp  # (B, T): log r
-    return torch.expm1(log_ratio) - log_ratio  # (B, T): (r - 1) - log r
-
-
-def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Log-probability of each taken token under the full softmax of ``logits``.
-
-    Not the top-p truncated distribution: the caller scales logits by the sampling temperature first and
-    uses this same function for sampling log-probs and update log-probs. Computed in ``logits``' dtype:
-    pass float32 logits (``logits.float()``) from a bf16/fp16 model to keep the on-policy ratio at 1.
-
-    :param logits: shape ``(B, T, V)``
-    :param tokens: valid token ids (pad with a real id, then mask), shape ``(B, T)``
-    :return: log-probs, shape ``(B, T)``
-    """
-    log_probs = F.log_softmax(logits, dim=-1)  # (B, T, V)
-    return log_probs.gather(dim=-1, index=tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy ``H = -sum_v p log p`` of the softmax of ``logits`` per position, via ``log_softmax``.
-
-    Logits of ``-inf`` (a vocabulary masked out by the caller) count as ``0 log 0 = 0``.
-
-    :param logits: shape ``(B, T, V)``
-    :return: entropy in nats, shape ``(B, T)``
-    """
-    log_probs = F.log_softmax(logits, dim=-1)  # (B, T, V)
-    probs = log_probs.exp()  # (B, T, V)
-    finite_log_probs = log_probs.masked_fill(probs == 0, 0.0)  # (B, T, V): 0 * -inf would be NaN
-    return -(probs * finite_log_probs).sum(dim=-1)  # (B, T)
-
-
-def aggregate(per_token: Tensor, mask: Tensor, mode: str = "sequence", max_tokens: int | None = None) -> Tensor:
-    """Reduce a per-token quantity to a scalar over the valid tokens.
-
-    ``"sequence"``: mean over each sequence's tokens, then over sequences (GRPO, DeepSeekMath Eq. 3); a
-    sequence with no valid token contributes 0 and still counts in the mean over B. ``"token"``: sum over
-    all valid tokens / their number (DAPO). ``"constant"``: sum / ``(B * max_tokens)`` (Dr. GRPO).
-
-    :param per_token: shape ``(B, T)``; masked positions may hold anything, NaN included
-    :param mask: ``True`` (or 1) on valid tokens, shape ``(B, T)``
-    :param mode: ``"sequence"``, ``"token"`` or ``"constant"``
-    :param max_tokens: the constant of ``"constant"``, usually ``max_new_tokens``
-    :return: scalar
-    """
-    _check_choice("aggregation mode", mode, AGGREGATION_MODES)
-    _check_shape("mask", mask, per_token.shape)
-    mask = mask.bool()
-    masked = torch.where(mask, per_token, 0.0)  # (B, T): where, not *, so NaN * 0 never happens
-    if mode == "sequence":
-        lengths = mask.sum(dim=-1).clamp(min=1)  # (B,)
-        return (masked.sum(dim=-1) / lengths).mean()
-    if mode == "token":
-        return masked.sum() / mask.sum().clamp(min=1)
-    if max_tokens is None or max_tokens <= 0:
-        raise ValueError(f"aggregation 'constant' needs max_tokens > 0 (max_new_tokens), got {max_tokens}.")
-    return masked.sum() / (per_token.shape[0] * max_tokens)
 
 
 def grpo_loss(
@@ -247,7 +119,7 @@ def grpo_loss(
         raise ValueError(f"beta={beta} > 0 needs ref_logp (reference log-probs); pass them or set beta=0.")
     if ent_coef != 0 and entropy is None:
         raise ValueError(f"ent_coef={ent_coef} needs entropy=entropy_from_logits(...); or set ent_coef=0.")
-    _check_shape("mask", mask, logp.shape)
+    check_shape("mask", mask, logp.shape)
     mask = mask.bool()
     logp, old_logp = torch.where(mask, logp, 0.0), torch.where(mask, old_logp, 0.0)  # (B, T)
     policy_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)  # (B, T)

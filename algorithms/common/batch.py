@@ -1,4 +1,9 @@
-"""The data of one GRPO rollout: K groups x G completions, ready for the update."""
+"""Padding and the rollout batch: the tensors of one rollout, one row per completion, ready for an update.
+
+Where it sits in the data flow: the rollout collection (:mod:`~algorithms.common.rollout`) pads the contexts and
+completions it gathered into a :class:`RolloutBatch`; the update selects minibatches from it; replay concatenates
+replayed rows to it. The cold start and the evaluation pad their prompts with the same :func:`left_pad`.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,17 @@ def left_pad(rows: Sequence[th.Tensor], pad_id: int) -> tuple[th.Tensor, th.Tens
         if len(row):
             ids[i, -len(row) :] = row
             mask[i, -len(row) :] = 1
+    return ids, mask
+
+
+def right_pad(rows: Sequence[th.Tensor], pad_id: int) -> tuple[th.Tensor, th.Tensor]:
+    """Stack 1-D token tensors into ``(N, C)`` ids and a bool mask, right-padded (completions)."""
+    width = max(len(row) for row in rows)
+    ids = th.full((len(rows), width), pad_id, dtype=th.long)
+    mask = th.zeros((len(rows), width), dtype=th.bool)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = row
+        mask[i, : len(row)] = True
     return ids, mask
 
 

@@ -1,0 +1,440 @@
+"""``LMAlgorithm``: what every on-policy algorithm for language models on R1Zero-style envs shares.
+
+The role SB3's ``OnPolicyAlgorithm`` plays for PPO and A2C: the SB3 surface (``learn``, ``save``/``load``,
+callbacks, logging) and the steps of the data flow that do not depend on how an algorithm turns rewards into
+a loss. One iteration::
+
+    learn ─► collect_rollouts: K problems, G completions each, sampled in one batch (policy.generate),
+             stepped through the env(s) ─► Rows ─► _build_batch (the subclass: advantages, kept rows)
+          ─► train (the subclass: minibatches, loss, _optimizer_step) ─► dump_logs
+
+Subclasses implement ``_build_batch(rows, generation_seconds)`` and ``train()``, and may override
+``_before_rollout(env)`` and ``_sampling_model()``. The cold start, the frozen reference, mixed precision,
+several processes (S17), the guarded optimizer step and the reference's log-probs live here.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import time
+from typing import Any, ClassVar, TypeVar
+
+import gymnasium as gym
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.utils import configure_logger, safe_mean
+from stable_baselines3.common.vec_env import VecEnv
+
+import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
+from algorithms.common.batch import RolloutBatch, left_pad
+from algorithms.common.callbacks import CurriculumCallback
+from algorithms.common.cold_start import supervised_finetune
+from algorithms.common.distributed import COMPRESSIONS, Distributed, GradientSync
+from algorithms.common.generation import Completions
+from algorithms.common.policies import TransformerPolicy
+from algorithms.common.precision import DTYPES, resolve_precision
+from algorithms.common.rollout import Rows, contexts_from_obs
+
+SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
+
+
+class LMAlgorithm(BaseAlgorithm):
+    """Base class of the language-model algorithms (GRPO, the PPO baseline): see the module docstring.
+
+    The constructor arguments are documented on the subclasses, which pass them through.
+    """
+
+    policy_aliases: ClassVar[dict[str, type[TransformerPolicy]]] = {"TransformerPolicy": TransformerPolicy}
+    policy: TransformerPolicy
+
+    def __init__(
+        self,
+        policy: str | type[TransformerPolicy],
+        env: GymEnv | str | None,
+        learning_rate: float | Schedule,
+        n_groups: int,
+        group_size: int,
+        max_grad_norm: float,
+        gamma: float,
+        gradient_compression: str | None,
+        dist_timeout: float,
+        mixed_precision: str,
+        cold_start: bool | str,
+        sft_steps: int,
+        sft_batch_size: int,
+        sft_learning_rate: float,
+        sft_data: str | None,
+        curriculum: bool,
+        stats_window_size: int,
+        tensorboard_log: str | None,
+        policy_kwargs: dict[str, Any] | None,
+        verbose: int,
+        seed: int | None,
+        device: th.device | str,
+    ) -> None:
+        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
+            env = gym.make(env)
+        self._dist = Distributed(timeout=dist_timeout)
+        device = self._dist.device(device)
+        if not self._dist.is_main:  # S17: only rank 0 logs and prints
+            tensorboard_log, verbose = None, 0
+        super().__init__(
+            policy,
+            env,
+            learning_rate=learning_rate,
+            policy_kwargs=policy_kwargs,
+            stats_window_size=stats_window_size,
+            tensorboard_log=tensorboard_log,
+            verbose=verbose,
+            device=device,
+            support_multi_env=True,
+            seed=seed,
+        )
+        if group_size < 2:
+            raise ValueError(f"group_size must be >= 2 (a group needs a baseline), got {group_size}")
+        if n_groups < 1:
+            raise ValueError("n_groups must be positive")
+        if sft_data is not None and not os.path.isfile(sft_data):
+            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
+        if max_grad_norm <= 0 or not 0 < gamma <= 1:
+            raise ValueError(f"need max_grad_norm > 0, 0 < gamma <= 1; got {max_grad_norm}, {gamma}")
+        if gradient_compression not in COMPRESSIONS:
+            raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got {gradient_compression!r}")
+        resolve_precision(mixed_precision, self.device)  # a bad value fails here, not at the first update
+        self.n_groups, self.group_size = n_groups, group_size
+        self.max_grad_norm, self.gamma = max_grad_norm, gamma
+        self.gradient_compression, self.dist_timeout = gradient_compression, dist_timeout
+        self.mixed_precision = mixed_precision
+        self.cold_start, self.sft_steps, self.sft_batch_size = cold_start, sft_steps, sft_batch_size
+        self.sft_learning_rate, self.sft_data = sft_learning_rate, sft_data
+        self.curriculum = curriculum
+        self._sync: GradientSync | None = None
+        self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
+        self._skipped_steps = 0
+        self.ref_model: th.nn.Module | None = None
+        self._n_updates = 0
+        self._iteration = 0
+        self._cold_start_done = False
+        self._token_info: dict[str, int] = {}
+        self._rollout: RolloutBatch | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _setup_model(self) -> None:
+        """Seeds, the sampler's generator, the problem seeds, the policy, mixed precision, the reference."""
+        self._setup_lr_schedule()
+        self.set_random_seed(self.seed)
+        # one seed for the whole job (every rank draws the same numbers): the problems and the sampling noise of
+        # group k at iteration t do not depend on the number of processes (see collect_rollouts)
+        seed = self.seed if self.seed is not None else int(self._dist.gather_objects(int(th.randint(2**62, (1,))))[0])
+        self._sampling_seed = seed
+        self._generator = th.Generator(device=self.device)
+        self._generator.manual_seed(seed)
+        self._problem_rng = np.random.default_rng(seed)
+        if self.env is not None:
+            self._check_env(self.env)
+        kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
+        self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
+        self.policy = self.policy.to(self.device)
+        precision = resolve_precision(self.mixed_precision, self.device)
+        self.policy.autocast_dtype = DTYPES.get(precision)
+        self._scaler = th.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        # the architecture, so load() rebuilds it offline (a copy: the caller's dict stays as it was)
+        self.policy_kwargs = {**self.policy_kwargs, "model_config": self.policy.model.config.to_dict()}
+        if self._needs_reference():
+            self.ref_model = self._frozen_copy()
+
+    def _needs_reference(self) -> bool:
+        """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
+        return False
+
+    def _check_env(self, env: VecEnv) -> None:
+        """Read the token ids the policy needs from the env, and reject what the algorithm cannot train on."""
+        if not isinstance(env.action_space, spaces.MultiDiscrete):
+            name = type(self).__name__
+            raise ValueError(f"{name} trains on whole completions: make the env with action_mode='sequence'")
+        if self.n_groups % self._dist.world_size:
+            raise ValueError(
+                f"n_groups ({self.n_groups}) must be a multiple of the number of processes ({self._dist.world_size}): "
+                "each process trains whole groups"
+            )
+        if (self._local_groups * self.group_size) % env.num_envs:
+            raise ValueError(
+                f"n_groups / processes * group_size ({self._local_groups * self.group_size}) must be a multiple of the "
+                f"number of envs ({env.num_envs})"
+            )
+        if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
+            raise ValueError("multi-turn episodes (max_turns > 1) are collected with one env: pass n_envs=1")
+        codec = env.get_attr("codec", indices=[0])[0]
+        self._token_info = {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}
+
+    def _frozen_copy(self) -> th.nn.Module:
+        reference = copy.deepcopy(self.policy.model).eval()
+        reference.requires_grad_(False)
+        return reference
+
+    @property
+    def _local_groups(self) -> int:
+        """The groups this process trains: K / world size."""
+        return self.n_groups // self._dist.world_size
+
+    # ------------------------------------------------------------------ save and load
+    def _excluded_save_params(self) -> list[str]:
+        excluded = ["ref_model", "_generator", "_problem_rng", "_rollout", "_scaler", "replay_buffer", "_dist", "_sync"]
+        excluded.append("_curriculum")  # a callback holds the model: not pickled
+        return [*super()._excluded_save_params(), *excluded]
+
+    def save(self, path, exclude=None, include=None) -> None:
+        """SB3's ``save``; with several processes only rank 0 writes (the others return)."""
+        if self._dist.is_main:
+            super().save(path, exclude, include)
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
+        return state_dicts, []
+
+    def set_parameters(self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device="auto") -> None:
+        """SB3's ``set_parameters``, tolerant of a changed ``beta``: a saved reference is dropped when ``beta``
+        is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0."""
+        if not isinstance(load_path_or_dict, dict):
+            return super().set_parameters(load_path_or_dict, exact_match, device)
+        params = dict(load_path_or_dict)
+        saved_reference = params.pop("ref_model", None)
+        wants_reference = self.ref_model is not None
+        self.ref_model = None  # load the policy and optimizer alone, then deal with the reference
+        super().set_parameters(params, exact_match, device)
+        if wants_reference:
+            self.ref_model = self._frozen_copy()
+            if saved_reference is not None:
+                self.ref_model.load_state_dict(saved_reference)
+
+    def save_pretrained(self, directory: str) -> None:
+        """Export the policy as a standard Hugging Face folder (model + the env's tokenizer)."""
+        tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
+        self.policy.save_pretrained(directory, tokenizer=tokenizer)
+
+    # ------------------------------------------------------------------ learning loop
+    def learn(
+        self: SelfLMAlgorithm,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str | None = None,
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfLMAlgorithm:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
+        tb_log_name = tb_log_name or type(self).__name__
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self.curriculum:  # one curriculum per model: its level carries over from one learn() to the next
+            self._curriculum = getattr(self, "_curriculum", None) or CurriculumCallback()
+            callback = CallbackList([callback, self._curriculum])
+            callback.init_callback(self)
+        if self._needs_cold_start():
+            self.run_cold_start()
+        callback.on_training_start(locals(), globals())
+        assert self.env is not None
+        while self.num_timesteps < total_timesteps:
+            if not self.collect_rollouts(self.env, callback):
+                break
+            self._iteration += 1
+            self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
+            self.train()
+            if log_interval is not None and self._iteration % log_interval == 0:
+                self.dump_logs()
+        callback.on_training_end()
+        return self
+
+    def train(self) -> None:
+        """Update the policy on the last rollout (the subclass's loss)."""
+        raise NotImplementedError
+
+    def _needs_cold_start(self) -> bool:
+        if self._cold_start_done or self.sft_steps <= 0:
+            return False
+        return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
+
+    def run_cold_start(self) -> dict[str, float]:
+        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``."""
+        assert self.env is not None
+        if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
+            self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
+        stats = supervised_finetune(
+            self.policy,
+            self.env,
+            steps=self.sft_steps,
+            batch_size=self.sft_batch_size,
+            learning_rate=self.sft_learning_rate,
+            data=self.sft_data,
+            generator=self._generator,
+            logger=self.logger,
+            verbose=self.verbose,
+        )
+        self._cold_start_done = True
+        if self.ref_model is not None:
+            self.ref_model = self._frozen_copy()
+        return stats
+
+    # ------------------------------------------------------------------ rollout collection
+    def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:
+        """Sample K problems, G completions each in one batch, step them through the env, store the batch.
+
+        Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
+        episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
+        Multi-turn episodes (one env) answer again from the env's new context until they end.
+        """
+        callback.on_rollout_start()
+        self.policy.set_training_mode(False)
+        self._before_rollout(env)
+        n_envs = env.num_envs
+        episode_problems = [p for p in self._draw_problems(env) for _ in range(self.group_size)]
+        chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
+        prompts: list[th.Tensor] = []
+        for chunk in chunks:
+            env.set_options([{"problem": episode_problems[e]} for e in chunk])
+            prompts.extend(contexts_from_obs(env.reset(), self.policy.context_limit))
+        timer = time.perf_counter()
+        noise_rows = self.n_groups * self.group_size
+        first = self._sample(prompts, noise_offset=self._dist.rank * len(prompts), noise_rows=noise_rows)
+        generation_seconds = time.perf_counter() - timer
+
+        rows = Rows()
+        finished: list[tuple[Any, Any]] = []  # (Monitor episode, is_success) of the episodes that ended
+        for chunk in chunks:
+            env.set_options([{"problem": episode_problems[e]} for e in chunk])
+            env.reset()
+            contexts = [prompts[e] for e in chunk]
+            completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
+            log_probs = first.log_probs[chunk.start : chunk.stop]
+            for turn in itertools.count():
+                new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
+                self.num_timesteps += n_envs * self._dist.world_size  # completions of the whole job
+                callback.update_locals(locals())
+                if not callback.on_step():
+                    return False
+                self._update_info_buffer(infos, dones)
+                ended = [info for info, done in zip(infos, dones, strict=True) if done]
+                finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
+                rows.add(chunk, turn, contexts, completions, log_probs, rewards, infos)
+                if dones.all():
+                    break
+                contexts = contexts_from_obs(new_obs, self.policy.context_limit)  # multi-turn: answer again
+                timer = time.perf_counter()
+                answer = self._sample(contexts)
+                generation_seconds += time.perf_counter() - timer
+                completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
+        self._merge_episode_infos(finished)
+        self._rollout = self._build_batch(rows, generation_seconds)
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    def _before_rollout(self, env: VecEnv) -> None:
+        """Called at the start of every rollout (e.g. to move a reward weight)."""
+
+    def _draw_problems(self, env: VecEnv) -> list[Any]:
+        """This rank's K / world problems. Every rank draws the seeds of all K groups and plays its own: the same
+        groups whatever the number of processes (the sampler is reseeded per iteration for the same reason)."""
+        seeds = self._problem_rng.integers(2**63 - 1, size=self.n_groups)
+        mine = seeds[self._dist.rank * self._local_groups : (self._dist.rank + 1) * self._local_groups]
+        problems = [
+            env.env_method("sample_problem", seed=int(s), indices=[k % env.num_envs])[0] for k, s in enumerate(mine)
+        ]
+        self._generator.manual_seed(self._sampling_seed + 1 + self._iteration)
+        return problems
+
+    def _sampling_model(self) -> th.nn.Module | None:
+        """The network that samples this rollout (None: the policy's own)."""
+        return None
+
+    def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
+        ids, mask = left_pad(prompts, self.policy.pad_token_id)
+        return self.policy.generate(
+            ids.to(self.device),
+            mask.to(self.device),
+            generator=self._generator,
+            model=self._sampling_model(),
+            noise_offset=noise_offset,
+            noise_rows=noise_rows,
+        )
+
+    def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
+        """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
+        if not self._dist.enabled:
+            return
+        for rank, episodes in enumerate(self._dist.gather_objects(finished)):
+            if rank == self._dist.rank:
+                continue
+            for episode, success in episodes:
+                if episode is not None:
+                    self.ep_info_buffer.extend([episode])
+                if success is not None:
+                    self.ep_success_buffer.append(success)
+
+    def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
+        """The rollout's rows as the batch the update trains on (the subclass's advantages)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ update helpers
+    def _start_gradient_sync(self) -> None:
+        """S17, once after the cold start: rank 0's weights everywhere, and the reducer that sums gradients."""
+        if not self._dist.enabled or self._sync is not None:
+            return
+        self._dist.broadcast_module(self.policy)
+        if self.ref_model is not None:
+            self._dist.broadcast_module(self.ref_model)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self._sync = GradientSync(trainable, self._dist.world_size, self.gradient_compression)
+
+    def _optimizer_step(self, loss: th.Tensor | None) -> th.Tensor:
+        """Backward (unless ``loss`` is None: the gradients are there already), unscale (fp16), clip and step;
+        a step with non-finite gradients is skipped and counted."""
+        optimizer = self.policy.optimizer
+        if loss is not None:
+            optimizer.zero_grad(set_to_none=True)
+            (loss if self._scaler is None else self._scaler.scale(loss)).backward()
+        if self._sync is not None:  # S17: the sum of every rank's (share-weighted) gradient
+            self._sync.sync()
+        if self._scaler is not None:
+            self._scaler.unscale_(optimizer)
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        finite = bool(th.isfinite(grad_norm))
+        if self._scaler is not None:
+            self._scaler.step(optimizer)  # skips the step itself when the unscaled gradients hold inf or NaN
+            self._scaler.update()
+        elif finite:
+            optimizer.step()
+        if finite:
+            self._n_updates += 1
+        else:
+            self._skipped_steps += 1
+            optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
+        """``(N, C)`` log-probs of the batch's completions under the frozen reference."""
+        with th.no_grad():
+            args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+            return self.policy.log_probs(*args, model=self.ref_model)[0]
+
+    # ------------------------------------------------------------------ logging
+    def dump_logs(self) -> None:
+        """Write the recorded values (SB3's ``rollout/``, ``time/`` keys plus the algorithm's) at ``num_timesteps``."""
+        elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
+        self.logger.record("time/iterations", self._iteration, exclude="tensorboard")
+        if self.ep_info_buffer:
+            self.logger.record("rollout/ep_rew_mean", safe_mean([info["r"] for info in self.ep_info_buffer]))
+            self.logger.record("rollout/ep_len_mean", safe_mean([info["l"] for info in self.ep_info_buffer]))
+        if self.ep_success_buffer:
+            self.logger.record("rollout/success_rate", safe_mean(self.ep_success_buffer))
+        self.logger.record("time/fps", int((self.num_timesteps - self._num_timesteps_at_start) / elapsed))
+        self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
+        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+        self.logger.dump(step=self.num_timesteps)

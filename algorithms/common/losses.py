@@ -1,0 +1,152 @@
+"""Loss terms any policy-gradient method for language models uses, as pure tensor functions.
+
+Tensors in, tensors out, no state, no I/O. Shapes: ``B`` sequences of ``T`` completion tokens, ``V`` the
+vocabulary. Masks are ``True`` on valid completion tokens and ``False`` on padding and after EOS; masked
+positions never contribute to a value or a gradient, even when they hold NaN or inf. GRPO's own pieces
+(group advantages, the assembled loss) are in :mod:`algorithms.grpo.objective`; the PPO-style surrogate, the
+k3 KL, log-probs, entropies and the aggregation modes are here so that every algorithm shares one definition.
+
+Sources: PPO, Schulman et al. 2017; GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), Eq. 3–4; DAPO,
+Yu et al. 2025 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRPO, Liu et al. 2025 (arXiv
+2503.20783), the constant normaliser; the k3 KL estimator, http://joschu.net/blog/kl-approx.html.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+AGGREGATION_MODES = ("sequence", "token", "constant")
+
+
+def check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ValueError(f"Unknown {name} {value!r}; valid values are {', '.join(map(repr, valid))}.")
+
+
+def check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:
+    if tensor.shape != shape:
+        raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}.")
+
+
+def discounted_returns(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
+    """Return from the first turn of a multi-turn episode: ``sum_t gamma^t r_t`` over valid turns.
+
+    ``t`` is the turn's position (turn 0 is undiscounted). Reduces an episode to one score per
+    completion chain (S23: gamma 0.95 for dialogues, 0.99 for generation).
+
+    :param rewards: per-turn rewards, shape ``(N, T_turns)``
+    :param gamma: discount factor in ``[0, 1]``
+    :param mask: ``True`` on the turns that happened, shape ``(N, T_turns)``
+    :return: returns, shape ``(N,)``
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
+    check_shape("mask", mask, rewards.shape)
+    discounts = gamma ** torch.arange(rewards.shape[-1], dtype=rewards.dtype, device=rewards.device)  # (T,)
+    discounted = torch.where(mask.bool(), rewards * discounts, 0.0)  # (N, T)
+    return discounted.sum(dim=-1)  # (N,)
+
+
+def clipped_surrogate(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, clip_low: float, clip_high: float | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token PPO/GRPO surrogate ``-min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)``.
+
+    DeepSeekMath Eq. 3 with DAPO's clip-higher: ``clip_high`` defaults to ``clip_low`` (symmetric PPO
+    clipping); DAPO uses 0.2 / 0.28.
+
+    :param logp: log-probs of the taken tokens under the current policy, shape ``(B, T)``
+    :param old_logp: the same under the sampling policy (no gradient), shape ``(B, T)``
+    :param advantages: one per sequence ``(B,)``, broadcast over its tokens, or per token ``(B, T)``
+    :param clip_low: epsilon of the lower bound ``1 - clip_low``
+    :param clip_high: epsilon of the upper bound ``1 + clip_high``; ``None`` means ``clip_low``
+    :return: per-token loss ``(B, T)``, ratio ``(B, T)``, and a ``(B, T)`` mask of the tokens where the
+        clipped term is the smaller one and differs from the unclipped one (no gradient flows there)
+    """
+    clip_high = clip_low if clip_high is None else clip_high
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip_low and clip_high must be >= 0, got {clip_low} and {clip_high}.")
+    check_shape("old_logp", old_logp, logp.shape)
+    if advantages.shape[0] != logp.shape[0] or advantages.dim() not in (1, 2):
+        raise ValueError(f"advantages must be (B,) or (B, T), B={len(logp)}; got {tuple(advantages.shape)}.")
+    advantages = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages  # (B, 1) or (B, T)
+    ratio = torch.exp(logp - old_logp)  # (B, T)
+    unclipped = ratio * advantages  # (B, T)
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages  # (B, T)
+    per_token_loss = -torch.min(unclipped, clipped)  # (B, T)
+    return per_token_loss, ratio, clipped < unclipped
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Schulman's k3 estimator of KL(pi || pi_ref) per token: ``exp(ref - logp) - (ref - logp) - 1``.
+
+    DeepSeekMath Eq. 4; http://joschu.net/blog/kl-approx.html. With ``r = pi_ref / pi`` it is
+    ``r - log r - 1 >= 0``, and its expectation over tokens sampled from pi is exactly KL(pi || pi_ref)
+    (because ``E_pi[r] = 1``). Added to the loss with a positive beta, it pulls pi toward pi_ref.
+    ``expm1`` keeps it >= 0 near ``logp == ref_logp``, where ``exp(x) - x - 1`` rounds below 0.
+
+    :param logp: log-probs of the taken tokens under the policy, shape ``(B, T)``
+    :param ref_logp: the same under the reference model, shape ``(B, T)``
+    :return: per-token k3, shape ``(B, T)``
+    """
+    check_shape("ref_logp", ref_logp, logp.shape)
+    log_ratio = ref_logp - logp  # (B, T): log r
+    return torch.expm1(log_ratio) - log_ratio  # (B, T): (r - 1) - log r
+
+
+def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """Log-probability of each taken token under the full softmax of ``logits``.
+
+    Not the top-p truncated distribution: the caller scales logits by the sampling temperature first and
+    uses this same function for sampling log-probs and update log-probs. Computed in ``logits``' dtype:
+    pass float32 logits (``logits.float()``) from a bf16/fp16 model to keep the on-policy ratio at 1.
+
+    :param logits: shape ``(B, T, V)``
+    :param tokens: valid token ids (pad with a real id, then mask), shape ``(B, T)``
+    :return: log-probs, shape ``(B, T)``
+    """
+    log_probs = F.log_softmax(logits, dim=-1)  # (B, T, V)
+    return log_probs.gather(dim=-1, index=tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy ``H = -sum_v p log p`` of the softmax of ``logits`` per position, via ``log_softmax``.
+
+    Logits of ``-inf`` (a vocabulary masked out by the caller) count as ``0 log 0 = 0``.
+
+    :param logits: shape ``(B, T, V)``
+    :return: entropy in nats, shape ``(B, T)``
+    """
+    log_probs = F.log_softmax(logits, dim=-1)  # (B, T, V)
+    probs = log_probs.exp()  # (B, T, V)
+    finite_log_probs = log_probs.masked_fill(probs == 0, 0.0)  # (B, T, V): 0 * -inf would be NaN
+    return -(probs * finite_log_probs).sum(dim=-1)  # (B, T)
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str = "sequence", max_tokens: int | None = None) -> Tensor:
+    """Reduce a per-token quantity to a scalar over the valid tokens.
+
+    ``"sequence"``: mean over each sequence's tokens, then over sequences (GRPO, DeepSeekMath Eq. 3); a
+    sequence with no valid token contributes 0 and still counts in the mean over B. ``"token"``: sum over
+    all valid tokens / their number (DAPO). ``"constant"``: sum / ``(B * max_tokens)`` (Dr. GRPO).
+
+    :param per_token: shape ``(B, T)``; masked positions may hold anything, NaN included
+    :param mask: ``True`` (or 1) on valid tokens, shape ``(B, T)``
+    :param mode: ``"sequence"``, ``"token"`` or ``"constant"``
+    :param max_tokens: the constant of ``"constant"``, usually ``max_new_tokens``
+    :return: scalar
+    """
+    check_choice("aggregation mode", mode, AGGREGATION_MODES)
+    check_shape("mask", mask, per_token.shape)
+    mask = mask.bool()
+    masked = torch.where(mask, per_token, 0.0)  # (B, T): where, not *, so NaN * 0 never happens
+    if mode == "sequence":
+        lengths = mask.sum(dim=-1).clamp(min=1)  # (B,)
+        return (masked.sum(dim=-1) / lengths).mean()
+    if mode == "token":
+        return masked.sum() / mask.sum().clamp(min=1)
+    if max_tokens is None or max_tokens <= 0:
+        raise ValueError(f"aggregation 'constant' needs max_tokens > 0 (max_new_tokens), got {max_tokens}.")
+    return masked.sum() / (per_token.shape[0] * max_tokens)

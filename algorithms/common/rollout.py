@@ -1,0 +1,124 @@
+"""What a rollout collects, and how it becomes tensors: rows per completion, episode returns, the batch.
+
+Where it sits in the data flow: :meth:`LMAlgorithm.collect_rollouts <algorithms.common.lm_algorithm.LMAlgorithm>`
+samples K problems x G completions in one batch and steps them through the env(s); every completion the env
+scored is recorded in :class:`Rows` (one row per completion, one per turn in multi-turn episodes). The
+algorithm then turns the rows into per-episode returns (:func:`episode_returns`), its own advantages, and a
+:class:`~algorithms.common.batch.RolloutBatch` of the rows it keeps (:func:`rows_to_batch`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch as th
+from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.utils import safe_mean
+
+from algorithms.common.batch import RolloutBatch, left_pad
+from algorithms.common.distributed import Distributed
+from algorithms.common.losses import discounted_returns
+
+#: the outputs a histogram or a text is kept out of (TensorBoard only)
+TEXT_ONLY = ("stdout", "log", "json", "csv")
+
+
+@dataclass
+class Rows:
+    """What one rollout collected, one entry per completion (per turn in multi-turn episodes)."""
+
+    episodes: list[int] = field(default_factory=list)
+    turns: list[int] = field(default_factory=list)
+    contexts: list[th.Tensor] = field(default_factory=list)
+    tokens: list[th.Tensor] = field(default_factory=list)
+    masks: list[th.Tensor] = field(default_factory=list)
+    log_probs: list[th.Tensor] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    infos: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, episodes, turn, contexts, completions, log_probs, rewards, infos) -> None:
+        """Record the completions the envs of one step scored (row ``i`` is episode ``episodes[i]``)."""
+        tokens, masks = completions
+        for i, episode in enumerate(episodes):
+            self.episodes.append(episode)
+            self.turns.append(turn)
+            self.contexts.append(contexts[i])
+            self.tokens.append(tokens[i])
+            self.masks.append(masks[i])
+            self.log_probs.append(log_probs[i])
+            self.rewards.append(float(rewards[i]))
+            self.infos.append(infos[i])
+
+    def first_turns(self) -> list[int]:
+        """The rows of each episode's first turn (the problem's own prompt)."""
+        return [i for i, turn in enumerate(self.turns) if turn == 0]
+
+
+def contexts_from_obs(obs: dict[str, np.ndarray], limit: int) -> list[th.Tensor]:
+    """The unpadded context of each env's observation, cut to its newest ``limit`` tokens (S4)."""
+    pairs = zip(obs["input_ids"], obs["attention_mask"], strict=True)
+    return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
+
+
+def episode_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
+    """``(n_episodes,)`` discounted returns: each episode's turn rewards, turn 0 undiscounted."""
+    turn_rewards = th.zeros((n_episodes, max(rows.turns) + 1))  # (episodes, turns)
+    played = th.zeros_like(turn_rewards, dtype=th.bool)
+    turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
+    played[rows.episodes, rows.turns] = True
+    return discounted_returns(turn_rewards, gamma, played)  # (episodes,)
+
+
+def rows_to_batch(
+    rows: Rows,
+    keep: list[int],
+    advantages: th.Tensor,
+    returns: th.Tensor,
+    groups: th.Tensor,
+    pad_id: int,
+    device: th.device,
+) -> RolloutBatch:
+    """The rows at ``keep`` as a batch; ``advantages``, ``returns`` and ``groups`` are per episode ``(E,)``."""
+    prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], pad_id)
+    episodes = [rows.episodes[i] for i in keep]
+    return RolloutBatch(
+        prompt_ids=prompt_ids.to(device),
+        prompt_mask=prompt_mask.to(device),
+        completion_ids=th.stack([rows.tokens[i] for i in keep]),
+        completion_mask=th.stack([rows.masks[i] for i in keep]),
+        old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
+        advantages=advantages[episodes].to(device),
+        returns=returns[episodes].to(device),
+        groups=groups[episodes].to(device),
+    )
+
+
+def log_rollout(
+    logger: Logger,
+    dist: Distributed,
+    returns: th.Tensor,
+    masks: list[th.Tensor],
+    infos: list[dict[str, Any]],
+    generation_seconds: float,
+) -> None:
+    """Record what every algorithm logs of a rollout: completion lengths, rewards and their components (every
+    rank's), generation speed, a histogram of the ``(K, G)`` returns and one sample completion as text."""
+    lengths = dist.gather(th.stack(masks).sum(dim=1).float())  # every rank's completions
+    logger.record("rollout/completion_length", lengths.mean().item())
+    logger.record("rollout/reward_mean", returns.mean().item())
+    components = {name: [i["reward_components"][name] for i in infos] for name in infos[0].get("reward_components", {})}
+    if dist.enabled:  # every rank's completions
+        merged: dict[str, list[float]] = {name: [] for name in components}
+        for rank_components in dist.gather_objects(components):
+            for name, values in rank_components.items():
+                merged[name].extend(values)
+        components = merged
+    for name, values in components.items():
+        logger.record(f"rollout/reward_{name}", safe_mean(values))
+    logger.record("time/tokens_per_second", lengths.sum().item() / max(generation_seconds, 1e-9))
+    logger.record("rollout/rewards", returns.flatten().cpu().numpy(), exclude=TEXT_ONLY)
+    sample = infos[0]
+    text = f"reward {sample.get('reward_components')}\n\n{sample.get('completion', '')}"
+    logger.record("samples/completion", text, exclude=TEXT_ONLY)

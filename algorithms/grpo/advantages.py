@@ -1,0 +1,91 @@
+"""GRPO's advantages: group-relative (or value-relative) scores, the seed's competition between groups, and
+which groups an update leaves out. Pure functions over tensors.
+
+Where it sits in the data flow: after the rollout, the episodes' returns ``(K, G)`` (all ranks' groups) come
+here; :class:`~algorithms.grpo.grpo.GRPO` keeps the rows of the groups that are not left out, with their
+advantages, in the :class:`~algorithms.common.batch.RolloutBatch` the update trains on. The rules of the
+seed's controls themselves are in :mod:`algorithms.grpo.controls`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch as th
+from torch import Tensor
+
+from algorithms.common.batch import left_pad
+from algorithms.common.policies import TransformerPolicy
+from algorithms.common.rollout import Rows
+from algorithms.grpo import controls, objective
+
+
+@dataclass(frozen=True)
+class Competition:
+    """What the competition between groups (S10, S11) did to one rollout's advantages."""
+
+    scale: Tensor  # (K,) the multiplier of each group's advantages
+    coef: float  # the winning groups' multiplier
+    between_variance: float  # the running mean of the between-group variance after this rollout (S11's reference)
+
+
+def relative_advantages(returns: Tensor, scale: str = "group", baseline: Tensor | None = None) -> Tensor:
+    """``(K, G)`` advantages: ``returns - baseline`` (S9's value baseline, ``(K, G)``) when a baseline is given,
+    else GRPO's group-relative ones (:func:`~algorithms.grpo.objective.group_advantages`, scaled by ``scale``)."""
+    if baseline is not None:
+        return returns - baseline  # (K, G)
+    return objective.group_advantages(returns, scale=scale)  # (K, G)
+
+
+def value_baseline(policy: TransformerPolicy, rows: Rows, group_size: int) -> Tensor:
+    """S9: ``(K_local, G)`` the value head's estimate of each episode's first prompt (a group shares its prompt)."""
+    first = rows.first_turns()
+    ids, mask = left_pad([rows.contexts[i] for i in first], policy.pad_token_id)
+    with th.no_grad():
+        values = policy.predict_values(ids.to(policy.device), mask.to(policy.device)).cpu()  # (E,)
+    episodes = th.as_tensor([rows.episodes[i] for i in first])
+    return th.zeros(len(episodes)).index_copy_(0, episodes, values).view(-1, group_size)  # (K_local, G)
+
+
+def group_entropies(rows: Rows, group_size: int, n_groups: int) -> Tensor:
+    """S12: ``(K_local,)`` each group's mean policy entropy, estimated from its first turns' sampled tokens."""
+    first = rows.first_turns()
+    log_probs, masks = th.stack([rows.log_probs[i] for i in first]), th.stack([rows.masks[i] for i in first])
+    groups = th.as_tensor([rows.episodes[i] // group_size for i in first])
+    return controls.group_entropies(log_probs, masks, groups, n_groups)
+
+
+def competition(returns: Tensor, mode: str, coef: float, between_variance: float) -> Competition:
+    """S10 (``mode="fixed"``: the winning group's advantages x ``coef``) or S11 (``"adaptive"``: the coefficient
+    follows this rollout's between-group reward variance relative to its running mean ``between_variance``).
+
+    :param returns: ``(K, G)`` the rollout's returns
+    :param mode: ``"fixed"`` or ``"adaptive"``
+    :param coef: S10's coefficient (the adaptive one's base)
+    :param between_variance: the running mean so far (0: none yet)
+    """
+    if mode == "adaptive":
+        between = float(returns.mean(1).var(unbiased=False))
+        coef = controls.adaptive_competition_coef(between, between_variance, base=coef)
+        between_variance = 0.9 * between_variance + 0.1 * between if between_variance else between
+    return Competition(controls.competition_scale(returns, coef), coef, between_variance)  # scale: (K,)
+
+
+def diversity_left_out(entropies: Tensor, returns: Tensor, threshold: float) -> tuple[Tensor, float]:
+    """S12: ``(K,)`` groups to leave out (the signal-free ones, when the spread of the per-group entropies
+    ``(K,)`` exceeds ``threshold``), and that spread."""
+    spread = controls.diversity_spread(entropies)
+    if spread > threshold:
+        return controls.signal_free_groups(returns), spread
+    return th.zeros(returns.shape[0], dtype=th.bool), spread
+
+
+def left_out_groups(uniform: Tensor, drop_uniform: bool, diversity: Tensor | None = None) -> Tensor:
+    """``(K,)`` groups the update leaves out: the uniform ones when ``drop_uniform`` (S29), and those the
+    diversity guard names; when that would be every group, none (a zero-advantage update, not no update)."""
+    dropped = uniform if drop_uniform else th.zeros_like(uniform)  # (K,)
+    if diversity is not None:
+        dropped = dropped | diversity
+    if bool(dropped.all()):
+        dropped = th.zeros_like(dropped)
+    return dropped

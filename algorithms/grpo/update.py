@@ -1,0 +1,150 @@
+"""GRPO's update: the minibatches of a rollout, the loss of one minibatch, and the group-by-group backward of
+the diagnostics (S24).
+
+Where it sits in the data flow: :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
+:class:`~algorithms.common.batch.RolloutBatch` (plus replayed rows), splits it with :func:`minibatches`,
+computes :func:`minibatch_loss` (the policy's log-probs, :func:`~algorithms.grpo.objective.grpo_loss`, the
+value head's MSE) and steps the optimizer through the guarded step of
+:class:`~algorithms.common.lm_algorithm.LMAlgorithm`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch as th
+
+from algorithms.common.batch import RolloutBatch
+from algorithms.common.distributed import Distributed
+from algorithms.common.policies import TransformerPolicy
+from algorithms.grpo import controls, objective
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss's coefficients at this update (schedules evaluated)."""
+
+    clip_low: float
+    clip_high: float
+    ent_coef: float
+    beta: float
+    aggregation: str
+    vf_coef: float
+
+
+@dataclass(frozen=True)
+class GroupDiagnostics:
+    """S24: per-group gradient norms ``(K,)``, their relative spread, and the groups' agreement (S18)."""
+
+    norms: th.Tensor
+    spread: float
+    stability: float
+
+
+def minibatches(
+    batch: RolloutBatch,
+    batch_size: int | None,
+    sequential: bool,
+    aggregation: str,
+    generator: th.Generator,
+    dist: Distributed,
+    placeholder: bool = False,
+) -> Iterator[tuple[RolloutBatch, float]]:
+    """Shuffled minibatches of ``batch_size`` rows (``None``: the whole batch), or one group after the other
+    (``sequential``, S14).
+
+    Each comes with its ``share``: the part of the whole job's minibatch (all ranks) it holds, by rows, or by
+    tokens with ``aggregation="token"``; the loss is weighted by it, so the gradients summed over the ranks are
+    those of the job's minibatch. Every rank yields the same number of minibatches; a ``placeholder`` batch
+    (this rank's groups all left out) has share 0."""
+    if sequential:
+        groups = sorted(set().union(*dist.gather_objects(set(th.unique(batch.groups).tolist()))))
+        parts = [(batch.groups == group).nonzero().squeeze(1) for group in groups]
+    else:
+        size = batch_size or len(batch)
+        count = int(dist.sum(-(-len(batch) // size)) // dist.world_size) if dist.enabled else None
+        order = th.randperm(len(batch), generator=generator).to(batch.prompt_ids.device)
+        parts = list(order.split(size)) if count is None else list(order.tensor_split(max(count, 1)))
+    for rows in parts:
+        part = batch.select(rows) if len(rows) else batch.select(th.zeros(1, dtype=th.long, device=rows.device))
+        if not len(rows) or placeholder:
+            amount = 0.0
+        else:
+            amount = float(part.completion_mask.sum() if aggregation == "token" else len(rows))
+        yield part, amount / max(dist.sum(amount), 1e-12)
+
+
+def minibatch_loss(
+    policy: TransformerPolicy, minibatch: RolloutBatch, settings: LossSettings
+) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor]:
+    """The GRPO loss of a minibatch (+ the value head's MSE to the return), its stats and the ``(B, C)``
+    log-probs under the current weights."""
+    log_probs, entropy = policy.log_probs(
+        minibatch.prompt_ids,
+        minibatch.prompt_mask,
+        minibatch.completion_ids,
+        minibatch.completion_mask,
+        with_entropy=settings.ent_coef != 0,
+    )
+    advantages = minibatch.advantages if minibatch.weights is None else minibatch.advantages * minibatch.weights
+    loss, stats = objective.grpo_loss(
+        log_probs,
+        minibatch.old_log_probs,
+        minibatch.ref_log_probs,
+        advantages,  # (B,): replayed rows weighted by their importance-sampling weight
+        minibatch.completion_mask,
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        beta=settings.beta,
+        ent_coef=settings.ent_coef,
+        entropy=entropy,
+        aggregation=settings.aggregation,
+        max_tokens=policy.max_new_tokens,
+    )
+    if policy.value_net is not None:  # S9: the FP32 value head learns the episode return
+        values = policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
+        stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
+        loss = loss + settings.vf_coef * stats["value_loss"]
+    return loss, stats, log_probs
+
+
+def backward_by_group(
+    policy: TransformerPolicy,
+    minibatch: RolloutBatch,
+    settings: LossSettings,
+    rank_share: float = 1.0,
+    loss_scale: float = 1.0,
+) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor, GroupDiagnostics]:
+    """S24: accumulate the minibatch's gradient one group at a time, each group's loss weighted by its share of
+    the minibatch's aggregation (so the sum is the joint gradient), and measure each group's gradient.
+
+    :param rank_share: this rank's share of the job's minibatch (see :func:`minibatches`)
+    :param loss_scale: the fp16 gradient scaler's current scale (1 without one)
+    :return: the minibatch's loss and stats (share-weighted sums), its ``(B, C)`` log-probs, the diagnostics
+    """
+    parameters = [p for p in policy.parameters() if p.requires_grad]
+    policy.optimizer.zero_grad(set_to_none=True)
+    tokens = minibatch.completion_mask.sum()
+    previous = th.zeros(sum(p.numel() for p in parameters), device=tokens.device)
+    gradients, loss_sum, stats_sum = [], 0.0, {}
+    log_probs = th.zeros_like(minibatch.old_log_probs)  # (B, C)
+    for group in th.unique(minibatch.groups).tolist():
+        rows = (minibatch.groups == group).nonzero().squeeze(1)
+        part = minibatch.select(rows)
+        share = part.completion_mask.sum() / tokens if settings.aggregation == "token" else len(rows) / len(minibatch)
+        loss, stats, part_log_probs = minibatch_loss(policy, part, settings)
+        (loss * share * rank_share * loss_scale).backward()
+        grads = [(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]
+        total = th.cat(grads) / loss_scale  # (P,) the gradient accumulated so far
+        gradients.append((total - previous) / max(share * rank_share, 1e-12))  # this group's own gradient
+        previous = total
+        loss_sum = loss_sum + loss.detach() * share
+        for key, value in stats.items():
+            stats_sum[key] = stats_sum.get(key, 0.0) + value.detach() * share
+        log_probs[rows, : part_log_probs.shape[1]] = part_log_probs.detach()
+    norms = th.stack([g.norm() for g in gradients])  # (K,)
+    diagnostics = GroupDiagnostics(
+        norms, controls.gradient_spread(norms), controls.group_stability(th.stack(gradients))
+    )
+    return loss_sum, stats_sum, log_probs, diagnostics
