@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,8 @@ def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | 
     return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs, vec_env_cls=DummyVecEnv)
 
 
-def _setup(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
-    """Read the config, apply the command line, build the env and the model."""
+def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any, dict[str, Any]]:
+    """Read the config, apply the command line, build the env and the model (or ``load`` a saved one into it)."""
     from algorithms import GRPO
 
     config = load_hyperparams(args.config, args.env, args.preset, parse_overrides(args.hyperparams or []))
@@ -33,6 +37,9 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, dict[str, Any]]:
         n_timesteps = args.n_timesteps
     env = _make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
+    if load is not None:
+        model = GRPO.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose)
+        return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
     model = GRPO(
         config.pop("policy", "TransformerPolicy"),
         env,
@@ -66,42 +73,116 @@ def _torchrun(nproc: int, argv: Sequence[str]) -> int:
     return subprocess.call([*command, "-m", "algorithms.cli", *rest])
 
 
+def _checkpoint_dir(args: argparse.Namespace) -> Path:
+    """``--checkpoint-dir``, or beside ``--save-path`` (``demo.zip`` -> ``demo_checkpoints/``), or ``./checkpoints``."""
+    if args.checkpoint_dir:
+        return Path(args.checkpoint_dir)
+    if args.save_path:
+        path = Path(args.save_path)
+        return path.with_name(f"{path.name.removesuffix('.zip')}_checkpoints")
+    return Path("checkpoints")
+
+
+@contextlib.contextmanager
+def _stop_on_signals(checkpoint: Any, hint: str) -> Iterator[dict[str, int]]:
+    """SIGINT / SIGTERM ask ``checkpoint`` to save and stop at the next step (exit code 130 / 143); a second
+    signal exits at once. Yields ``{"code": exit code}`` (0 when no signal came)."""
+    received = {"code": 0}
+
+    def handler(number: int, _frame: Any) -> None:
+        code = 128 + number
+        if received["code"]:
+            print(f"\nstopped without a checkpoint. {hint}", file=sys.stderr, flush=True)
+            os._exit(code)
+        received["code"] = code
+        checkpoint.request_stop()
+        print("\nstopping: writing a checkpoint at the next iteration boundary (again to quit now)", file=sys.stderr)
+
+    previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield received
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
+    from algorithms.common.evaluation import format_table
+    from algorithms.common.resume import MODEL, REPLAY, latest_checkpoint, read_run
+
+    if not args.resume:
+        model, env, plan = _setup(args)
+        started = time.perf_counter()
+        model._setup_learn(0, None, True, "GRPO", False)  # the logger, so the cold start logs to the same run
+        if model._needs_cold_start():
+            say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
+            model.run_cold_start()
+        plan["sft_seconds"] = time.perf_counter() - started
+        before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed) if model._dist.is_main else []
+        say(format_table({"before GRPO": before}), flush=True)
+        run = {"total_timesteps": plan["n_timesteps"], "before": [dataclasses.asdict(r) for r in before]}
+        return model, env, {**plan, "run": run}
+    folder = latest_checkpoint(directory)
+    if folder is None:
+        raise ValueError(f"--resume: no checkpoint in {os.fspath(directory)!r}; start the run without --resume")
+    run = read_run(folder)
+    model, env, plan = _setup(args, load=folder / MODEL)
+    if (folder / REPLAY).exists():
+        model.load_replay_buffer(folder / REPLAY)
+    say(f"resuming from {folder} at {model.num_timesteps} of {run['total_timesteps']} completions", flush=True)
+    return model, env, {**plan, "run": run, "sft_seconds": 0.0}
+
+
 def train(args: argparse.Namespace) -> int:
     """Cold start (when due), held-out evaluation, GRPO, held-out evaluation again; save and summarise.
 
-    With several processes (torchrun) every rank trains its groups; rank 0 alone evaluates, prints and saves."""
-    from algorithms.common.evaluation import format_table
+    Checkpoints every ``--checkpoint-every`` iterations (the newest two kept); SIGINT / SIGTERM write one and
+    exit 130 / 143; ``--resume`` continues from the newest to the same total. With several processes (torchrun)
+    every rank trains its groups; rank 0 alone evaluates, prints and saves."""
+    from algorithms.common.evaluation import EvalResult, format_table
+    from algorithms.common.resume import IterationCheckpoint, check_writable_dir, check_writable_file
 
-    model, env, plan = _setup(args)
-    main = model._dist.is_main
-    say = print if main else lambda *_, **__: None
+    save_path = check_writable_file(args.save_path) if args.save_path else None  # before any work
+    directory = check_writable_dir(_checkpoint_dir(args))
+    checkpoint = IterationCheckpoint(directory, args.checkpoint_every, run={})
+    hint = f"resume with: grpo-gym {' '.join(_without(args.argv, '--resume'))} --resume"
     started = time.perf_counter()
-    model._setup_learn(0, None, True, "GRPO", False)  # the logger, so the cold start logs to the same run
-    if model._needs_cold_start():
-        say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
-        model.run_cold_start()
-    sft_seconds = time.perf_counter() - started
-    rows = {"before GRPO": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed) if main else []}
-    say(format_table(rows), flush=True)
-    say(f"GRPO: {plan['n_timesteps']} completions ...", flush=True)
-    model.learn(plan["n_timesteps"], reset_num_timesteps=False, progress_bar=args.progress_bar and main)
-    grpo_seconds = time.perf_counter() - started - sft_seconds
+    with _stop_on_signals(checkpoint, hint) as signals:
+        model, env, plan = _start_or_resume(args, directory, print)
+        checkpoint.run = plan["run"]
+        main = model._dist.is_main
+        say = print if main else lambda *_, **__: None
+        total = int(plan["run"]["total_timesteps"])
+        say(f"GRPO: {total} completions ...", flush=True)
+        remaining = max(total - model.num_timesteps, 0)
+        model.learn(remaining, callback=checkpoint, reset_num_timesteps=False, progress_bar=args.progress_bar and main)
+    if signals["code"]:
+        say(f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {hint}", flush=True)
+        return signals["code"]
+    grpo_seconds = time.perf_counter() - started - plan["sft_seconds"]
     if not main:
         return 0
+    rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]]}
     rows["after GRPO"] = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
     print(format_table(rows))
     for before, after in zip(rows["before GRPO"], rows["after GRPO"], strict=True):
         change = 100 * (after.success_rate - before.success_rate)
         print(f"held-out success at difficulty {after.difficulty:.2f}: {change:+.1f} percentage points")
     print(
-        f"time: cold start {sft_seconds:.0f} s, GRPO {grpo_seconds:.0f} s, total {time.perf_counter() - started:.0f} s"
+        f"time: cold start {plan['sft_seconds']:.0f} s, GRPO {grpo_seconds:.0f} s, "
+        f"total {time.perf_counter() - started:.0f} s"
     )
-    if args.save_path:
-        model.save(args.save_path)
+    if save_path is not None:
+        model.save(save_path)
         print(f"saved to {args.save_path}")
     if args.tensorboard_log:
         print(f"tensorboard --logdir {args.tensorboard_log}")
     return 0
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    return [arg for arg in argv if arg != flag]
 
 
 def sft(args: argparse.Namespace) -> int:
@@ -164,6 +245,14 @@ def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-seed", type=int, default=0, help="selects the held-out problems and sampler seed")
 
 
+def _add_train_arguments(command: argparse.ArgumentParser) -> None:
+    add = command.add_argument
+    add("--nproc", type=int, default=None, help="train on N processes: runs this command under torchrun (S17)")
+    add("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (0: only on a signal)")
+    add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
+    add("--resume", action="store_true", help="continue from the newest checkpoint to the same total")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``grpo-gym``."""
     parser = argparse.ArgumentParser(prog="grpo-gym", description=__doc__)
@@ -183,8 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
         command.set_defaults(func=func)
         if name == "train":
-            command.add_argument("--nproc", type=int, default=None,
-                                 help="train on N processes: runs this command under torchrun (S17)")  # fmt: skip
+            _add_train_arguments(command)
     ev = commands.add_parser("eval", help="held-out success of a saved model, per difficulty")
     ev.add_argument("model", help="a model saved by `grpo-gym train --save-path`")
     _add_config_arguments(ev)
@@ -204,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``grpo-gym`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if getattr(args, "nproc", None):
         return _torchrun(args.nproc, list(sys.argv[1:] if argv is None else argv))
     try:

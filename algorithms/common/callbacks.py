@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from stable_baselines3.common.callbacks import BaseCallback
 
@@ -24,6 +26,18 @@ class CurriculumCallback(BaseCallback):
         super().__init__(verbose)
         self.curriculum = curriculum or DynamicCurriculum()
         self._successes: list[float] = []
+
+    def get_state(self) -> dict[str, Any]:
+        """The curriculum's rule and current level, as plain values (for a saved run)."""
+        c = self.curriculum
+        names = ("raise_above", "lower_below", "step_up", "step_down", "minimum", "maximum")
+        return {"difficulty": c.difficulty, **{name: getattr(c, name) for name in names}}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> CurriculumCallback:
+        """A callback whose curriculum continues from :meth:`get_state`'s values."""
+        state = dict(state)
+        return cls(DynamicCurriculum(initial=state.pop("difficulty"), **state))
 
     def _on_training_start(self) -> None:
         self.curriculum.apply(self.training_env)

@@ -16,7 +16,9 @@ several processes (S17), the guarded optimizer step and the reference's log-prob
 from __future__ import annotations
 
 import copy
+import io
 import itertools
+import json
 import os
 import time
 from typing import Any, ClassVar, TypeVar
@@ -28,10 +30,11 @@ from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import configure_logger, safe_mean
+from stable_baselines3.common.utils import configure_logger, get_system_info, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
+from algorithms.common import state
 from algorithms.common.batch import RolloutBatch, left_pad
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
@@ -123,6 +126,9 @@ class LMAlgorithm(BaseAlgorithm):
         self._cold_start_done = False
         self._token_info: dict[str, int] = {}
         self._rollout: RolloutBatch | None = None
+        self._in_rollout = False  # a rollout is being collected: a save records the state at its start
+        self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None
+        self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
@@ -145,7 +151,8 @@ class LMAlgorithm(BaseAlgorithm):
         self.policy.autocast_dtype = DTYPES.get(precision)
         self._scaler = th.amp.GradScaler(self.device.type) if precision == "fp16" else None
         # the architecture, so load() rebuilds it offline (a copy: the caller's dict stays as it was)
-        self.policy_kwargs = {**self.policy_kwargs, "model_config": self.policy.model.config.to_dict()}
+        config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
+        self.policy_kwargs = {**self.policy_kwargs, "model_config": config}
         if self._needs_reference():
             self.ref_model = self._frozen_copy()
 
@@ -184,15 +191,55 @@ class LMAlgorithm(BaseAlgorithm):
         return self.n_groups // self._dist.world_size
 
     # ------------------------------------------------------------------ save and load
-    def _excluded_save_params(self) -> list[str]:
-        excluded = ["ref_model", "_generator", "_problem_rng", "_rollout", "_scaler", "replay_buffer", "_dist", "_sync"]
-        excluded.append("_curriculum")  # a callback holds the model: not pickled
-        return [*super()._excluded_save_params(), *excluded]
+    #: attributes that, besides the constructor's arguments, a run needs to continue exactly (see
+    #: :mod:`algorithms.common.state`); subclasses add their own
+    state_attributes: ClassVar[tuple[str, ...]] = (
+        "num_timesteps",
+        "_n_updates",
+        "_iteration",
+        "_skipped_steps",
+        "_cold_start_done",
+        "_episode_num",
+        "_sampling_seed",
+        "_current_progress_remaining",
+        "_token_info",
+    )
 
-    def save(self, path, exclude=None, include=None) -> None:
-        """SB3's ``save``; with several processes only rank 0 writes (the others return)."""
+    def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
+        """Write the model to ``path`` (``.zip`` added when missing), atomically, as plain JSON and weights:
+        the constructor's arguments, the weights and optimizer state, and the run state at the last iteration
+        boundary (see :mod:`algorithms.common.state`). With several processes only rank 0 writes.
+
+        ``exclude`` and ``include`` (SB3's) are not supported: the file holds arguments and state by name."""
+        if exclude or include:
+            raise ValueError(
+                "save() writes the constructor's arguments and the run state; exclude/include are not supported"
+            )
         if self._dist.is_main:
-            super().save(path, exclude, include)
+            state.save(self, path)
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfLMAlgorithm],
+        path: str | os.PathLike | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        allow_pickle: bool = False,
+        **kwargs: Any,
+    ) -> SelfLMAlgorithm:
+        """Load a model written by :meth:`save`, safely: its ``data`` is JSON and its tensors are read with
+        ``weights_only=True``; an entry that would need unpickling (a user's own schedule function) is refused
+        with an error naming it, unless ``custom_objects`` supplies it or ``allow_pickle=True`` (only for a file
+        you trust). ``kwargs`` override saved constructor arguments (e.g. ``tensorboard_log``) or set attributes.
+
+        Without ``env`` the model predicts and exports but does not train. ``force_reset`` is accepted for SB3's
+        signature: the envs are always reset when training starts, then given their saved states back."""
+        if print_system_info:
+            get_system_info()
+        return state.load(cls, path, env, device, custom_objects, allow_pickle, **kwargs)  # type: ignore[return-value]
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
@@ -252,6 +299,17 @@ class LMAlgorithm(BaseAlgorithm):
         callback.on_training_end()
         return self
 
+    def _setup_learn(
+        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
+    ):
+        """SB3's ``_setup_learn`` (which resets the envs), then the env states of a loaded run put back."""
+        result = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+        if self._pending_env_states is not None and self.env is not None:
+            for index, env_state in enumerate(self._pending_env_states):
+                self.env.env_method("set_state", env_state, indices=[index])
+            self._pending_env_states = None
+        return result
+
     def train(self) -> None:
         """Update the policy on the last rollout (the subclass's loss)."""
         raise NotImplementedError
@@ -290,6 +348,7 @@ class LMAlgorithm(BaseAlgorithm):
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
         Multi-turn episodes (one env) answer again from the env's new context until they end.
         """
+        self._boundary, self._in_rollout = state.capture(self), True  # an iteration boundary
         callback.on_rollout_start()
         self.policy.set_training_mode(False)
         self._before_rollout(env)
@@ -332,6 +391,7 @@ class LMAlgorithm(BaseAlgorithm):
                 completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
         self._merge_episode_infos(finished)
         self._rollout = self._build_batch(rows, generation_seconds)
+        self._in_rollout = False
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True

@@ -222,6 +222,8 @@ class GRPO(LMAlgorithm):
         if _init_setup_model:
             self._setup_model()
 
+    state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_reward_model_target", "_groups_seen")
+
     def _check_arguments(self) -> None:
         """Reject GRPO's own bad arguments at construction (the shared ones are checked by the base class)."""
         for name, valid in CHOICES.items():

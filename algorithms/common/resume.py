@@ -1,0 +1,138 @@
+"""Crash-safe runs: checkpoints at iteration boundaries (the newest two kept) and resuming from the newest.
+
+A checkpoint is a folder ``<checkpoint dir>/iteration_<n>/`` holding ``model.zip`` (see
+:mod:`algorithms.common.state`: weights, optimizer, RNG states, counters, env and curriculum state),
+``replay.npz`` when the model has a replay buffer, and ``run.json`` (what the command line needs to finish the
+run: its total, the held-out results measured before training). The folder is written under a temporary name
+and renamed into place, so a kill at any instant leaves the previous checkpoints complete and at most a
+temporary folder, which :func:`latest_checkpoint` ignores and the next write removes.
+
+:class:`IterationCheckpoint` writes one every ``every`` iterations, and once more when :meth:`request_stop` was
+called (by a signal handler): at the next environment step it saves (the state of the last finished iteration,
+since a save during a rollout records that) and stops ``learn``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+
+PREFIX = "iteration_"
+MODEL, REPLAY, RUN = "model.zip", "replay.npz", "run.json"
+
+
+def check_writable_file(path: str | os.PathLike, what: str = "--save-path") -> Path:
+    """``path`` as a model file name (``.zip`` added), after checking its folder can be written: raises a
+    ``ValueError`` naming ``what`` and the fix otherwise (before any work is done)."""
+    path = Path(path)
+    if os.fspath(path).endswith(os.sep) or path.is_dir() or path.name in ("", ".", ".."):
+        raise ValueError(f"{what} {os.fspath(path)!r} is a folder; pass a file name such as model.zip")
+    if path.suffix != ".zip":
+        path = path.with_name(path.name + ".zip")
+    check_writable_dir(path.parent, what)
+    return path
+
+
+def check_writable_dir(path: str | os.PathLike, what: str = "--checkpoint-dir") -> Path:
+    """Create the folder ``path`` if needed and check that a file can be written in it."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{what}: cannot write in {os.fspath(path)!r} ({error.strerror or error})") from None
+    return path
+
+
+def checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints in ``directory``, oldest first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / RUN).is_file()]
+    return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)) if p.name[len(PREFIX) :].isdigit() else -1)
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint folder in ``directory`` (None: none yet)."""
+    found = checkpoints(directory)
+    return found[-1] if found else None
+
+
+def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, Any], keep: int = 2) -> Path:
+    """Write ``model`` (and its replay buffer) with ``run`` as a new checkpoint folder; keep the newest ``keep``."""
+    directory = Path(directory)
+    target = directory / f"{PREFIX}{model._iteration:07d}"
+    for stale in directory.glob(f".tmp-{PREFIX}*"):  # a kill during an earlier write
+        shutil.rmtree(stale, ignore_errors=True)
+    temporary = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=directory))
+    model.save(temporary / MODEL)
+    if getattr(model, "replay_buffer", None) is not None:
+        model.save_replay_buffer(temporary / REPLAY)
+    run = {**run, "iteration": model._iteration}
+    (temporary / RUN).write_text(json.dumps(run, indent=1), encoding="utf-8")
+    if target.exists():  # the same boundary written twice (a periodic save, then a stop): keep the new one
+        shutil.rmtree(target)
+    os.rename(temporary, target)
+    for old in checkpoints(directory)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+def read_run(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``run.json`` of a checkpoint folder."""
+    path = Path(folder) / RUN
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{os.fspath(path)} cannot be read ({error}); resume from another checkpoint") from None
+
+
+class IterationCheckpoint(BaseCallback):
+    """Write a checkpoint every ``every`` iterations (at the iteration boundary, before the next rollout) and,
+    after :meth:`request_stop`, once more and stop training.
+
+    :param directory: the checkpoint folder
+    :param every: iterations between checkpoints (0: only when stopping)
+    :param run: what to record in each checkpoint's ``run.json``
+    :param keep: how many checkpoints to keep (the newest)
+    """
+
+    def __init__(self, directory: str | os.PathLike, every: int, run: dict[str, Any], keep: int = 2) -> None:
+        super().__init__()
+        self.directory, self.every, self.run, self.keep = Path(directory), int(every), run, keep
+        self.stop_requested = False
+        self.written: Path | None = None
+        self._agreed_stop = False  # several processes: whether any rank asked to stop, agreed at the boundary
+
+    def request_stop(self) -> None:
+        """Checkpoint and stop at the next step (safe to call from a signal handler: it only sets a flag)."""
+        self.stop_requested = True
+
+    def _on_rollout_start(self) -> None:
+        dist = self.model._dist
+        if dist.enabled:  # every rank stops at the same step, or none does
+            self._agreed_stop = dist.sum(float(self.stop_requested)) > 0
+        iteration = self.model._iteration
+        if self.every and iteration and iteration % self.every == 0:
+            self.save()
+
+    def _on_step(self) -> bool:
+        if not (self._agreed_stop if self.model._dist.enabled else self.stop_requested):
+            return True
+        self.save()  # during a rollout: the state of the last finished iteration
+        return False
+
+    def save(self) -> Path | None:
+        """Write a checkpoint of the last finished iteration, unless it is written already (rank 0 only)."""
+        name = f"{PREFIX}{self.model._iteration:07d}"
+        if self.model._dist.is_main and (self.written is None or self.written.name != name):
+            self.written = write_checkpoint(self.model, self.directory, self.run, self.keep)
+        return self.written

@@ -1,0 +1,141 @@
+"""Crash-safe runs (algorithms/common/resume.py and ``grpo-gym train``): checkpoints, --resume, signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch as th
+import yaml
+
+from algorithms import GRPO
+from algorithms.cli import main
+from algorithms.common.resume import (
+    check_writable_dir,
+    check_writable_file,
+    latest_checkpoint,
+    read_run,
+    write_checkpoint,
+)
+from tests.test_cli import CONFIG
+from tests.test_state import make_model
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_checkpoints_keep_the_newest_two_and_ignore_partial_writes(tmp_path: Path) -> None:
+    model = make_model(sft_steps=0, replay_ratio=0.25)
+    for _ in range(3):
+        model.learn(8, reset_num_timesteps=False)
+        write_checkpoint(model, tmp_path, {"total_timesteps": 64})
+    (tmp_path / ".tmp-iteration_0000009-x").mkdir()  # a write killed half-way
+    (tmp_path / "iteration_0000010").mkdir()  # a folder without run.json: not a checkpoint
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("iteration_") and (p / "run.json").exists())
+    assert names == ["iteration_0000002", "iteration_0000003"]
+    newest = latest_checkpoint(tmp_path)
+    assert newest is not None and newest.name == "iteration_0000003"
+    assert read_run(newest) == {"total_timesteps": 64, "iteration": 3}
+    assert {p.name for p in newest.iterdir()} == {"model.zip", "replay.npz", "run.json"}
+    write_checkpoint(model, tmp_path, {"total_timesteps": 64})  # cleans the partial write up
+    assert not (tmp_path / ".tmp-iteration_0000009-x").exists()
+    assert latest_checkpoint(tmp_path / "missing") is None
+
+
+def test_unwritable_paths_are_found_before_any_work(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cannot write"):
+        check_writable_file(tmp_path / "file" / "model.zip")
+    with pytest.raises(ValueError, match="is a folder"):
+        check_writable_file(".")
+    with pytest.raises(ValueError, match="is a folder"):
+        check_writable_file(tmp_path)
+    with pytest.raises(ValueError, match="cannot write"):
+        check_writable_dir("/proc/grpo-gym-checkpoints")
+    assert check_writable_file(tmp_path / "sub" / "m") == tmp_path / "sub" / "m.zip"
+
+
+def write_config(folder: Path, n_timesteps: int = 32) -> Path:
+    config = {"R1Zero-v0": {**CONFIG["R1Zero-v0"], "n_timesteps": n_timesteps, "mixed_precision": "no"}}
+    path = folder / "grpo.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "save_path",
+    [".", "{tmp}/file/m.zip", "/proc/m.zip"],
+)
+def test_cli_refuses_an_unwritable_save_path_at_once(tmp_path: Path, capsys, save_path: str) -> None:
+    (tmp_path / "file").write_text("x")
+    config = write_config(tmp_path)
+    started = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(config), "--save-path", save_path.format(tmp=tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("grpo-gym train: error: --save-path") and "Traceback" not in err
+    assert time.perf_counter() - started < 30  # found before the cold start and training (generous bound)
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "algorithms.cli", "train", "--no-progress-bar", *args]
+
+
+def wait_for_checkpoint(directory: Path, process: subprocess.Popen, timeout: float = 300) -> Path:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = latest_checkpoint(directory)
+        if found is not None:
+            return found
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.2)
+    raise AssertionError("no checkpoint was written")
+
+
+def same_weights(a: Path, b: Path) -> None:
+    first, second = GRPO.load(a), GRPO.load(b)
+    for p, q in zip(first.policy.parameters(), second.policy.parameters(), strict=True):
+        assert th.equal(p, q)
+    assert first.num_timesteps == second.num_timesteps == 32
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    common = ["--config", str(config), "--checkpoint-every", "1", "--seed", "3"]
+    whole = subprocess.run(
+        cli(*common, "--save-path", str(tmp_path / "whole.zip")), cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert whole.returncode == 0, whole.stderr
+    run = [*common, "--save-path", str(tmp_path / "part.zip")]
+    process = subprocess.Popen(cli(*run), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    wait_for_checkpoint(tmp_path / "part_checkpoints", process)
+    process.kill()
+    process.communicate()
+    assert not (tmp_path / "part.zip").exists()
+    resumed = subprocess.run(cli(*run, "--resume"), cwd=ROOT, capture_output=True, text=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout and "before GRPO" in resumed.stdout and "after GRPO" in resumed.stdout
+    same_weights(tmp_path / "whole.zip", tmp_path / "part.zip")
+
+
+@pytest.mark.parametrize("number,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_leaves_a_resumable_checkpoint(tmp_path: Path, number: int, code: int) -> None:
+    config = write_config(tmp_path, n_timesteps=80)
+    run = ["--config", str(config), "--checkpoint-every", "2", "--save-path", str(tmp_path / "m.zip")]
+    process = subprocess.Popen(cli(*run), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(tmp_path / "m_checkpoints", process)
+    os.kill(process.pid, number)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == code, err
+    assert "resume with: grpo-gym train" in out and "--resume" in out
+    assert "Traceback" not in err
+    newest = latest_checkpoint(tmp_path / "m_checkpoints")
+    assert newest is not None
+    resumed = subprocess.run(cli(*run, "--resume"), cwd=ROOT, capture_output=True, text=True, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert GRPO.load(tmp_path / "m.zip").num_timesteps == 80

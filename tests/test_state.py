@@ -1,0 +1,244 @@
+"""Saving, loading and resuming (algorithms/common/state.py, serialization.py): safe files, exact resume."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import cloudpickle
+import pytest
+import torch as th
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+import grpo_gym
+from algorithms import GRPO
+from algorithms.common.serialization import read_model_file
+from tests.sizes import ENV_KWARGS, TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_env() -> DummyVecEnv:
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
+
+
+def make_model(env=None, **kwargs) -> GRPO:
+    defaults = {
+        "n_groups": 2,
+        "group_size": 4,
+        "sft_steps": 2,
+        "sft_batch_size": 4,
+        "seed": 0,
+        "learning_rate": 1e-3,
+        "mixed_precision": "no",
+        "policy_kwargs": TINY,
+    }
+    return GRPO("TransformerPolicy", env or make_env(), **{**defaults, **kwargs})
+
+
+def assert_same_training_state(a: GRPO, b: GRPO) -> None:
+    for p, q in zip(a.policy.parameters(), b.policy.parameters(), strict=True):
+        assert th.equal(p, q)
+    first, second = a.policy.optimizer.state_dict(), b.policy.optimizer.state_dict()
+    assert first["state"].keys() == second["state"].keys() and first["state"]
+    for key in first["state"]:
+        for name, value in first["state"][key].items():
+            assert th.equal(value, second["state"][key][name]), (key, name)
+    assert a.num_timesteps == b.num_timesteps and a._n_updates == b._n_updates
+
+
+# ------------------------------------------------------------------------------------------------ safe loading
+def craft(path: Path, source: Path, key: str, payload: object) -> None:
+    """Copy ``source`` to ``path`` with ``data[arguments][key]`` replaced by a pickled ``payload``."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(path, "w") as crafted:
+        for item in original.namelist():
+            content = original.read(item)
+            if item == "data":
+                data = json.loads(content)
+                data["arguments"][key] = {"__pickled__": base64.b64encode(cloudpickle.dumps(payload)).decode()}
+                content = json.dumps(data).encode()
+            crafted.writestr(item, content)
+
+
+class Payload:
+    """Unpickling this creates a file (the stand-in for running a shell command)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (Path(self.target).touch, ())
+
+
+def test_a_crafted_zip_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
+    model = make_model(sft_steps=0)
+    model.save(tmp_path / "good.zip")
+    target = tmp_path / "pwned"
+    for key in ("learning_rate", "policy_kwargs", "clip_range"):
+        craft(tmp_path / "bad.zip", tmp_path / "good.zip", key, Payload(str(target)))
+        with pytest.raises(ValueError, match=rf"'{key}'.*unpickling"):
+            GRPO.load(tmp_path / "bad.zip", env=make_env())
+        with pytest.raises(ValueError, match="unpickling"):
+            GRPO.load(tmp_path / "bad.zip")
+        assert not target.exists()
+    model.set_parameters(str(tmp_path / "bad.zip"))  # weights only: safe, and nothing runs
+    assert not target.exists()
+
+
+def test_a_saved_file_is_plain_json_with_weights(tmp_path: Path) -> None:
+    model = make_model(learning_rate=LinearSchedule(1e-3, 0.0, 1.0), beta=0.04)
+    model.learn(8)
+    model.save(tmp_path / "m")  # .zip added, as SB3 does
+    with zipfile.ZipFile(tmp_path / "m.zip") as archive:
+        data = json.loads(archive.read("data"))
+        names = set(archive.namelist())
+    assert {"policy.pth", "policy.optimizer.pth", "ref_model.pth", "pytorch_variables.pth"} <= names
+    assert "__pickled__" not in json.dumps(data)
+    linear = {"__schedule__": "linear", "start": 1e-3, "end": 0.0, "end_fraction": 1.0}
+    assert data["arguments"]["learning_rate"] == linear
+    assert data["arguments"]["ent_coef"]["__schedule__"] == "update_decay"
+    assert data["state"]["num_timesteps"] == 8
+    loaded = GRPO.load(tmp_path / "m.zip", env=make_env())
+    assert loaded.learning_rate(0.5) == pytest.approx(5e-4)
+
+
+def test_an_own_schedule_needs_custom_objects_or_allow_pickle(tmp_path: Path) -> None:
+    def schedule(progress: float) -> float:
+        return 1e-3 * progress
+
+    make_model(learning_rate=schedule, sft_steps=0).save(tmp_path / "m.zip")
+    with pytest.raises(ValueError, match=r"'learning_rate'.*custom_objects"):
+        GRPO.load(tmp_path / "m.zip", env=make_env())
+    assert GRPO.load(tmp_path / "m.zip", env=make_env(), custom_objects={"learning_rate": 2e-4}).learning_rate == 2e-4
+    assert GRPO.load(tmp_path / "m.zip", env=make_env(), allow_pickle=True).learning_rate(1.0) == pytest.approx(1e-3)
+
+
+def test_truncated_and_corrupt_files_are_named(tmp_path: Path) -> None:
+    make_model(sft_steps=0).save(tmp_path / "m.zip")
+    content = (tmp_path / "m.zip").read_bytes()
+    (tmp_path / "cut.zip").write_bytes(content[: len(content) // 2])
+    with pytest.raises(ValueError, match=r"cut\.zip is truncated or corrupt"):
+        GRPO.load(tmp_path / "cut.zip")
+    (tmp_path / "text.zip").write_text("not a zip")
+    with pytest.raises(ValueError, match=r"text\.zip is truncated or corrupt"):
+        GRPO.load(tmp_path / "text.zip")
+    with pytest.raises(ValueError, match="no model file"):
+        GRPO.load(tmp_path / "missing.zip")
+    with zipfile.ZipFile(tmp_path / "sb3.zip", "w") as archive:
+        archive.writestr("data", json.dumps({"policy_class": {":serialized:": "gASV"}}))
+    with pytest.raises(ValueError, match="not written by this version"):
+        GRPO.load(tmp_path / "sb3.zip")
+
+
+def test_bad_save_names_are_refused(tmp_path: Path) -> None:
+    model = make_model(sft_steps=0)
+    with pytest.raises(ValueError, match="not a file name"):
+        model.save(tmp_path / ".zip")
+    with pytest.raises(ValueError, match="exclude"):
+        model.save(tmp_path / "m.zip", exclude=["policy"])
+
+
+SAVE_LOOP = """
+import sys
+sys.path.insert(0, {root!r})
+from tests.test_state import make_model
+model = make_model(sft_steps=0)
+print("ready", flush=True)
+while True:
+    model.save({path!r})
+"""
+
+
+def test_a_kill_during_saves_always_leaves_a_loadable_file(tmp_path: Path) -> None:
+    path = tmp_path / "latest.zip"
+    make_model(sft_steps=0).save(path)
+    script = SAVE_LOOP.format(root=str(ROOT), path=str(path))
+    for delay in (0.05, 0.11, 0.17, 0.23, 0.31, 0.37, 0.43, 0.5):
+        process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=ROOT)
+        assert process.stdout.readline().strip() == b"ready"
+        try:
+            process.wait(timeout=delay)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        data, state_dicts, _ = read_model_file(path)
+        assert data["algorithm"] == "GRPO" and "policy" in state_dicts
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [] or all(
+        p.name.startswith(".latest.zip.") for p in tmp_path.iterdir() if p.name.startswith(".")
+    )  # at most a leftover temporary of the killed save, never a damaged target
+    GRPO.load(path, env=make_env())
+
+
+# ------------------------------------------------------------------------------------------------ exact resume
+def resumed(tmp_path: Path, n: int, replay: bool = False, **kwargs) -> tuple[GRPO, GRPO]:
+    """An uninterrupted ``learn(2n)`` and ``learn(n); save; load; learn(n, reset_num_timesteps=False)``."""
+    whole = make_model(**kwargs)
+    whole.learn(2 * n)
+    first = make_model(**kwargs)
+    first.learn(n)
+    first.save(tmp_path / "half.zip")
+    if replay:
+        first.save_replay_buffer(tmp_path / "half_replay.npz")
+    second = GRPO.load(tmp_path / "half.zip", env=make_env())
+    if replay:
+        second.load_replay_buffer(tmp_path / "half_replay.npz")
+    second.learn(n, reset_num_timesteps=False)
+    return whole, second
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"replay_ratio": 0.25},
+        {"curriculum": True},
+        {"beta": 0.04, "ent_coef": 0.01, "competition": "adaptive", "diversity_guard": True},
+    ],
+    ids=["plain", "replay", "curriculum", "controls"],
+)
+def test_resume_is_bit_identical(tmp_path: Path, settings: dict) -> None:
+    whole, second = resumed(tmp_path, 16, replay="replay_ratio" in settings, **settings)
+    assert_same_training_state(whole, second)
+    if "curriculum" in settings:
+        assert whole._curriculum.curriculum.difficulty == second._curriculum.curriculum.difficulty
+
+
+class SaveMidRollout(BaseCallback):
+    """Save during the second rollout's collection, as CheckpointCallback does from on_step."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path, self.calls = path, 0
+
+    def _on_step(self) -> bool:
+        self.calls += 1
+        if self.calls == 10:  # inside the second rollout (8 steps each)
+            self.model.save(self.path)
+        return True
+
+
+def test_a_save_mid_rollout_records_the_last_finished_iteration(tmp_path: Path) -> None:
+    whole = make_model()
+    whole.learn(24, callback=SaveMidRollout(tmp_path / "mid.zip"))
+    data, _, _ = read_model_file(tmp_path / "mid.zip")
+    assert data["state"]["num_timesteps"] == 8 and data["state"]["_iteration"] == 1
+    second = GRPO.load(tmp_path / "mid.zip", env=make_env())
+    second.learn(16, reset_num_timesteps=False)
+    assert_same_training_state(whole, second)
+
+
+def test_checkpoint_callback_files_resume(tmp_path: Path) -> None:
+    model = make_model()
+    model.learn(16, callback=CheckpointCallback(save_freq=5, save_path=str(tmp_path), name_prefix="ckpt"))
+    saved = sorted(tmp_path.glob("ckpt_*.zip"), key=os.path.getmtime)
+    assert saved
+    data, _, _ = read_model_file(saved[-1])
+    assert data["state"]["num_timesteps"] % 8 == 0  # an iteration boundary, whatever step the callback saved at
