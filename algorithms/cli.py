@@ -1,4 +1,4 @@
-"""The ``grpo-gym`` command line: ``train``, ``sft``, ``eval`` and ``env-demo``."""
+"""The grpo-gym command line: train, sft, eval, env-demo and zoo (rl-baselines3-zoo with GRPO registered)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.common.hyperparams import DEFAULT_CONFIG, load_hyperparams, parse_overrides
+from algorithms.common.hyperparams import (
+    DEFAULT_CONFIG,
+    RUN_KEYS,
+    check_keys,
+    load_hyperparams,
+    parse_overrides,
+    preset_key,
+)
 
 
 def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | None) -> Any:
@@ -32,8 +39,9 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     from algorithms import GRPO
 
     config = load_hyperparams(args.config, args.env, args.preset, parse_overrides(args.hyperparams or []))
+    check_keys(config, _grpo_keys(), f"{args.config} [{preset_key(args.env, args.preset)}] with -params")
     n_timesteps = int(config.pop("n_timesteps"))
-    if args.n_timesteps is not None:
+    if getattr(args, "n_timesteps", None) is not None:
         n_timesteps = args.n_timesteps
     env = _make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
@@ -49,6 +57,16 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
         **config,
     )
     return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
+
+
+def _grpo_keys() -> set[str]:
+    """The keys a preset may hold: GRPO's constructor arguments (but what the command line sets) and RUN_KEYS."""
+    import inspect
+
+    from algorithms import GRPO
+
+    given_by_flags = {"self", "env", "seed", "verbose", "tensorboard_log", "device", "_init_setup_model"}
+    return (set(inspect.signature(GRPO.__init__).parameters) - given_by_flags) | set(RUN_KEYS)
 
 
 def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, seed: int) -> list[Any]:
@@ -186,7 +204,7 @@ def _without(argv: list[str], flag: str) -> list[str]:
 
 
 def sft(args: argparse.Namespace) -> int:
-    """The cold-start stage alone; saves the model for a later ``train --load`` or ``eval``."""
+    """The cold-start stage alone; saves the model for grpo-gym eval, or to continue in Python with GRPO.load."""
     from algorithms.common.evaluation import format_table
 
     model, env, plan = _setup(args)
@@ -238,15 +256,26 @@ def env_demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="rl-zoo3 style YAML (zoo_configs/grpo.yml)")
+def _add_config_arguments(parser: argparse.ArgumentParser, config_default: str | None = str(DEFAULT_CONFIG)) -> None:
+    parser.add_argument("--config", default=config_default, help="rl-zoo3 style YAML (default: zoo_configs/grpo.yml)")
     parser.add_argument("--env", default="R1Zero-v0", help="env id, a top-level key of the config")
-    parser.add_argument("--preset", default=None, help="a preset of the config (e.g. demo); default: the env id's")
+    parser.add_argument("--preset", default=None, help="a preset of the config: demo, seed (default: published GRPO)")
     parser.add_argument("--eval-seed", type=int, default=0, help="selects the held-out problems and sampler seed")
+
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_config_arguments(parser)
+    parser.add_argument("--hyperparams", "-params", nargs="*", help="overrides, e.g. learning_rate:1e-5 n_groups:8")
+    parser.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder")
+    parser.add_argument("--seed", type=int, default=0, help="the random seed of the model and the run")
+    parser.add_argument("--save-path", default=None, help="where to save the model (.zip)")
+    parser.add_argument("--verbose", type=int, default=0, help="1: print the logged values")
 
 
 def _add_train_arguments(command: argparse.ArgumentParser) -> None:
     add = command.add_argument
+    add("--n-timesteps", "-n", type=int, default=None, help="completions to train on (default: the preset's)")
+    add("--no-progress-bar", dest="progress_bar", action="store_false", help="no progress bar")
     add("--nproc", type=int, default=None, help="train on N processes: runs this command under torchrun (S17)")
     add("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (0: only on a signal)")
     add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
@@ -254,27 +283,18 @@ def _add_train_arguments(command: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``grpo-gym``."""
+    """The argument parser of grpo-gym."""
     parser = argparse.ArgumentParser(prog="grpo-gym", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, func, text in [
-        ("train", train, "cold start (when due) then GRPO; prints held-out success before and after"),
-        ("sft", sft, "the cold-start SFT stage alone"),
-    ]:
-        command = commands.add_parser(name, help=text)
-        _add_config_arguments(command)
-        command.add_argument("--hyperparams", "-params", nargs="*", help="overrides, e.g. learning_rate:1e-5")
-        command.add_argument("--n-timesteps", "-n", type=int, default=None, help="completions to train on")
-        command.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder")
-        command.add_argument("--seed", type=int, default=0)
-        command.add_argument("--save-path", default=None, help="where to save the model (.zip)")
-        command.add_argument("--verbose", type=int, default=0)
-        command.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
-        command.set_defaults(func=func)
-        if name == "train":
-            _add_train_arguments(command)
+    command = commands.add_parser("train", help="cold start (when due) then GRPO; held-out success before and after")
+    _add_model_arguments(command)
+    _add_train_arguments(command)
+    command.set_defaults(func=train)
+    command = commands.add_parser("sft", help="the cold-start SFT stage alone")
+    _add_model_arguments(command)
+    command.set_defaults(func=sft)
     ev = commands.add_parser("eval", help="held-out success of a saved model, per difficulty")
-    ev.add_argument("model", help="a model saved by `grpo-gym train --save-path`")
+    ev.add_argument("model", help="a model saved by grpo-gym train --save-path")
     _add_config_arguments(ev)
     ev.add_argument("--difficulty", type=float, nargs="+", default=[0.1, 0.3, 0.5])
     ev.add_argument("--n", type=int, default=100, help="held-out problems per difficulty")
@@ -285,7 +305,16 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--difficulty", type=float, default=0.3)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=env_demo)
+    zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
+    zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
+    zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
     return parser
+
+
+def _zoo(argv: list[str]) -> int:
+    from algorithms.zoo import main as zoo_main
+
+    return zoo_main(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

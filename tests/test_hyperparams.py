@@ -14,6 +14,8 @@ import grpo_gym  # noqa: F401  (registers R1Zero-v0)
 from algorithms import GRPO, TransformerPolicy
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
+    RUN_KEYS,
+    check_keys,
     load_hyperparams,
     parse_overrides,
     parse_value,
@@ -23,7 +25,7 @@ from algorithms.common.models import is_builtin_model
 from tests.sizes import TINY_KWARGS
 
 # what `grpo-gym train` takes out of a preset before the rest goes to GRPO(...) (see algorithms/cli.py)
-NOT_GRPO_ARGUMENTS = ("n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems")
+NOT_GRPO_ARGUMENTS = RUN_KEYS
 
 
 def write_config(path: Path, text: str) -> Path:
@@ -49,7 +51,7 @@ def test_default_config_is_the_shipped_file() -> None:
 
 
 def test_seed_preset_values() -> None:
-    config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0")
+    config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", "seed")
     assert config["n_groups"] == 4
     assert config["group_size"] == 8
     assert config["max_grad_norm"] == 0.5
@@ -62,11 +64,15 @@ def test_seed_preset_values() -> None:
     assert config["n_timesteps"] == 100_000
 
 
-def test_seed_preset_matches_grpo_defaults_where_the_seed_sets_them() -> None:
+def test_default_preset_is_grpos_own_defaults() -> None:
     config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0")
-    defaults = {name: p.default for name, p in inspect.signature(GRPO.__init__).parameters.items() if name in config}
-    for name in ("n_groups", "group_size", "max_grad_norm", "beta", "clip_range", "gamma", "learning_rate"):
-        assert config[name] == defaults[name], name
+    assert set(config) == {"n_timesteps", "policy"}  # what rl-zoo3 requires; every GRPO argument at its default
+    assert config["policy"] == "TransformerPolicy"
+
+
+def test_unknown_keys_name_the_closest_valid_one() -> None:
+    with pytest.raises(ValueError, match=r"unknown key 'n_group' \(did you mean 'n_groups'\?\); valid keys: a"):
+        check_keys({"n_group": 8}, {"n_groups", "group_size", "advantage_scale"}, "c.yml")
 
 
 @pytest.mark.parametrize(("env_id", "preset"), all_presets())
@@ -94,9 +100,10 @@ def test_every_preset_builds_a_grpo_model(env_id: str, preset: str | None) -> No
 
 
 def test_preset_key() -> None:
-    for default in (None, "", "seed", "default"):
+    for default in (None, "", "default"):
         assert preset_key("R1Zero-v0", default) == "R1Zero-v0"
     assert preset_key("R1Zero-v0", "demo") == "R1Zero-v0-demo"
+    assert preset_key("R1Zero-v0", "seed") == "R1Zero-v0-seed"  # the seed's recipe, not the --seed flag
 
 
 def test_parse_overrides() -> None:

@@ -1,16 +1,18 @@
 """Hyperparameter files in the rl-baselines3-zoo format, with named presets.
 
-The top-level keys are env ids (``R1Zero-v0``), as rl-zoo3 expects; they hold the default preset (the
-seed's values). Other presets are top-level keys ``<env id>-<preset>`` (``R1Zero-v0-demo``), which rl-zoo3
-ignores. Values follow rl-zoo3: ``n_timesteps``, ``policy``, ``n_envs``, ``env_kwargs``, ``policy_kwargs``
-(a mapping; a string is read as a Python literal, never evaluated as code) and ``lin_<x>`` for a linear
-schedule from ``x`` to 0; every other key is a ``GRPO`` argument. Write floats as ``1.0e-5`` (YAML reads
-``1e-5`` as a string).
+The top-level keys are env ids (``R1Zero-v0``), as rl-zoo3 expects; they hold the default preset (published
+GRPO: the algorithm's own defaults). Other presets are top-level keys ``<env id>-<preset>`` (``R1Zero-v0-seed``,
+``R1Zero-v0-demo``), which rl-zoo3 ignores. Values follow rl-zoo3: ``n_timesteps``, ``policy``, ``n_envs``,
+``env_kwargs``, ``policy_kwargs`` (a mapping; a string is read as a Python literal, never evaluated as code) and
+``lin_<x>`` for a linear schedule from ``x`` to 0; every other key is a ``GRPO`` argument. Write floats as
+``1.0e-5`` (YAML reads ``1e-5`` as a string).
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import importlib.resources
 import re
 from pathlib import Path
 from typing import Any
@@ -18,13 +20,38 @@ from typing import Any
 import yaml
 from stable_baselines3.common.utils import LinearSchedule
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "zoo_configs" / "grpo.yml"
 SCHEDULABLE = ("learning_rate", "clip_range", "clip_range_high", "ent_coef")
+#: the keys of a preset that are not constructor arguments of the algorithm (``grpo-gym train`` uses them)
+RUN_KEYS = ("n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems")
+
+
+def default_config(name: str = "grpo.yml") -> Path:
+    """The shipped config file: ``zoo_configs/<name>``, packaged as ``algorithms.zoo_configs`` in a wheel (the
+    source checkout's top-level folder when running from it)."""
+    try:
+        packaged = Path(str(importlib.resources.files("algorithms.zoo_configs").joinpath(name)))
+        if packaged.is_file():
+            return packaged
+    except ModuleNotFoundError:
+        pass
+    return Path(__file__).resolve().parents[2] / "zoo_configs" / name
+
+
+DEFAULT_CONFIG = default_config()
 
 
 def preset_key(env_id: str, preset: str | None) -> str:
     """The top-level key holding ``preset`` for ``env_id`` (the env id itself for the default preset)."""
-    return env_id if preset in (None, "", "seed", "default") else f"{env_id}-{preset}"
+    return env_id if preset in (None, "", "default") else f"{env_id}-{preset}"
+
+
+def check_keys(config: dict[str, Any], valid: set[str], where: str) -> None:
+    """Reject keys that are not in ``valid``, naming the closest valid one and listing them all."""
+    for key in config:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}: unknown key {key!r}{hint}; valid keys: {', '.join(sorted(valid))}")
 
 
 def parse_value(text: str) -> Any:
