@@ -242,3 +242,32 @@ def test_checkpoint_callback_files_resume(tmp_path: Path) -> None:
     assert saved
     data, _, _ = read_model_file(saved[-1])
     assert data["state"]["num_timesteps"] % 8 == 0  # an iteration boundary, whatever step the callback saved at
+
+
+# ------------------------------------------------------------------------------------------------ model objects
+def test_frozen_parameters_stay_frozen_and_out_of_the_file_data(tmp_path: Path) -> None:
+    from algorithms.common.models import load_model
+
+    network = load_model("tiny", num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+                         num_key_value_heads=1, seed=0)  # fmt: skip
+    frozen = [name for name, p in network.named_parameters() if name.startswith("model.layers.0.")]
+    for name, parameter in network.named_parameters():
+        parameter.requires_grad_(name not in frozen)
+    before = {name: p.detach().clone() for name, p in network.named_parameters() if name in frozen}
+    model = make_model(sft_steps=0, policy_kwargs={"model": network})
+    assert sum(len(g["params"]) for g in model.policy.optimizer.param_groups) == len(list(network.parameters())) - len(
+        frozen
+    )
+    model.learn(8)
+    model.save(tmp_path / "m.zip")
+    with zipfile.ZipFile(tmp_path / "m.zip") as archive:
+        assert len(archive.read("data")) < 50_000  # the arguments and state, not a pickled model
+    loaded = GRPO.load(tmp_path / "m.zip", env=make_env())
+    assert loaded.policy.frozen_parameters == frozen
+    assert sum(len(g["params"]) for g in loaded.policy.optimizer.param_groups) == len(
+        list(loaded.policy.parameters())
+    ) - len(frozen)
+    loaded.learn(8, reset_num_timesteps=False)
+    for name, parameter in loaded.policy.model.named_parameters():
+        if name in frozen:
+            assert th.equal(parameter, before[name]) and not parameter.requires_grad

@@ -43,8 +43,15 @@ from algorithms.common.generation import Completions
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.precision import DTYPES, resolve_precision
 from algorithms.common.rollout import Rows, contexts_from_obs
+from algorithms.common.vocabulary import check_vocabulary, model_tokenizer
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
+
+
+def _tokenizer_of(model: Any) -> dict[str, Any]:
+    """``{"tokenizer": folder}`` when the model comes from a folder or hub name that ships a tokenizer: an env
+    made from an id then speaks the model's vocabulary (the tokenizer guard's fix, applied for the caller)."""
+    return {"tokenizer": os.fspath(model)} if model_tokenizer(model) is not None else {}
 
 
 class LMAlgorithm(BaseAlgorithm):
@@ -82,7 +89,7 @@ class LMAlgorithm(BaseAlgorithm):
         device: th.device | str,
     ) -> None:
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
-            env = gym.make(env)
+            env = gym.make(env, **_tokenizer_of((policy_kwargs or {}).get("model")))
         self._dist = Distributed(timeout=dist_timeout)
         device = self._dist.device(device)
         if not self._dist.is_main:  # S17: only rank 0 logs and prints
@@ -150,9 +157,16 @@ class LMAlgorithm(BaseAlgorithm):
         precision = resolve_precision(self.mixed_precision, self.device)
         self.policy.autocast_dtype = DTYPES.get(precision)
         self._scaler = th.amp.GradScaler(self.device.type) if precision == "fp16" else None
-        # the architecture, so load() rebuilds it offline (a copy: the caller's dict stays as it was)
+        if self.env is not None:
+            tokenizer = self.env.get_attr("tokenizer", indices=[0])[0]
+            check_vocabulary(tokenizer, self.policy.model, self.policy.model_name)
         config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
-        self.policy_kwargs = {**self.policy_kwargs, "model_config": config}
+        # the architecture (so load() rebuilds it offline) and the frozen parameters (so they stay frozen)
+        self.policy_kwargs = {
+            **self.policy_kwargs,
+            "model_config": config,
+            "frozen_parameters": self.policy.frozen_parameters,
+        }
         if self._needs_reference():
             self.ref_model = self._frozen_copy()
 

@@ -43,8 +43,10 @@ class TransformerPolicy(BasePolicy):
     :param value_head: add an FP32 value head on the last prompt token (S9's value-network baseline)
     :param gradient_checkpointing: checkpoint the decoder's layers in chunks (S16): ``True`` for every 4 layers,
         an int N for every N layers, ``False`` for none (:mod:`~algorithms.common.checkpointing`)
+    :param frozen_parameters: names of the model's parameters that do not train (``requires_grad=False``); the
+        algorithm records a given model object's frozen ones here, so they stay frozen after ``load``
     :param seed: seeds a built-in model's initial weights
-    :param optimizer_class: the optimizer (AdamW)
+    :param optimizer_class: the optimizer (AdamW), given the trainable parameters only
     :param optimizer_kwargs: its keyword arguments
     """
 
@@ -64,6 +66,7 @@ class TransformerPolicy(BasePolicy):
         memory_length: int = 2048,
         value_head: bool = False,
         gradient_checkpointing: bool | int = False,
+        frozen_parameters: list[str] | None = None,
         seed: int | None = None,
         optimizer_class: type[th.optim.Optimizer] = th.optim.AdamW,
         optimizer_kwargs: dict[str, Any] | None = None,
@@ -106,7 +109,22 @@ class TransformerPolicy(BasePolicy):
         #: the autocast dtype of the model's forward passes (None: float32); the algorithm sets it (S15)
         self.autocast_dtype: th.dtype | None = None
         self.model.eval()
-        self.optimizer = self.optimizer_class(self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs)
+        self._freeze(frozen_parameters or [])
+        trainable = [p for p in self.parameters() if p.requires_grad]
+        self.optimizer = self.optimizer_class(trainable, lr=lr_schedule(1), **self.optimizer_kwargs)
+
+    def _freeze(self, names: list[str]) -> None:
+        parameters = dict(self.model.named_parameters())
+        unknown = [name for name in names if name not in parameters]
+        if unknown:
+            raise ValueError(f"frozen_parameters: the model has no parameters {unknown[:3]} (of {len(unknown)})")
+        for name in names:
+            parameters[name].requires_grad_(False)
+
+    @property
+    def frozen_parameters(self) -> list[str]:
+        """The names of the model's parameters that do not train."""
+        return [name for name, p in self.model.named_parameters() if not p.requires_grad]
 
     def _build_model(self, model: Any, model_config: dict[str, Any] | None) -> nn.Module:
         if model_config is not None:
@@ -142,6 +160,7 @@ class TransformerPolicy(BasePolicy):
             memory_length=self.memory_length,
             value_head=self.value_net is not None,
             gradient_checkpointing=self.gradient_checkpointing,
+            frozen_parameters=self.frozen_parameters,
             seed=self.seed,
             optimizer_class=self.optimizer_class,
             optimizer_kwargs=self.optimizer_kwargs,

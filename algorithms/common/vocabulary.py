@@ -1,0 +1,94 @@
+"""The tokenizer guard: the env's tokenizer and the policy's model must speak the same vocabulary.
+
+Checked when an algorithm builds its policy (:meth:`LMAlgorithm._setup_model`):
+
+- when the model comes from a folder (or hub name) that ships its own tokenizer, that tokenizer must equal
+  the env's: the same token-to-id map and the same special tokens (EOS, pad); a model trained with other ids
+  learns nonsense without a word of warning;
+- the model's embedding table must hold every id of the env's tokenizer, and may add only padding rows: up to
+  the next multiple of :data:`PADDING_MULTIPLE` when the model brings no tokenizer to compare with (checkpoints
+  that pad their vocabulary, such as Qwen's, ship their tokenizer and pass by the first rule).
+
+The fix named in every error: make the env with the model's tokenizer, ``gym.make("R1Zero-v0",
+tokenizer=<model folder>)`` (``GRPO("TransformerPolicy", "R1Zero-v0", policy_kwargs={"model": folder})`` does that
+by itself when the env is given by id).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+#: embedding rows a model may add beyond its tokenizer without shipping it: up to the next multiple of this
+PADDING_MULTIPLE = 128
+
+
+def model_tokenizer(source: Any) -> Any | None:
+    """The tokenizer saved with a model folder or cached hub model (None: none there, or not a folder/name)."""
+    from algorithms.common.models import is_builtin_model
+
+    if not isinstance(source, (str, os.PathLike)) or is_builtin_model(source):
+        return None
+    path = os.fspath(source)
+    if os.path.isdir(path) and not any(
+        os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+    ):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_vocabulary(env_tokenizer: Any, model: Any, source: Any = None) -> None:
+    """Raise a ``ValueError`` naming both sides and the fix when ``env_tokenizer`` and ``model`` disagree.
+
+    :param env_tokenizer: the env's Hugging Face tokenizer
+    :param model: the policy's causal LM
+    :param source: where the model came from (a folder or hub name, to find a tokenizer saved with it)
+    """
+    env_size = len(env_tokenizer)
+    rows = model.get_input_embeddings().num_embeddings
+    where = f"model {os.fspath(source)!r}" if isinstance(source, (str, os.PathLike)) else "the model"
+    fix = (
+        f"make the env with the model's tokenizer: gym.make('R1Zero-v0', tokenizer={os.fspath(source)!r})"
+        if isinstance(source, (str, os.PathLike))
+        else "make the env with the tokenizer the model was trained with: gym.make('R1Zero-v0', tokenizer=...)"
+    )
+    own = model_tokenizer(source)
+    if own is not None:
+        differences = _differences(env_tokenizer, own)
+        if differences:
+            raise ValueError(
+                f"the env's tokenizer ({env_size} tokens) differs from the one saved with {where} "
+                f"({len(own)} tokens): {'; '.join(differences)}. {fix}"
+            )
+    if rows < env_size:
+        raise ValueError(
+            f"{where} has {rows} token embeddings, fewer than the env tokenizer's {env_size} tokens "
+            f"(smaller than the env tokenizer's vocabulary). {fix}"
+        )
+    padded = -(-env_size // PADDING_MULTIPLE) * PADDING_MULTIPLE
+    if own is None and rows > padded:
+        raise ValueError(
+            f"{where} has {rows} token embeddings but the env's tokenizer only {env_size} tokens: more than "
+            f"padding rows (up to {padded}), so it was trained with another tokenizer. {fix}"
+        )
+
+
+def _differences(first: Any, second: Any) -> list[str]:
+    """What differs between two tokenizers' vocabularies and special tokens (empty: the same)."""
+    found = []
+    vocab_a, vocab_b = first.get_vocab(), second.get_vocab()
+    if vocab_a != vocab_b:
+        changed = sorted(set(vocab_a.items()) ^ set(vocab_b.items()), key=str)[:3]
+        found.append(f"{len(set(vocab_a.items()) ^ set(vocab_b.items()))} token ids differ, e.g. {changed}")
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        a, b = getattr(first, name, None), getattr(second, name, None)
+        if name == "pad_token_id" and (a is None or b is None):
+            continue  # a tokenizer without a pad token gets EOS as pad in the env
+        if a != b:
+            found.append(f"{name} {a} vs {b}")
+    return found
