@@ -162,6 +162,17 @@ def test_load_sft_rows_errors(tmp_path: Path, content: str | None, match: str) -
         load_sft_rows(path)
 
 
+def test_load_sft_rows_refuses_non_utf8_and_over_long_lines(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"prompt": "a", "response": "b"}\n{"prompt": "\xff", "response": "b"}\n')
+    with pytest.raises(ValueError, match=r"rows\.jsonl:2: not UTF-8 text \(byte 0xff"):
+        load_sft_rows(path)
+    path.write_text(json.dumps({"prompt": "x" * 100, "response": "b"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"rows\.jsonl:1: line longer than 64 bytes"):
+        load_sft_rows(path, max_line_bytes=64)
+    assert load_sft_rows(path, max_line_bytes=200) == [("x" * 100, "b")]
+
+
 def test_bad_sft_data_fails_at_construction(tmp_path: Path) -> None:
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
     with pytest.raises(ValueError, match="sft_data"):

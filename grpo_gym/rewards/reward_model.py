@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo_gym.validation import ArgumentError, check_int, check_path
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 _WHAT_TO_PASS = (
@@ -22,6 +24,18 @@ _WHAT_TO_PASS = (
     "transformers sequence-classification model with num_labels=1 or 2 "
     "(or the name of such a model already in the local Hugging Face cache)"
 )
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda|mps|xpu|npu|hpu|meta)(:\d+)?$")
+
+
+def _check_device(device: Any) -> Any:
+    """A device string (``"cpu"``, ``"cuda:1"``, ``"auto"``) or a ``torch.device``; anything else is refused."""
+    if type(device).__module__ == "torch" and type(device).__name__ == "device":
+        return device
+    if isinstance(device, str) and _DEVICE.match(device):
+        return device
+    raise ArgumentError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:<index>' (or a torch.device), got {device!r}")
 
 
 class RewardModelScorer:
@@ -54,7 +68,7 @@ class RewardModelScorer:
         device: str = "cpu",
         max_length: int = 512,
     ) -> None:
-        self.path = str(path)
+        self.path = check_path("path", path, what="a reward model folder (or a hub name)")
         local = Path(self.path).expanduser()
         if local.exists():
             if not local.is_dir():
@@ -64,13 +78,9 @@ class RewardModelScorer:
             self.path = str(local)
         elif not _HUB_ID.match(self.path):
             raise ValueError(f"reward model path {self.path!r} does not exist: {_WHAT_TO_PASS}")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        if int(max_length) < 2:
-            raise ValueError(f"max_length must be >= 2, got {max_length!r}")
-        self.batch_size = int(batch_size)
-        self.device = device
-        self.max_length = int(max_length)
+        self.batch_size: int = check_int("batch_size", batch_size, low=1)  # type: ignore[assignment]
+        self.max_length: int = check_int("max_length", max_length, low=2)  # type: ignore[assignment]
+        self.device = _check_device(device)
         self._model: Any = None
         self._tokenizer: Any = None
         self._input_names: list[str] = []
