@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -322,14 +323,83 @@ def test_consistency_without_key_terms(problem: Problem) -> None:
     assert consistency_score(task, problem, parse_completion("<think>so 41</think><answer>42</answer>"))[0] == 0.0
 
 
-def test_task_bugs_become_reasons(problem: Problem) -> None:
+def test_task_bugs_propagate_from_the_components(problem: Problem) -> None:
     task = BrokenTask()
-    score, reason = task_score(task, problem, parse_completion(GOOD))
-    assert score == 0.0 and reason == "task.verify raised RuntimeError: verifier bug"
-    score, reason = consistency_score(task, problem, parse_completion(GOOD))
-    assert score == 0.0 and "KeyError" in reason
-    result = CompositeReward()(task, problem, GOOD)
+    with pytest.raises(RuntimeError, match="verifier bug"):
+        task_score(task, problem, parse_completion(GOOD))
+    with pytest.raises(KeyError, match="conclusion bug"):
+        consistency_score(task, problem, parse_completion(GOOD))
+
+
+# ---------------------------------------------------------------- reward errors
+
+
+def test_composite_catches_counts_reports_and_warns_once(problem: Problem) -> None:
+    reward = CompositeReward()
+    with pytest.warns(RuntimeWarning, match="KeyError: 'conclusion bug'"):
+        result = reward(BrokenTask(), problem, GOOD)
     assert result.total == pytest.approx(0.3) and not result.is_success
+    assert result.components == {"syntax": 1.0, "consistency": 0.0, "task": 0.0}
+    assert result.errors == {"consistency": "KeyError: 'conclusion bug'", "task": "RuntimeError: verifier bug"}
+    assert result.reasons["task"] == "error: RuntimeError: verifier bug"
+    assert reward.error_counts == {"syntax": 0, "consistency": 1, "task": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per CompositeReward: the second error is only counted
+        again = reward(BrokenTask(), problem, GOOD)
+    assert again.errors == result.errors and reward.error_counts["task"] == 2
+    assert CompositeReward()(SumTask(), problem, GOOD).errors == {}
+
+
+def test_on_error_raise_reraises_the_original_exception(problem: Problem) -> None:
+    class VerifyOnly(SumTask):
+        def verify(self, problem: Problem, answer: str) -> Verdict:
+            raise ZeroDivisionError("verifier bug")
+
+    reward = CompositeReward(on_error="raise")
+    with pytest.warns(RuntimeWarning), pytest.raises(ZeroDivisionError, match="verifier bug"):
+        reward(VerifyOnly(), problem, GOOD)
+    assert reward.error_counts["task"] == 1
+    with pytest.raises(ValueError, match="on_reward_error must be one of 'zero', 'raise'"):
+        CompositeReward(on_error="ignore")
+
+
+class BrokenScorer:
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def score(self, prompts: list[str], completions: list[str]) -> object:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        (OSError("model file gone"), "OSError: model file gone"),
+        ([0.5], "ValueError: the reward model returned 1 scores for 2 completions"),
+        (["high", "low"], "ValueError: could not convert string to float: 'high'"),
+        ([math.inf, 0.5], "ValueError: the reward model returned a non-finite score"),
+    ],
+)
+def test_reward_model_errors_are_per_completion(task: SumTask, problem: Problem, result: object, error: str) -> None:
+    reward = CompositeReward(reward_model=BrokenScorer(result))
+    with pytest.warns(RuntimeWarning, match="consistency"):
+        first, second = reward.score_batch(task, [problem] * 2, [GOOD, GOOD])
+    assert first.errors == {"consistency": error} and first.components["task"] == 1.0
+    assert first.total == pytest.approx(0.6)  # syntax and task still score
+    if "non-finite" in error:
+        assert second.errors == {} and second.components["consistency"] == 0.5
+    else:
+        assert second.errors == first.errors
+    strict = CompositeReward(reward_model=BrokenScorer(result), on_error="raise")
+    with pytest.raises(Exception):  # noqa: B017 (whatever the reward model raised)
+        strict.score_batch(task, [problem] * 2, [GOOD] * 2)
+
+
+def test_reward_model_must_have_a_score_method() -> None:
+    with pytest.raises(TypeError, match="reward_model must be None, a path"):
+        CompositeReward(reward_model=5)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- composite
@@ -388,11 +458,12 @@ def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"format": 0.3}, "unknown reward component 'format'"),
-        ({"syntax": -0.1}, "must be finite and >= 0"),
-        ({"syntax": math.nan}, "must be finite and >= 0"),
-        ({"task": math.inf}, "must be finite and >= 0"),
-        ({"task": "high"}, "must be a number"),
+        ({"format": 0.3}, "reward_weights: unknown key 'format'"),
+        ({"syntax": -0.1}, "weight of 'syntax' must be a finite number >= 0, got -0.1"),
+        ({"syntax": math.nan}, "weight of 'syntax' must be a finite number >= 0, got nan"),
+        ({"task": math.inf}, "weight of 'task' must be a finite number >= 0, got inf"),
+        ({"task": "high"}, "weight of 'task' must be a finite number >= 0, got 'high'"),
+        ({"task": True}, "weight of 'task' must be a finite number >= 0, got True"),
     ],
 )
 def test_set_weights_rejects(mapping: dict, message: str) -> None:
@@ -471,8 +542,11 @@ def test_reward_model_one_call_per_batch(task: SumTask, problem: Problem) -> Non
 
 @pytest.mark.parametrize(("value", "expected"), [(math.nan, 0.0), (1.5, 1.0), (-0.5, 0.0)])
 def test_reward_model_scores_sanitised(task: SumTask, problem: Problem, value: float, expected: float) -> None:
-    result = CompositeReward(reward_model=FakeScorer(value))(task, problem, GOOD)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        result = CompositeReward(reward_model=FakeScorer(value))(task, problem, GOOD)
     assert result.components["consistency"] == expected
+    assert bool(result.errors) is math.isnan(value)  # a non-finite score is a reward-model error
 
 
 def test_reward_model_path_string_is_validated() -> None:
