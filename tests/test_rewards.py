@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import math
+import os
 import random
+import subprocess
+import sys
 import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from grpo_gym.env import R1ZeroEnv
 from grpo_gym.rewards import (
     DEFAULT_WEIGHTS,
     MAX_COMPLETION_CHARS,
@@ -19,6 +27,7 @@ from grpo_gym.rewards import (
     syntax_score,
     task_score,
 )
+from grpo_gym.tasks import make_task
 from grpo_gym.tasks.base import Problem, Task, Verdict
 
 
@@ -393,8 +402,9 @@ def test_reward_model_errors_are_per_completion(task: SumTask, problem: Problem,
     else:
         assert second.errors == first.errors
     strict = CompositeReward(reward_model=BrokenScorer(result), on_error="raise")
-    with pytest.raises(Exception):  # noqa: B017 (whatever the reward model raised)
+    with pytest.warns(RuntimeWarning), pytest.raises(Exception):  # noqa: B017 (whatever the reward model raised)
         strict.score_batch(task, [problem] * 2, [GOOD] * 2)
+    assert strict.error_counts["consistency"] == 1
 
 
 def test_reward_model_must_have_a_score_method() -> None:
@@ -552,3 +562,95 @@ def test_reward_model_scores_sanitised(task: SumTask, problem: Problem, value: f
 def test_reward_model_path_string_is_validated() -> None:
     with pytest.raises(ValueError, match="does not exist"):
         CompositeReward(reward_model="./no/such/reward_model_dir")
+
+
+# ---------------------------------------------------------------- property-based fuzzing (hypothesis)
+
+
+@contextlib.contextmanager
+def nothing_executes():
+    """Make eval / exec / compile, importing a module not yet loaded, os.system / os.popen and starting a
+    subprocess fail while the code under test runs (imports of loaded modules, e.g. numpy's lazy internal
+    ones, return the cached module and run nothing)."""
+    real_import = builtins.__import__
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("something tried to execute code")
+
+    def guarded_import(name: str, *args: object, **kwargs: object) -> object:
+        if name not in sys.modules:
+            raise AssertionError(f"something tried to import {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    targets = [(builtins, name, forbidden) for name in ("eval", "exec", "compile")]
+    targets += [(builtins, "__import__", guarded_import), (os, "system", forbidden), (os, "popen", forbidden)]
+    targets += [(subprocess, "Popen", forbidden)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    for owner, name, replacement in targets:
+        setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+PIECES = ["<think>", "</think>", "<answer>", "</answer>", "<Answer>", "<answer >", "42", "12", "30", "-7", " ", "\n",
+          "x", "<", ">", "/", "=", "é", "\x00", "\ufffd", "__import__('os').system('id')", "12 + 30 = 42"]  # fmt: skip
+_CODES = "".join(chr(ord("A") + i) for i in range(len(PIECES)))
+_TABLE = dict(zip(map(ord, _CODES), PIECES, strict=True))
+completions = st.one_of(
+    st.text(alphabet=_CODES, max_size=40).map(lambda s: s.translate(_TABLE)),  # template-shaped text
+    st.text(max_size=200),  # any text
+    st.binary(max_size=200),  # any bytes (decoded as UTF-8 with replacement)
+)
+TASKS = [SumTask(), make_task("arithmetic"), make_task("countdown")]
+
+
+def check_parse(completion: str | bytes) -> None:
+    with nothing_executes():
+        parsed = parse_completion(completion)
+    assert parsed.well_formed == (parsed.reason == "")
+    text = completion if isinstance(completion, str) else completion.decode("utf-8", errors="replace")
+    if parsed.answer is not None:
+        assert parsed.answer == parsed.answer.strip() and parsed.answer
+        assert text.count("<answer>") == 1 and text.count("</answer>") == 1
+        assert not any(tag in parsed.answer for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+    if parsed.well_formed:
+        assert parsed.answer and parsed.reasoning
+        assert all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(completions)
+def test_fuzz_parser_never_raises_or_executes(completion: str | bytes) -> None:
+    check_parse(completion)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(completion=completions, which=st.integers(0, len(TASKS) - 1), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_composite_reward_scores_in_range(completion: str | bytes, which: int, seed: int) -> None:
+    task = TASKS[which]
+    problem = task.sample(0.5, np.random.default_rng(seed))
+    reward = CompositeReward(on_error="raise")  # any exception would surface here
+    with nothing_executes():
+        result = reward(task, problem, completion)
+    assert -1.0 <= result.total <= 1.0 and all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert result.errors == {} and all(isinstance(r, str) and r for r in result.reasons.values())
+    assert result.is_success == (result.components["task"] == 1.0)
+
+
+ENV = None
+
+
+@settings(max_examples=800, deadline=None)
+@given(raw=st.binary(min_size=96, max_size=96), seed=st.integers(0, 2**16))
+def test_fuzz_env_scores_any_token_ids(raw: bytes, seed: int) -> None:
+    global ENV
+    if ENV is None:
+        ENV = R1ZeroEnv(context_length=256, max_new_tokens=48, template="compact", on_reward_error="raise")
+    ids = np.frombuffer(raw, dtype=np.uint16).astype(np.int64) % ENV.codec.vocab_size  # any 48 ids, bytes included
+    ENV.reset(seed=seed)
+    with nothing_executes():
+        _, reward, terminated, _, info = ENV.step(ids)
+    assert -1.0 <= reward <= 1.0 and terminated and info["reward_errors"] == {}

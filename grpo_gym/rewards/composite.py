@@ -185,7 +185,7 @@ class CompositeReward:
                 raise ValueError(f"the reward model returned {len(scores)} scores for {len(texts)} completions")
         except Exception as exc:
             if self.on_error == "raise":
-                raise
+                self._failed("consistency", exc)  # counts, warns and re-raises
             return [exc] * len(texts)
         bad = ValueError("the reward model returned a non-finite score")
         return [score if math.isfinite(score) else bad for score in scores]
