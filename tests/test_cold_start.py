@@ -17,6 +17,7 @@ import grpo_gym
 from algorithms import GRPO, TransformerPolicy
 from algorithms.common.cold_start import _right_pad, load_sft_rows, supervised_finetune
 from algorithms.grpo.rollout import left_pad
+from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE
 from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 
 ROWS = [  # characters the arithmetic gold solutions never use, so fitting them is visible
@@ -86,7 +87,7 @@ def test_sft_lowers_the_loss_on_gold_solutions() -> None:
     policy = make_policy(env)
     held_out = fixed_gold_batch()
     before = nll(policy, held_out)
-    assert before == pytest.approx(math.log(103), abs=0.3)  # a fresh model is close to uniform
+    assert before == pytest.approx(math.log(BUILTIN_VOCAB_SIZE), abs=0.3)  # a fresh model is close to uniform
     logger = RecordingLogger()
     stats = supervised_finetune(
         policy,
@@ -209,7 +210,7 @@ def test_grpo_cold_start_logs_sft_loss_to_tensorboard(tmp_path: Path) -> None:
     assert {"sft/loss", "sft/mean_token_prob"} <= set(events.Tags()["scalars"])
     sft_loss = events.Scalars("sft/loss")
     assert [e.step for e in sft_loss] == [3]  # logged once, at the last SFT step (log_interval 50 > 3 steps)
-    assert 0 < sft_loss[0].value < math.log(103) + 0.5  # a per-token NLL of a 103-token vocabulary
+    assert 0 < sft_loss[0].value < math.log(BUILTIN_VOCAB_SIZE) + 0.5  # a per-token NLL over the vocabulary
     assert [e.step for e in events.Scalars("train/loss")] == [8]
 
 
