@@ -172,7 +172,7 @@ class R1ZeroEnv(gym.Env):
         The problem records its own seed, so ``task.sample(d, np.random.default_rng(problem.seed))`` remakes it.
         """
         level = self.difficulty if difficulty is None else check_difficulty(difficulty)
-        seed = int(self.np_random.integers(2**63 - 1)) if seed is None else int(seed)
+        seed = int(self.np_random.integers(2**63 - 1)) if seed is None else check_int("seed", seed, low=0)
         problem = self.task.sample(level, np.random.default_rng(seed))
         problem.seed = seed
         return problem
