@@ -26,6 +26,8 @@ _WHAT_TO_PASS = (
 )
 
 
+MAX_CHARS_PER_TOKEN = 64
+"""Texts longer than ``64 * max_length`` characters are cut (on the side truncation keeps) before tokenizing."""
 _DEVICE = re.compile(r"^(auto|cpu|cuda|mps|xpu|npu|hpu|meta)(:\d+)?$")
 
 
@@ -42,7 +44,10 @@ class RewardModelScorer:
     """A sequence-classification model that scores ``(prompt, completion)`` pairs in ``[0, 1]``.
 
     Each pair is encoded as a tokenizer *text pair* (``tokenizer(prompt, completion)``), truncated
-    ``"longest_first"`` to ``max_length`` tokens and right-padded. The score of a model with one output
+    ``"longest_first"`` to ``max_length`` tokens and right-padded. A text longer than ``64 * max_length``
+    characters is first cut to that many on the side truncation keeps (the start, unless the tokenizer's
+    ``truncation_side`` is ``"left"``), so a huge prompt costs ``O(max_length)`` tokenization; the tokens kept
+    are the same whenever the kept part holds at least ``max_length`` tokens. The score of a model with one output
     (``num_labels=1``) is ``sigmoid(logit)``; with two outputs it is the softmax probability of label 1
     ("good"). Other label counts are rejected when loading. Scoring runs in eval mode without gradients, in
     batches of ``batch_size``; scores do not depend on the batch size beyond float rounding.
@@ -149,13 +154,20 @@ class RewardModelScorer:
         import torch
 
         self.load()
+        keep = MAX_CHARS_PER_TOKEN * self.max_length
+        head = getattr(self._tokenizer, "truncation_side", "right") != "left"
+
+        def bound(text: object) -> str:
+            text = str(text)
+            return text if len(text) <= keep else (text[:keep] if head else text[-keep:])
+
         scores = []
         with torch.inference_mode():
             for start in range(0, len(prompts), self.batch_size):
                 stop = start + self.batch_size
                 encoded = self._tokenizer(
-                    [str(p) for p in prompts[start:stop]],
-                    [str(c) for c in completions[start:stop]],
+                    [bound(p) for p in prompts[start:stop]],
+                    [bound(c) for c in completions[start:stop]],
                     truncation="longest_first",
                     max_length=self.max_length,
                     padding=True,
