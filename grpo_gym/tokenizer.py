@@ -130,7 +130,10 @@ class TokenCodec:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)  # the Rust tokenizer, when fast
         self._pieces: np.ndarray | None = None
         if is_builtin_tokenizer(tokenizer):
+            # every piece but the byte tokens' is ASCII: a byte token's placeholder (a lone surrogate, never
+            # returned) makes the joined text non-ASCII, which sends decode() to the byte-aware path
             pieces = ["" if self._special[i] else token for i, token in enumerate(BUILTIN_VOCAB)]
+            pieces[FIRST_BYTE_ID:] = [chr(0xDC00 + b) for b in range(256)]
             self._pieces = np.array(pieces, dtype=object)
 
     def encode(self, text: str) -> np.ndarray:
@@ -154,8 +157,11 @@ class TokenCodec:
         :param max_tokens: how many of its newest tokens to keep (>= 0)
         :return: ``(ids, cut)``: at most ``max_tokens`` int64 ids, and whether ``encode(text)`` is longer
         """
-        n = check_int("max_tokens", max_tokens, low=0)
+        n: int = check_int("max_tokens", max_tokens, low=0)  # type: ignore[assignment]
         budget = TAIL_CHARS_PER_TOKEN * (n + 16)
+        if len(text) <= budget:  # the usual case: a prompt shorter than the window
+            ids = self.encode(text)
+            return (ids, False) if len(ids) <= n else (ids[len(ids) - n :], True)
         limit = MAX_TAIL_CHARS_PER_TOKEN * (n + 16)
         while len(text) > budget:
             ids = self.encode(text[-budget:])
@@ -176,8 +182,9 @@ class TokenCodec:
         ids = np.asarray(ids, dtype=np.int64)
         if self._pieces is None:
             return self.tokenizer.decode(ids[~self._special[ids]].tolist(), skip_special_tokens=True)
-        if not (ids >= FIRST_BYTE_ID).any():
-            return "".join(self._pieces[ids].tolist())
+        text = "".join(self._pieces[ids].tolist())
+        if text.isascii():  # no byte token (O(1): CPython keeps the flag)
+            return text
         return _decode_with_bytes(ids[~self._special[ids]], self._pieces)
 
 

@@ -102,6 +102,8 @@ def check_int(
     :param hint: appended to the message (e.g. how to fix it)
     :raises ArgumentError: when ``value`` is not an integer (or integral float) in range
     """
+    if type(value) is int and (low is None or value >= low) and (high is None or value <= high):
+        return value  # the common case, fast (these checks run in hot paths such as env resets)
     if value is None and allow_none:
         return None
     bounds = describe_range(low, high)
@@ -144,6 +146,13 @@ def check_float(
     :param hint: appended to the message (e.g. how to fix it)
     :raises ArgumentError: when ``value`` is not a real number, not finite, or out of range
     """
+    if (
+        type(value) is float
+        and math.isfinite(value)
+        and (low is None or (value > low if low_open else value >= low))
+        and (high is None or (value < high if high_open else value <= high))
+    ):
+        return value  # the common case, fast
     if value is None and allow_none:
         return None
     bounds = describe_range(low, high, low_open, high_open)
