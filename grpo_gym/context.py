@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from grpo_gym.validation import check_int
+
 
 class ContextWindow:
     """A fixed-capacity token buffer with a left-padded observation view.
@@ -23,10 +25,8 @@ class ContextWindow:
     """
 
     def __init__(self, length: int, pad_id: int) -> None:
-        if length < 1:
-            raise ValueError(f"context_length must be a positive integer, got {length}")
-        self.length = int(length)
-        self.pad_id = int(pad_id)
+        self.length: int = check_int("context_length", length, low=1)  # type: ignore[assignment]
+        self.pad_id: int = check_int("pad_id", pad_id, low=0)  # type: ignore[assignment]
         self._tokens = np.full(self.length, self.pad_id, dtype=np.int64)
         self._size = 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_gym.tasks import MAX_DIFFICULTY, MIN_DIFFICULTY, check_difficulty
+from grpo_gym.validation import ArgumentError, check_float
 
 
 class DynamicCurriculum:
@@ -17,8 +18,8 @@ class DynamicCurriculum:
     :param initial: the starting level (0.3)
     :param raise_above: success rate above which the level rises (0.8)
     :param lower_below: success rate below which the level falls (0.5)
-    :param step_up: how much it rises (0.05)
-    :param step_down: how much it falls (0.03)
+    :param step_up: how much it rises (0.05), in [0, 1]
+    :param step_down: how much it falls (0.03), in [0, 1]
     :param minimum: the lowest level (0.1)
     :param maximum: the highest level (1.0)
     """
@@ -33,25 +34,25 @@ class DynamicCurriculum:
         minimum: float = MIN_DIFFICULTY,
         maximum: float = MAX_DIFFICULTY,
     ) -> None:
-        check_difficulty(minimum)
-        check_difficulty(maximum)
-        if not minimum <= initial <= maximum:
-            raise ValueError(f"initial difficulty {initial} must lie in [minimum, maximum] = [{minimum}, {maximum}]")
-        if not 0.0 <= lower_below <= raise_above <= 1.0:
-            raise ValueError(
-                f"need 0 <= lower_below <= raise_above <= 1, got lower_below={lower_below}, raise_above={raise_above}"
-            )
-        if step_up < 0 or step_down < 0:
-            raise ValueError(f"steps must be non-negative, got step_up={step_up}, step_down={step_down}")
-        self.difficulty = float(initial)
+        minimum = check_difficulty(minimum, "minimum")
+        maximum = check_difficulty(maximum, "maximum")
+        if minimum > maximum:
+            raise ArgumentError(f"minimum ({minimum}) must be <= maximum ({maximum})")
+        initial = check_float("initial", initial, low=minimum, high=maximum, hint="it must lie in [minimum, maximum]")
+        raise_above = check_float("raise_above", raise_above, low=0.0, high=1.0)
+        lower_below = check_float(
+            "lower_below", lower_below, low=0.0, high=raise_above, hint="need lower_below <= raise_above"
+        )
+        step_up = check_float("step_up", step_up, low=0.0, high=1.0)
+        step_down = check_float("step_down", step_down, low=0.0, high=1.0)
+        self.difficulty: float = initial  # type: ignore[assignment]
         self.raise_above, self.lower_below = raise_above, lower_below
         self.step_up, self.step_down = step_up, step_down
         self.minimum, self.maximum = minimum, maximum
 
     def update(self, success_rate: float) -> float:
         """Apply the rule to one measured success rate in [0, 1] and return the new level."""
-        if not 0.0 <= success_rate <= 1.0:
-            raise ValueError(f"success_rate must be in [0, 1], got {success_rate}")
+        success_rate = check_float("success_rate", success_rate, low=0.0, high=1.0)
         if success_rate > self.raise_above:
             self.difficulty = min(self.maximum, round(self.difficulty + self.step_up, 6))
         elif success_rate < self.lower_below:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -11,12 +12,16 @@ import numpy as np
 from gymnasium import spaces
 
 from grpo_gym.context import ContextWindow
+from grpo_gym.env_state import get_env_state, set_env_state
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
+from grpo_gym.validation import ArgumentError, check_choice, check_int
 
 ACTION_MODES = ("sequence", "token")
+RENDER_MODES = (None, "ansi", "human", "rgb_array")
+ON_REWARD_ERROR = ("zero", "raise")
 
 
 class R1ZeroEnv(gym.Env):
@@ -43,8 +48,26 @@ class R1ZeroEnv(gym.Env):
     ``info["reward_components"]`` holds the three scores, ``info["reward_reasons"]`` why one is not full,
     ``info["is_success"]`` whether the task's verifier accepted the answer.
 
+    **Reward errors.** An exception raised by the task's verifier or consistency hooks, or by the reward model,
+    is caught for that component: ``info["reward_errors"]`` maps the component to ``"ExceptionType: message"``
+    (empty dict when none), its reason says ``"error: ..."``, the env warns once with the exception text, and
+    ``on_reward_error`` decides the rest: ``"zero"`` scores that component 0, ``"raise"`` re-raises from
+    ``step``. ``env.reward_fn.error_counts`` counts them per component.
+
     **Episode end.** ``terminated`` when the answer is correct or the turn budget is spent (the budget is part
     of the task). ``truncated`` when the context window cannot hold another turn.
+
+    **Long prompts.** A prompt longer than the window costs ``O(context_length)`` tokenization whatever its
+    length: only its newest part is encoded (:meth:`TokenCodec.encode_tail`), which gives the same ids as
+    encoding it whole and keeping the newest ``context_length`` (``info["prompt_truncated"]`` says so).
+
+    **Saving and resuming.** :meth:`get_state` returns a JSON-serialisable dict with everything needed to
+    continue exactly: the problem generator's bit-generator state, the difficulty, the reward weights and
+    error counts, the task's own sampler state (``Task.get_state()``, ``None`` for the built-in tasks) and the
+    episode in progress (its problem, window, pending tokens, turn and transcript); :meth:`set_state` restores
+    it into an env built with the same arguments. Through a VecEnv: ``venv.env_method("get_state")`` gives one
+    dict per env, ``venv.env_method("set_state", state, indices=[i])`` restores env ``i``. The format is
+    documented in :mod:`grpo_gym.env_state`.
 
     :param task: a task name from the registry (``"arithmetic"``, ``"countdown"``, ``"jsonl"``) or a ``Task``
     :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``)
@@ -61,6 +84,12 @@ class R1ZeroEnv(gym.Env):
         given, it scores the ``consistency`` component (S6 step 3)
     :param render_mode: ``None``, ``"ansi"`` (``render()`` returns the conversation) or ``"human"`` (prints it);
         ``"rgb_array"``, which SB3 requests by default, is accepted and renders nothing
+    :param on_reward_error: ``"zero"`` (default: a reward component whose scoring raised scores 0, reported in
+        ``info["reward_errors"]``) or ``"raise"`` (the exception propagates from ``step``)
+
+    Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
+    numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
+    :class:`~grpo_gym.validation.ArgumentError` (a ``ValueError`` and a ``TypeError``) naming it.
     """
 
     metadata: dict[str, Any] = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 1}  # noqa: RUF012
@@ -80,32 +109,32 @@ class R1ZeroEnv(gym.Env):
         reward_weights: dict[str, float] | None = None,
         reward_model: RewardModelScorer | str | os.PathLike | None = None,
         render_mode: str | None = None,
+        on_reward_error: str = "zero",
     ) -> None:
-        if action_mode not in ACTION_MODES:
-            raise ValueError(f"action_mode must be one of {ACTION_MODES}, got {action_mode!r}")
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ValueError(f"render_mode must be None, 'ansi' or 'human', got {render_mode!r}")
+        self.action_mode: str = check_choice("action_mode", action_mode, ACTION_MODES)
         # "rgb_array" is accepted only because SB3 (make_vec_env, string env ids) asks for it by default; a
         # text env has no frames, so render() returns None in that mode.
-        if max_turns < 1 or max_new_tokens < 1:
-            raise ValueError(f"max_turns and max_new_tokens must be >= 1, got {max_turns} and {max_new_tokens}")
-        if max_new_tokens >= context_length:
-            raise ValueError(
-                f"max_new_tokens ({max_new_tokens}) must be smaller than context_length ({context_length})"
-            )
+        self.render_mode = check_choice("render_mode", render_mode, RENDER_MODES)
+        self.context_length: int = check_int("context_length", context_length, low=2)  # type: ignore[assignment]
+        self.max_new_tokens: int = check_int(  # type: ignore[assignment]
+            "max_new_tokens",
+            max_new_tokens,
+            low=1,
+            high=self.context_length - 1,
+            hint=f"it must be smaller than context_length ({self.context_length})",
+        )
+        self.max_turns: int = check_int("max_turns", max_turns, low=1)  # type: ignore[assignment]
+        self.difficulty = check_difficulty(difficulty)
+        on_reward_error = check_choice("on_reward_error", on_reward_error, ON_REWARD_ERROR)
+        if task_kwargs is not None and not isinstance(task_kwargs, Mapping):
+            raise ArgumentError(f"task_kwargs must be a dict of the task's arguments or None, got {task_kwargs!r}")
         self.task = make_task(task, **(task_kwargs or {}))
         self.tokenizer = load_tokenizer(tokenizer)
         self.codec = TokenCodec(self.tokenizer)
         self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template)
         if isinstance(reward_model, (str, os.PathLike)):
             reward_model = RewardModelScorer(reward_model)
-        self.reward_fn = CompositeReward(reward_weights, reward_model=reward_model)
-        self.context_length = int(context_length)
-        self.max_new_tokens = int(max_new_tokens)
-        self.action_mode = action_mode
-        self.max_turns = int(max_turns)
-        self.difficulty = check_difficulty(difficulty)
-        self.render_mode = render_mode
+        self.reward_fn = CompositeReward(reward_weights, reward_model=reward_model, on_error=on_reward_error)
 
         vocab = self.codec.vocab_size
         window = spaces.Box(0, vocab - 1, shape=(self.context_length,), dtype=np.int64)
@@ -143,7 +172,7 @@ class R1ZeroEnv(gym.Env):
         The problem records its own seed, so ``task.sample(d, np.random.default_rng(problem.seed))`` remakes it.
         """
         level = self.difficulty if difficulty is None else check_difficulty(difficulty)
-        seed = int(self.np_random.integers(2**63 - 1)) if seed is None else int(seed)
+        seed = int(self.np_random.integers(2**63 - 1)) if seed is None else check_int("seed", seed, low=0)
         problem = self.task.sample(level, np.random.default_rng(seed))
         problem.seed = seed
         return problem
@@ -152,10 +181,17 @@ class R1ZeroEnv(gym.Env):
         """Ids of ``text`` inside the template: the cached affix ids around the encoded text."""
         return np.concatenate([affix_ids[0], self.codec.encode(text), affix_ids[1]])
 
+    def encode_prompt(self, question: str) -> tuple[np.ndarray, bool]:
+        """The newest ``context_length`` ids of the templated prompt around ``question``, and whether older ones
+        were cut; ``O(context_length)`` work for a question of any length (see the class docstring)."""
+        before, after = self._prompt_affix_ids
+        ids, cut = self.codec.encode_tail(question, max(0, self.context_length - len(after)))
+        ids = np.concatenate([before, ids, after])
+        return ids[-self.context_length :], cut or len(ids) > self.context_length
+
     def encode_example(self, question: str, completion: str) -> tuple[np.ndarray, np.ndarray]:
         """Token ids of a supervised example: the templated prompt, and the completion followed by EOS."""
-        prompt = self._encode_between(question, self._prompt_affix_ids)[-self.context_length :]
-        return prompt, np.append(self.codec.encode(completion), self.codec.eos_id)
+        return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
     def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """``n`` cold-start examples (S20.1): problems drawn like :meth:`sample_problem`, with the task's gold
@@ -175,6 +211,17 @@ class R1ZeroEnv(gym.Env):
         self.reset(options={"problem": problem})
         return self.step(action)
 
+    # ------------------------------------------------------------------ saving and resuming
+    def get_state(self) -> dict[str, Any]:
+        """Everything needed to continue this env exactly, as a JSON-serialisable dict (see the class docstring
+        and :mod:`grpo_gym.env_state` for the format)."""
+        return get_env_state(self)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`get_state` (of an env built with the same arguments); ``ValueError``, with
+        nothing changed, when it does not fit."""
+        set_env_state(self, state)
+
     # ------------------------------------------------------------------ gymnasium API
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -189,7 +236,8 @@ class R1ZeroEnv(gym.Env):
             raise ValueError(f"options['problem'] must be a grpo_gym.tasks.Problem, got {type(problem).__name__}")
         self.problem = problem if problem is not None else self.sample_problem()
         prompt_text = self.formatter.prompt(self.problem.prompt)
-        prompt_cut = self.window.reset(self._encode_between(self.problem.prompt, self._prompt_affix_ids))
+        prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt)
+        self.window.reset(prompt_ids)
         if prompt_cut and not self._warned_cut:
             self._warned_cut = True
             warnings.warn(
@@ -214,7 +262,8 @@ class R1ZeroEnv(gym.Env):
         if not ended:
             self.window.append(np.array([token]))
         if not ended and len(self._pending) < self.max_new_tokens and self.window.free > 0:
-            return self.window.observation(), 0.0, False, False, {"turn": self._turn, "is_success": False}
+            info = {"turn": self._turn, "is_success": False, "reward_errors": {}}
+            return self.window.observation(), 0.0, False, False, info
         ids = np.asarray(self._pending, dtype=np.int64)
         self._pending = []
         return self._finish_turn(ids, in_window=True)
@@ -244,6 +293,7 @@ class R1ZeroEnv(gym.Env):
         info = {
             "reward_components": result.components,
             "reward_reasons": result.reasons,
+            "reward_errors": result.errors,
             "is_success": result.is_success,
             "completion": completion,
             "completion_length": length,

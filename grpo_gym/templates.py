@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from grpo_gym.validation import ArgumentError, check_choice
+
 R1ZERO_INSTRUCTIONS = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
     "The Assistant first thinks about the reasoning process in the mind and then provides the User with the "
@@ -35,11 +37,19 @@ class PromptFormatter:
     """
 
     def __init__(self, template: str, tokenizer: Any, use_chat_template: bool | str = "auto") -> None:
+        wanted = f"template must be one of {sorted(TEMPLATES)} or a string with a '{{prompt}}' field"
+        if not isinstance(template, str):
+            raise ArgumentError(f"{wanted}, got {type(template).__name__}")
         template = TEMPLATES.get(template, template)
         if "{prompt}" not in template:
-            raise ValueError(
-                f"template must be one of {sorted(TEMPLATES)} or a string with a '{{prompt}}' field, got {template!r}"
-            )
+            raise ArgumentError(f"{wanted}, got {template!r}")
+        try:
+            template.format(prompt="")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ArgumentError(
+                f"{wanted} and no other field ({type(error).__name__}: {error}); write literal braces as {{{{ }}}}"
+            ) from None
+        use_chat_template = check_choice("use_chat_template", use_chat_template, ("auto", True, False))
         has_chat = getattr(tokenizer, "chat_template", None) is not None
         if use_chat_template is True and not has_chat:
             raise ValueError("use_chat_template=True but the tokenizer has no chat template; pass 'auto' or False")

@@ -4,10 +4,15 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from algorithms.common.batch import RolloutBatch
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer, PrioritySampler, RingBuffer
@@ -161,6 +166,66 @@ def test_sampling_errors():
     np.testing.assert_array_equal(np.sort(np.unique(sampler.sample(50)[0])), [0, 1])  # with replacement
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
         sampler.sample(0)
+
+
+def finishes_within(seconds: float, fn) -> str:
+    """Run ``fn`` in a forked child; its outcome (``"ok"`` or the exception's type) or ``"hang"`` if still running."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            fn()
+            os.write(write, b"ok")
+        except Exception as error:
+            os.write(write, type(error).__name__.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    deadline = time.monotonic() + seconds
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return "hang"
+        time.sleep(0.01)
+    return os.read(read, 100).decode()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize(
+    ("leaves", "outcome"),
+    [
+        ([0.0, 0.0, 0.0, 0.0], "ValueError"),  # count says 3 but no mass: was an endless redraw loop
+        ([np.nan, 1.0, 1.0, 0.0], "ValueError"),  # NaN total: every query NaN, always the empty left leaf
+        ([-1.0, -1.0, -1.0, 0.0], "ValueError"),  # negative total
+        ([-1.0, 2.0, 1.0, 0.0], "ok"),  # a negative mass (possible only by writing the tree directly)
+        ([np.inf, 1.0, 0.0, 0.0], "ValueError"),
+    ],
+)
+def test_sampling_a_corrupt_tree_never_loops(leaves, outcome):
+    sampler = PrioritySampler(capacity=4, seed=0)
+    sampler._write_range(sampler._leaves, np.array(leaves))  # bypass update()'s checks, as a corrupt file did
+    sampler.count = 3
+    assert finishes_within(30, lambda: sampler.sample(64)) == outcome
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    masses=st.lists(
+        st.one_of(st.just(0.0), st.floats(1e-300, 1e-290), st.floats(1e-3, 1e3), st.floats(1e290, 1e300)),
+        min_size=1,
+        max_size=3000,
+    ),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_every_draw_lands_on_a_slot_with_mass(masses, seed):
+    # masses spanning 600 orders of magnitude: rounding at the intervals' edges is the rule, not the exception
+    values = np.array(masses)
+    assume(values.sum() > 0 and np.isfinite(values.sum()))
+    sampler = PrioritySampler(capacity=len(values), alpha=1.0, seed=seed)
+    sampler.update(np.arange(len(values)), values)
+    idx, weights = sampler.sample(256)
+    assert (values[idx] > 0).all() and np.isfinite(weights).all()
 
 
 # ---------------------------------------------------------------------------------------------------------

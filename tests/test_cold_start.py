@@ -17,6 +17,7 @@ import grpo_gym
 from algorithms import GRPO, TransformerPolicy
 from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.cold_start import load_sft_rows, supervised_finetune
+from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE
 from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 
 ROWS = [  # characters the arithmetic gold solutions never use, so fitting them is visible
@@ -86,7 +87,7 @@ def test_sft_lowers_the_loss_on_gold_solutions() -> None:
     policy = make_policy(env)
     held_out = fixed_gold_batch()
     before = nll(policy, held_out)
-    assert before == pytest.approx(math.log(103), abs=0.3)  # a fresh model is close to uniform
+    assert before == pytest.approx(math.log(BUILTIN_VOCAB_SIZE), abs=0.3)  # a fresh model is close to uniform
     logger = RecordingLogger()
     stats = supervised_finetune(
         policy,
@@ -162,6 +163,17 @@ def test_load_sft_rows_errors(tmp_path: Path, content: str | None, match: str) -
         load_sft_rows(path)
 
 
+def test_load_sft_rows_refuses_non_utf8_and_over_long_lines(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b'{"prompt": "a", "response": "b"}\n{"prompt": "\xff", "response": "b"}\n')
+    with pytest.raises(ValueError, match=r"rows\.jsonl:2: not UTF-8 text \(byte 0xff"):
+        load_sft_rows(path)
+    path.write_text(json.dumps({"prompt": "x" * 100, "response": "b"}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"rows\.jsonl:1: line longer than 64 bytes"):
+        load_sft_rows(path, max_line_bytes=64)
+    assert load_sft_rows(path, max_line_bytes=200) == [("x" * 100, "b")]
+
+
 def test_bad_sft_data_fails_at_construction(tmp_path: Path) -> None:
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
     with pytest.raises(ValueError, match="sft_data"):
@@ -198,7 +210,7 @@ def test_grpo_cold_start_logs_sft_loss_to_tensorboard(tmp_path: Path) -> None:
     assert {"sft/loss", "sft/mean_token_prob"} <= set(events.Tags()["scalars"])
     sft_loss = events.Scalars("sft/loss")
     assert [e.step for e in sft_loss] == [3]  # logged once, at the last SFT step (log_interval 50 > 3 steps)
-    assert 0 < sft_loss[0].value < math.log(103) + 0.5  # a per-token NLL of a 103-token vocabulary
+    assert 0 < sft_loss[0].value < math.log(BUILTIN_VOCAB_SIZE) + 0.5  # a per-token NLL over the vocabulary
     assert [e.step for e in events.Scalars("train/loss")] == [8]
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pickle
 import subprocess
 import sys
+import warnings
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -318,3 +322,184 @@ def test_vec_envs_subprocess_and_same_seed() -> None:
         assert [p.answer for p in sub.get_attr("problem")] == ["2", "2"]
     finally:
         sub.close()
+
+
+# ---------------------------------------------------------------- reward errors
+
+
+class FlakyVerifier(grpo_gym.tasks.ArithmeticTask):
+    """An arithmetic task whose verifier raises on every call, as a buggy user task might."""
+
+    def verify(self, problem: Problem, answer: str) -> grpo_gym.Verdict:
+        raise RuntimeError("verifier bug")
+
+
+def test_reward_errors_reach_info_and_warn_once_per_env() -> None:
+    env = R1ZeroEnv(task=FlakyVerifier(), context_length=256, max_new_tokens=96, template="compact")
+    env.reset(seed=0)
+    action = encode_completion(env, gold_text(env))
+    with pytest.warns(RuntimeWarning, match="RuntimeError: verifier bug"):
+        _, reward, terminated, _, info = env.step(action)
+    assert info["reward_errors"] == {"task": "RuntimeError: verifier bug"}
+    assert info["reward_reasons"]["task"] == "error: RuntimeError: verifier bug"
+    assert info["reward_components"]["task"] == 0.0 and not info["is_success"] and terminated
+    assert reward == pytest.approx(0.3 + 0.4 * info["reward_components"]["consistency"])
+    env.reset(seed=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per env: the second error is counted, not warned
+        info = env.step(encode_completion(env, gold_text(env)))[4]
+    assert info["reward_errors"] and env.reward_fn.error_counts["task"] == 2
+    fine = R1ZeroEnv(context_length=256, max_new_tokens=96, template="compact")
+    fine.reset(seed=0)
+    assert fine.step(encode_completion(fine, gold_text(fine)))[4]["reward_errors"] == {}
+
+
+def test_on_reward_error_raise_propagates_from_step() -> None:
+    env = R1ZeroEnv(
+        task=FlakyVerifier(), context_length=256, max_new_tokens=96, template="compact", on_reward_error="raise"
+    )
+    env.reset(seed=0)
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="verifier bug"):
+        env.step(encode_completion(env, gold_text(env)))
+
+
+# ---------------------------------------------------------------- get_state / set_state
+
+
+def draw(env: R1ZeroEnv, n: int) -> list[Problem]:
+    return [env.reset()[1]["problem"] for _ in range(n)]
+
+
+def test_set_state_continues_with_the_same_problems() -> None:
+    kwargs = {"context_length": 256, "max_new_tokens": 32, "template": "compact"}
+    env = R1ZeroEnv(**kwargs)
+    env.reset(seed=3)
+    draw(env, 4)
+    env.set_difficulty(0.7)
+    env.set_reward_weights({"task": 0.5})
+    state = json.loads(json.dumps(env.get_state()))  # plain JSON data
+    expected = draw(env, 6)
+    fresh = R1ZeroEnv(**kwargs)
+    fresh.set_state(state)
+    assert (fresh.difficulty, fresh.reward_fn.weights["task"]) == (0.7, 0.5)
+    assert draw(fresh, 6) == expected
+    # the problem in progress is restored too
+    fresh.set_state(state)
+    assert fresh.problem == state_problem(env, state)
+
+
+def state_problem(env: R1ZeroEnv, state: dict) -> Problem:
+    from grpo_gym.env_state import restore_problem
+
+    return restore_problem(env.task, state["episode"]["problem"])
+
+
+@pytest.mark.parametrize("mode", ["sequence", "token"])
+def test_set_state_mid_episode_continues_exactly(mode: str) -> None:
+    kwargs = {"context_length": 512, "max_new_tokens": 48, "max_turns": 3, "template": "compact", "action_mode": mode}
+    env = R1ZeroEnv(**kwargs)
+    env.reset(seed=5)
+    wrong = encode_completion(env, "<think>guess</think><answer>-1</answer>")
+    if mode == "sequence":
+        env.step(wrong)  # a wrong answer: feedback appended, the episode goes on
+    else:
+        for token in wrong[:5]:
+            env.step(int(token))  # an unfinished turn
+    state = env.get_state()
+    fresh = R1ZeroEnv(**kwargs)
+    fresh.set_state(json.loads(json.dumps(state)))
+    if mode == "sequence":
+        a, b = env.step(encode_completion(env, gold_text(env))), fresh.step(encode_completion(fresh, gold_text(fresh)))
+    else:
+        for token in wrong[5:]:
+            a, b = env.step(int(token)), fresh.step(int(token))
+            if a[2] or a[3]:
+                break
+    np.testing.assert_array_equal(a[0]["input_ids"], b[0]["input_ids"])
+    assert a[1:4] == b[1:4] and a[4]["completion"] == b[4]["completion"]
+    assert draw(env, 3) == draw(fresh, 3)
+
+
+def test_state_through_a_vec_env_and_pinned_problems() -> None:
+    kwargs = {"context_length": 256, "max_new_tokens": 32, "template": "compact"}
+    venv = make_vec_env("R1Zero-v0", n_envs=2, seed=1, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+    venv.reset()
+    pinned = Problem(prompt="What is 1+1?", answer="2", task="arithmetic", difficulty=0.1, metadata={"k": [1]})
+    venv.env_method("reset", options={"problem": pinned}, indices=[1])
+    states = venv.env_method("get_state")
+    assert states[1]["episode"]["problem"] == {"fields": dataclasses.asdict(pinned)}
+    other = make_vec_env("R1Zero-v0", n_envs=2, seed=99, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+    for i, state in enumerate(states):
+        other.env_method("set_state", state, indices=[i])
+    assert other.get_attr("problem")[1] == pinned
+    assert [draw(e.unwrapped, 3) for e in venv.envs] == [draw(e.unwrapped, 3) for e in other.envs]
+
+
+def test_set_state_refuses_a_state_of_another_env_and_changes_nothing() -> None:
+    env = R1ZeroEnv(context_length=256, max_new_tokens=32, template="compact")
+    env.reset(seed=0)
+    state = env.get_state()
+    other = R1ZeroEnv(context_length=512, max_new_tokens=32, template="compact")
+    other.reset(seed=1)
+    before = other.get_state()
+    with pytest.raises(ValueError, match="context_length: saved 256, this env 512"):
+        other.set_state(state)
+    with pytest.raises(ValueError, match="not an R1ZeroEnv state"):
+        other.set_state({"format": "something else"})
+    broken = json.loads(json.dumps(before))
+    broken["np_random"]["bit_generator"] = "os.system"
+    with pytest.raises(ValueError, match="unknown bit generator"):
+        other.set_state(broken)
+    broken = json.loads(json.dumps(before))
+    broken["episode"]["window"] = [10**6]
+    with pytest.raises(ValueError, match="window ids"):
+        other.set_state(broken)
+    assert other.get_state() == before
+
+
+# ---------------------------------------------------------------- long prompts: O(context_length) per reset
+
+
+def small_bpe() -> Any:
+    """A byte-level BPE tokenizer (GPT-2 style pre-tokenization), trained here on a few sentences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(["What is 12+34? Where is the fox? The lazy dog sleeps."] * 20, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+@pytest.mark.parametrize("tokenizer", ["builtin", "bpe"])
+def test_multi_megabyte_jsonl_prompt_costs_only_the_window(tmp_path, monkeypatch, tokenizer: str) -> None:
+    line = "Where is the fox? 12+34 é日本 <think>\n"
+    prompt = line * 120_000 + "So: what is 2+2?"  # ~4.8 MB in one jsonl row
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps({"prompt": prompt, "answer": "4"}) + "\n", encoding="utf-8")
+    env = R1ZeroEnv(
+        task="jsonl",
+        task_kwargs={"path": path},
+        tokenizer=small_bpe() if tokenizer == "bpe" else None,
+        context_length=384,
+        max_new_tokens=32,
+        template="compact",
+    )
+    encoded: list[int] = []
+    encode = env.codec.encode
+    monkeypatch.setattr(env.codec, "encode", lambda text: encoded.append(len(text)) or encode(text))
+    with pytest.warns(UserWarning, match="context_length"):
+        obs, info = env.reset(seed=0)
+    assert info["prompt_truncated"] and obs["attention_mask"].all()
+    assert sum(encoded) <= 3 * 4 * (384 + 16)  # characters read: a bounded multiple of the window
+    # The reference: the whole templated prompt encoded, newest 384 tokens kept. Both tokenizers start a new
+    # token after every "\n" (the built-in one splits every character; byte-level BPE pre-tokenizes "\n" apart
+    # from the letter after it), so encoding the text from a line start on gives the full encoding's tail.
+    text = env.formatter.prompt(prompt)
+    start = text.rindex("\n", 0, len(text) - 50_000) + 1
+    np.testing.assert_array_equal(obs["input_ids"], encode(text[start:])[-384:])
+    assert env.encode_example(prompt, "x")[0].tolist() == obs["input_ids"].tolist()

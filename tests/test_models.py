@@ -89,7 +89,7 @@ def test_builtin_save_load_round_trip(tmp_path):
 
 def test_qwen2_checkpoint_loads_through_load_model(tmp_path):
     config = Qwen2Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        vocab_size=384, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, eos_token_id=1,
     )  # fmt: skip
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def test_qwen2_checkpoint_loads_through_load_model(tmp_path):
     ids = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(1))
     assert torch.equal(_logits(model, ids), _logits(loaded, ids))
     with pytest.raises(ValueError, match="resize_token_embeddings"):
-        load_model(tmp_path, vocab_size=200)
+        load_model(tmp_path, vocab_size=500)
 
 
 def test_load_model_errors(tmp_path):

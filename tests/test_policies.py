@@ -47,8 +47,8 @@ def observations(env: grpo_gym.R1ZeroEnv, seeds: list[int]) -> list[dict[str, np
     return [env.reset(seed=s)[0] for s in seeds]
 
 
-def save_tiny_hf_model(folder: Path, kind: str, vocab_size: int = 128) -> Path:
-    """A tiny Qwen2 or Llama causal LM saved like a user's checkpoint (vocabulary larger than the env's 103)."""
+def save_tiny_hf_model(folder: Path, kind: str, vocab_size: int = 384) -> Path:
+    """A tiny Qwen2 or Llama causal LM saved like a user's checkpoint (vocabulary larger than the env's 359)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_class, model_class = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[
@@ -102,7 +102,7 @@ def test_tokens_after_eos_are_padding() -> None:
         if len(ends) and ends[0] < MAX_NEW - 1:
             rows_with_eos += 1
             assert (row[ends[0] + 1 :] == PAD).all(), row
-    assert rows_with_eos >= 2  # a random 103-token model ends ~20% of 24-token completions early
+    assert rows_with_eos >= 2  # a random model over the vocabulary ends ~20% of 24-token completions early
 
 
 def test_token_mode_predicts_one_token() -> None:
@@ -162,8 +162,9 @@ def test_log_probs_equal_the_sampling_log_probs(temperature: float) -> None:
     assert log_probs.shape == entropy.shape == (4, MAX_NEW)
     th.testing.assert_close(log_probs, completions.log_probs, atol=1e-5, rtol=0)
     assert (log_probs[~completions.mask] == 0).all() and (log_probs[completions.mask] < 0).all()
-    # a near-uniform random model over 103 tokens: entropy at most log(103)
-    assert (entropy[completions.mask] <= np.log(103) + 1e-4).all() and (entropy[completions.mask] > 0).all()
+    # a near-uniform random model over the vocabulary: entropy at most its log
+    real = entropy[completions.mask]
+    assert (real <= np.log(env.codec.vocab_size) + 1e-4).all() and (real > 0).all()
 
 
 # ---------------------------------------------------------------------------------------------- HF export
@@ -177,7 +178,7 @@ def test_save_pretrained_loads_with_auto_classes(tmp_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     text = "<think>4+9=13</think><answer>13</answer>"
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == env.codec.encode(text).tolist()
-    assert len(tokenizer) == 103 and tokenizer.eos_token_id == EOS and tokenizer.pad_token_id == PAD
+    assert len(tokenizer) == env.codec.vocab_size and tokenizer.eos_token_id == EOS and tokenizer.pad_token_id == PAD
     ids = th.as_tensor(env.codec.encode("What is 4+9?"))[None]
     with th.no_grad():
         th.testing.assert_close(model(input_ids=ids).logits, policy.model(input_ids=ids).logits, atol=1e-6, rtol=0)
@@ -188,7 +189,7 @@ def test_grpo_save_pretrained_writes_the_env_tokenizer(tmp_path: Path) -> None:
 
     model = GRPO("TransformerPolicy", DummyVecEnv([make_raw_env]), sft_steps=0, seed=0, policy_kwargs=TINY)
     model.save_pretrained(str(tmp_path))
-    assert len(AutoTokenizer.from_pretrained(tmp_path)) == 103
+    assert len(AutoTokenizer.from_pretrained(tmp_path)) == model.env.get_attr("codec")[0].vocab_size
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     for (name, a), (_, b) in zip(model.policy.model.state_dict().items(), loaded.state_dict().items(), strict=True):
         assert th.equal(a, b), name
@@ -273,7 +274,7 @@ def test_local_checkpoint_folder_as_policy_and_offline_load(
     assert type(model.policy.model).__name__.lower().startswith(kind)
     assert not model.policy.is_builtin and not model._needs_cold_start()  # a checkpoint skips the cold start
     obs = env.reset()
-    actions, _ = model.predict(obs)  # ids 103..127 of the model's table are never sampled
+    actions, _ = model.predict(obs)  # ids 359..383 of the model's table are never sampled
     assert env.action_space.contains(actions[0].astype(np.int64))
     model.learn(8)
     greedy, _ = model.predict(obs, deterministic=True)
@@ -284,7 +285,7 @@ def test_local_checkpoint_folder_as_policy_and_offline_load(
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     loaded = GRPO.load(tmp_path / "model.zip", env=env)
     assert type(loaded.policy.model) is type(model.policy.model)
-    assert loaded.policy.model.get_input_embeddings().num_embeddings == 128
+    assert loaded.policy.model.get_input_embeddings().num_embeddings == 384
     for (name, a), (_, b) in zip(model.policy.state_dict().items(), loaded.policy.state_dict().items(), strict=True):
         assert th.equal(a, b), name
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], greedy)
@@ -295,7 +296,7 @@ def test_local_checkpoint_folder_as_policy_and_offline_load(
 def test_memory_longer_than_the_model_positions_is_caught(tmp_path: Path) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=128, n_embd=32, n_layer=1, n_head=2, n_positions=40, bos_token_id=1, eos_token_id=1)
+    config = GPT2Config(vocab_size=384, n_embd=32, n_layer=1, n_head=2, n_positions=40, bos_token_id=1, eos_token_id=1)
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt2")
     env = make_raw_env()
     obs, _ = env.reset(seed=0)

@@ -138,6 +138,17 @@ def test_max_length_truncates(model_dir: Path) -> None:
     assert scores.shape == (1,) and 0.0 <= scores[0] <= 1.0
 
 
+def test_huge_texts_are_cut_before_tokenizing_without_changing_scores(model_dir: Path, monkeypatch) -> None:
+    import grpo_gym.rewards.reward_model as reward_model
+
+    scorer = RewardModelScorer(model_dir, max_length=16)
+    prompt = f"{PROMPTS[0]} " * 100 + f"{PROMPTS[1]} " * 100  # more than 64 * 16 characters; start != end
+    assert len(prompt) > reward_model.MAX_CHARS_PER_TOKEN * 16
+    cut = scorer.score([prompt, "short"], [COMPLETIONS[0] * 100, COMPLETIONS[1]])
+    monkeypatch.setattr(reward_model, "MAX_CHARS_PER_TOKEN", 10**9)  # no cut: the whole texts are tokenized
+    np.testing.assert_array_equal(scorer.score([prompt, "short"], [COMPLETIONS[0] * 100, COMPLETIONS[1]]), cut)
+
+
 def test_empty_and_mismatched(model_dir: Path) -> None:
     scorer = RewardModelScorer(model_dir)
     assert scorer.score([], []).shape == (0,)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import builtins
+import contextlib
 import math
+import os
 import random
+import subprocess
+import sys
+import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from grpo_gym.env import R1ZeroEnv
 from grpo_gym.rewards import (
     DEFAULT_WEIGHTS,
     MAX_COMPLETION_CHARS,
@@ -18,6 +27,7 @@ from grpo_gym.rewards import (
     syntax_score,
     task_score,
 )
+from grpo_gym.tasks import make_task
 from grpo_gym.tasks.base import Problem, Task, Verdict
 
 
@@ -322,14 +332,84 @@ def test_consistency_without_key_terms(problem: Problem) -> None:
     assert consistency_score(task, problem, parse_completion("<think>so 41</think><answer>42</answer>"))[0] == 0.0
 
 
-def test_task_bugs_become_reasons(problem: Problem) -> None:
+def test_task_bugs_propagate_from_the_components(problem: Problem) -> None:
     task = BrokenTask()
-    score, reason = task_score(task, problem, parse_completion(GOOD))
-    assert score == 0.0 and reason == "task.verify raised RuntimeError: verifier bug"
-    score, reason = consistency_score(task, problem, parse_completion(GOOD))
-    assert score == 0.0 and "KeyError" in reason
-    result = CompositeReward()(task, problem, GOOD)
+    with pytest.raises(RuntimeError, match="verifier bug"):
+        task_score(task, problem, parse_completion(GOOD))
+    with pytest.raises(KeyError, match="conclusion bug"):
+        consistency_score(task, problem, parse_completion(GOOD))
+
+
+# ---------------------------------------------------------------- reward errors
+
+
+def test_composite_catches_counts_reports_and_warns_once(problem: Problem) -> None:
+    reward = CompositeReward()
+    with pytest.warns(RuntimeWarning, match="KeyError: 'conclusion bug'"):
+        result = reward(BrokenTask(), problem, GOOD)
     assert result.total == pytest.approx(0.3) and not result.is_success
+    assert result.components == {"syntax": 1.0, "consistency": 0.0, "task": 0.0}
+    assert result.errors == {"consistency": "KeyError: 'conclusion bug'", "task": "RuntimeError: verifier bug"}
+    assert result.reasons["task"] == "error: RuntimeError: verifier bug"
+    assert reward.error_counts == {"syntax": 0, "consistency": 1, "task": 1}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per CompositeReward: the second error is only counted
+        again = reward(BrokenTask(), problem, GOOD)
+    assert again.errors == result.errors and reward.error_counts["task"] == 2
+    assert CompositeReward()(SumTask(), problem, GOOD).errors == {}
+
+
+def test_on_error_raise_reraises_the_original_exception(problem: Problem) -> None:
+    class VerifyOnly(SumTask):
+        def verify(self, problem: Problem, answer: str) -> Verdict:
+            raise ZeroDivisionError("verifier bug")
+
+    reward = CompositeReward(on_error="raise")
+    with pytest.warns(RuntimeWarning), pytest.raises(ZeroDivisionError, match="verifier bug"):
+        reward(VerifyOnly(), problem, GOOD)
+    assert reward.error_counts["task"] == 1
+    with pytest.raises(ValueError, match="on_reward_error must be one of 'zero', 'raise'"):
+        CompositeReward(on_error="ignore")
+
+
+class BrokenScorer:
+    def __init__(self, result: object) -> None:
+        self.result = result
+
+    def score(self, prompts: list[str], completions: list[str]) -> object:
+        if isinstance(self.result, Exception):
+            raise self.result
+        return self.result
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        (OSError("model file gone"), "OSError: model file gone"),
+        ([0.5], "ValueError: the reward model returned 1 scores for 2 completions"),
+        (["high", "low"], "ValueError: could not convert string to float: 'high'"),
+        ([math.inf, 0.5], "ValueError: the reward model returned a non-finite score"),
+    ],
+)
+def test_reward_model_errors_are_per_completion(task: SumTask, problem: Problem, result: object, error: str) -> None:
+    reward = CompositeReward(reward_model=BrokenScorer(result))
+    with pytest.warns(RuntimeWarning, match="consistency"):
+        first, second = reward.score_batch(task, [problem] * 2, [GOOD, GOOD])
+    assert first.errors == {"consistency": error} and first.components["task"] == 1.0
+    assert first.total == pytest.approx(0.6)  # syntax and task still score
+    if "non-finite" in error:
+        assert second.errors == {} and second.components["consistency"] == 0.5
+    else:
+        assert second.errors == first.errors
+    strict = CompositeReward(reward_model=BrokenScorer(result), on_error="raise")
+    with pytest.warns(RuntimeWarning), pytest.raises(Exception):  # noqa: B017 (whatever the reward model raised)
+        strict.score_batch(task, [problem] * 2, [GOOD] * 2)
+    assert strict.error_counts["consistency"] == 1
+
+
+def test_reward_model_must_have_a_score_method() -> None:
+    with pytest.raises(TypeError, match="reward_model must be None, a path"):
+        CompositeReward(reward_model=5)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- composite
@@ -388,11 +468,12 @@ def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
 @pytest.mark.parametrize(
     ("mapping", "message"),
     [
-        ({"format": 0.3}, "unknown reward component 'format'"),
-        ({"syntax": -0.1}, "must be finite and >= 0"),
-        ({"syntax": math.nan}, "must be finite and >= 0"),
-        ({"task": math.inf}, "must be finite and >= 0"),
-        ({"task": "high"}, "must be a number"),
+        ({"format": 0.3}, "reward_weights: unknown key 'format'"),
+        ({"syntax": -0.1}, "weight of 'syntax' must be a finite number >= 0, got -0.1"),
+        ({"syntax": math.nan}, "weight of 'syntax' must be a finite number >= 0, got nan"),
+        ({"task": math.inf}, "weight of 'task' must be a finite number >= 0, got inf"),
+        ({"task": "high"}, "weight of 'task' must be a finite number >= 0, got 'high'"),
+        ({"task": True}, "weight of 'task' must be a finite number >= 0, got True"),
     ],
 )
 def test_set_weights_rejects(mapping: dict, message: str) -> None:
@@ -471,10 +552,105 @@ def test_reward_model_one_call_per_batch(task: SumTask, problem: Problem) -> Non
 
 @pytest.mark.parametrize(("value", "expected"), [(math.nan, 0.0), (1.5, 1.0), (-0.5, 0.0)])
 def test_reward_model_scores_sanitised(task: SumTask, problem: Problem, value: float, expected: float) -> None:
-    result = CompositeReward(reward_model=FakeScorer(value))(task, problem, GOOD)
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        result = CompositeReward(reward_model=FakeScorer(value))(task, problem, GOOD)
     assert result.components["consistency"] == expected
+    assert bool(result.errors) is math.isnan(value)  # a non-finite score is a reward-model error
 
 
 def test_reward_model_path_string_is_validated() -> None:
     with pytest.raises(ValueError, match="does not exist"):
         CompositeReward(reward_model="./no/such/reward_model_dir")
+
+
+# ---------------------------------------------------------------- property-based fuzzing (hypothesis)
+
+
+@contextlib.contextmanager
+def nothing_executes():
+    """Make eval / exec / compile, importing a module not yet loaded, os.system / os.popen and starting a
+    subprocess fail while the code under test runs (imports of loaded modules, e.g. numpy's lazy internal
+    ones, return the cached module and run nothing)."""
+    real_import = builtins.__import__
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("something tried to execute code")
+
+    def guarded_import(name: str, *args: object, **kwargs: object) -> object:
+        if name not in sys.modules:
+            raise AssertionError(f"something tried to import {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    targets = [(builtins, name, forbidden) for name in ("eval", "exec", "compile")]
+    targets += [(builtins, "__import__", guarded_import), (os, "system", forbidden), (os, "popen", forbidden)]
+    targets += [(subprocess, "Popen", forbidden)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    for owner, name, replacement in targets:
+        setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+PIECES = ["<think>", "</think>", "<answer>", "</answer>", "<Answer>", "<answer >", "42", "12", "30", "-7", " ", "\n",
+          "x", "<", ">", "/", "=", "é", "\x00", "\ufffd", "__import__('os').system('id')", "12 + 30 = 42"]  # fmt: skip
+_CODES = "".join(chr(ord("A") + i) for i in range(len(PIECES)))
+_TABLE = dict(zip(map(ord, _CODES), PIECES, strict=True))
+completions = st.one_of(
+    st.text(alphabet=_CODES, max_size=40).map(lambda s: s.translate(_TABLE)),  # template-shaped text
+    st.text(max_size=200),  # any text
+    st.binary(max_size=200),  # any bytes (decoded as UTF-8 with replacement)
+)
+TASKS = [SumTask(), make_task("arithmetic"), make_task("countdown")]
+
+
+def check_parse(completion: str | bytes) -> None:
+    with nothing_executes():
+        parsed = parse_completion(completion)
+    assert parsed.well_formed == (parsed.reason == "")
+    text = completion if isinstance(completion, str) else completion.decode("utf-8", errors="replace")
+    if parsed.answer is not None:
+        assert parsed.answer == parsed.answer.strip() and parsed.answer
+        assert text.count("<answer>") == 1 and text.count("</answer>") == 1
+        assert not any(tag in parsed.answer for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+    if parsed.well_formed:
+        assert parsed.answer and parsed.reasoning
+        assert all(text.count(tag) == 1 for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(completions)
+def test_fuzz_parser_never_raises_or_executes(completion: str | bytes) -> None:
+    check_parse(completion)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(completion=completions, which=st.integers(0, len(TASKS) - 1), seed=st.integers(0, 2**32 - 1))
+def test_fuzz_composite_reward_scores_in_range(completion: str | bytes, which: int, seed: int) -> None:
+    task = TASKS[which]
+    problem = task.sample(0.5, np.random.default_rng(seed))
+    reward = CompositeReward(on_error="raise")  # any exception would surface here
+    with nothing_executes():
+        result = reward(task, problem, completion)
+    assert -1.0 <= result.total <= 1.0 and all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert result.errors == {} and all(isinstance(r, str) and r for r in result.reasons.values())
+    assert result.is_success == (result.components["task"] == 1.0)
+
+
+ENV = None
+
+
+@settings(max_examples=800, deadline=None)
+@given(raw=st.binary(min_size=96, max_size=96), seed=st.integers(0, 2**16))
+def test_fuzz_env_scores_any_token_ids(raw: bytes, seed: int) -> None:
+    global ENV
+    if ENV is None:
+        ENV = R1ZeroEnv(context_length=256, max_new_tokens=48, template="compact", on_reward_error="raise")
+    ids = np.frombuffer(raw, dtype=np.uint16).astype(np.int64) % ENV.codec.vocab_size  # any 48 ids, bytes included
+    ENV.reset(seed=seed)
+    with nothing_executes():
+        _, reward, terminated, _, info = ENV.step(ids)
+    assert -1.0 <= reward <= 1.0 and terminated and info["reward_errors"] == {}

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
+import os
 import random
+import subprocess
+import sys
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from grpo_gym.tasks.safe_expr import (
     MAX_DEPTH,
@@ -158,3 +164,105 @@ def test_format_number() -> None:
     assert format_number(Fraction(-3)) == "-3"
     assert format_number(Fraction(3, 4)) == "3/4"
     assert format_number(5) == "5"
+
+
+# ---------------------------------------------------------------- property-based fuzzing (hypothesis)
+
+
+@contextlib.contextmanager
+def nothing_executes():
+    """Make eval / exec / compile, importing a module not yet loaded, os.system / os.popen and starting a
+    subprocess fail while the code under test runs (imports of loaded modules, e.g. numpy's lazy internal
+    ones, return the cached module and run nothing)."""
+    real_import = builtins.__import__
+
+    def forbidden(*args: object, **kwargs: object) -> None:
+        raise AssertionError("something tried to execute code")
+
+    def guarded_import(name: str, *args: object, **kwargs: object) -> object:
+        if name not in sys.modules:
+            raise AssertionError(f"something tried to import {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    targets = [(builtins, name, forbidden) for name in ("eval", "exec", "compile")]
+    targets += [(builtins, "__import__", guarded_import), (os, "system", forbidden), (os, "popen", forbidden)]
+    targets += [(subprocess, "Popen", forbidden)]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
+    for owner, name, replacement in targets:
+        setattr(owner, name, replacement)
+    try:
+        yield
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+
+
+def test_the_guard_catches_execution() -> None:
+    with nothing_executes():
+        for attempt in (lambda: eval("1"), lambda: exec("x = 1"), lambda: __import__("antigravity")):
+            with pytest.raises(AssertionError, match="something tried to"):
+                attempt()
+        assert __import__("math").sqrt(4) == 2  # a loaded module is returned, nothing runs
+
+
+TOKENS = ["0", "1", "7", "12", "999999999999", "1234567890123", "+", "-", "*", "/", "(", ")", " ", "\n", "**",
+          "//", "%", "=", ".", "x", "_", "__import__('os')", "é", "\x00", "()", "((", "))", "-("]  # fmt: skip
+_CODES = "".join(chr(ord("A") + i) for i in range(len(TOKENS)))
+# a string over one letter per token, mapped to the tokens (text is the cheapest thing hypothesis draws)
+_TABLE = dict(zip(map(ord, _CODES), TOKENS, strict=True))
+expressions = st.text(alphabet=_CODES, max_size=60).map(lambda s: s.translate(_TABLE))
+
+
+def check_outcome(text: str) -> None:
+    with nothing_executes():
+        result, reason = try_evaluate(text)
+    assert (result is None) == bool(reason)
+    if result is None:
+        return
+    assert isinstance(result.value, Fraction) and len(text) <= 256
+    digits = "".join(c if c.isdigit() else " " for c in text).split()
+    assert list(result.literals) == [int(d) for d in digits]  # every literal read, in order, nothing else
+    assert set(text) <= set("0123456789+-*/() \t\r\n")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(expressions)
+def test_fuzz_grammar_pieces_never_raise_or_execute(text: str) -> None:
+    check_outcome(text)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(max_size=300))
+def test_fuzz_any_text_never_raises_or_executes(text: str) -> None:
+    check_outcome(text)
+
+
+def _binary(parts: tuple[tuple[str, Fraction | None], str, tuple[str, Fraction | None]]) -> tuple[str, Fraction | None]:
+    (a, x), op, (b, y) = parts
+    if x is None or y is None or (op == "/" and y == 0):
+        return f"({a}{op}{b})", None  # None: a division by zero somewhere inside
+    value = {"+": x + y, "-": x - y, "*": x * y, "/": x / y if y else None}[op]
+    return f"({a}{op}{b})", value
+
+
+# (text, exact value) pairs of valid expressions, built together so the value needs no evaluator
+valid_expressions = st.recursive(
+    st.integers(0, 10**6).map(lambda n: (str(n), Fraction(n))),
+    lambda inner: st.one_of(
+        st.tuples(inner, st.sampled_from("+-*/"), inner).map(_binary),
+        inner.map(lambda e: (f"-{e[0]}", None if e[1] is None else -e[1])),
+    ),
+    max_leaves=10,
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(valid_expressions)
+def test_fuzz_valid_expressions_evaluate_exactly(expression: tuple[str, Fraction | None]) -> None:
+    text, value = expression
+    check_outcome(text)
+    result, reason = try_evaluate(text)
+    if value is None:
+        assert reason == "division by zero"
+    else:
+        assert result is not None and result.value == value, reason

@@ -469,7 +469,7 @@ def test_jsonl_without_difficulties_is_uniform(tmp_path: Path) -> None:
         ('{"prompt": "a", "answer": true}\n', ':1: "answer" must be a non-empty string'),
         ('{"prompt": "a", "answer": "1", "solution": 5}\n', ':1: "solution" must be a string'),
         ('{"prompt": "a", "answer": "1", "difficulty": "hard"}\n', ':1: "difficulty" must be a number'),
-        ('{"prompt": "a", "answer": "1", "difficulty": 1.5}\n', ":1: difficulty must be in"),
+        ('{"prompt": "a", "answer": "1", "difficulty": 1.5}\n', ":1: difficulty must be a finite number in [0.1, 1]"),
         (
             '{"prompt": "a", "answer": "1", "difficulty": 0.5}\n{"prompt": "b", "answer": "2"}\n',
             ':2: no "difficulty"',

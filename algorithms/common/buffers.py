@@ -10,21 +10,19 @@
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from algorithms.common.buffer_io import load_buffer, save_buffer
 from algorithms.common.ring_buffer import RingBuffer
 from algorithms.common.sum_tree import PrioritySampler
 
 __all__ = ["PrioritizedTrajectoryBuffer", "PrioritySampler", "RingBuffer", "TrajectoryBatch"]
-
-_FORMAT = "grpo-gym-prioritized-trajectory-buffer/1"
 
 
 @dataclass
@@ -66,7 +64,7 @@ class TrajectoryBatch:
         return len(self.indices)
 
     def rollout_arrays(self, advantages: ArrayLike | None = None) -> dict[str, np.ndarray]:
-        """The arrays of ``algorithms.grpo.rollout.RolloutBatch`` (same names, shapes and dtypes), as numpy.
+        """The arrays of ``algorithms.common.batch.RolloutBatch`` (same names, shapes and dtypes), as numpy.
 
         ``advantages`` replaces the stored ones (e.g. recomputed within each group); ``returns`` are the raw rewards.
         Build the batch with ``RolloutBatch(**{k: torch.from_numpy(v) for k, v in batch.rollout_arrays().items()})``.
@@ -124,9 +122,11 @@ class PrioritizedTrajectoryBuffer:
     bounds a buffer of long trajectories: when the arena is full the oldest trajectories are evicted (see
     :class:`RingBuffer`).
 
-    Save / load: :meth:`save` writes one ``.npz`` (``np.savez``, no pickle) with the written part of every array
-    and a JSON header of the settings, the ring's pointers and the RNG state; :meth:`load` rebuilds the trees from
-    their leaves, so a loaded buffer samples exactly what the saved one would have.
+    Save / load: :meth:`save` writes one ``.npz`` (``np.savez``, no pickle), atomically, with the written part of
+    every array and a JSON header of the settings, the ring's pointers and the RNG state; :meth:`load` checks every
+    array and pointer (shapes, dtypes, finite non-negative priorities and masses, token ids in the vocabulary,
+    consistent counts) and rebuilds the trees from their leaves, so a loaded buffer samples exactly what the saved
+    one would have (see :mod:`algorithms.common.buffer_io`).
 
     Indices returned by :meth:`sample_batch` name slots: update their priorities before adding more trajectories,
     which may overwrite them.
@@ -278,74 +278,23 @@ class PrioritizedTrajectoryBuffer:
         self.sampler.update(slots, 0.0)
         return len(slots)
 
-    def save(self, path: str | Path | IO[bytes]) -> None:
-        """Write the buffer to ``path`` (one ``.npz`` file, written exactly there; see the class docstring)."""
-        ring, sampler = self.ring, self.sampler
-        written = min(ring.n_added, ring.capacity)
-        meta = {
-            "format": _FORMAT,
-            "settings": {
-                "capacity": ring.capacity,
-                "max_tokens": ring.max_tokens,
-                "alpha": sampler.alpha,
-                "beta": sampler.beta_start,
-                "beta_end": sampler.beta_end,
-                "beta_steps": sampler.beta_steps,
-                "high_reward_threshold": self.high_reward_threshold,
-                "high_reward_boost": self.high_reward_boost,
-                "reward_range": self.reward_range,
-                "pad_id": ring.pad_id,
-            },
-            "ring": {k: getattr(ring, k) for k in ("_pos", "_size", "_head", "_used", "_high", "n_added")},
-            "sampler": {"n_calls": sampler.n_calls, "count": sampler.count, "rng": sampler.rng.bit_generator.state},
-            "reward_min": self.reward_min,
-            "reward_max": self.reward_max,
-            "max_priority": self.max_priority,
-            "last_iteration": int(self.last_iteration),
-        }
-        arrays = {f"field_{name}": values[:written] for name, values in ring.fields.items()}
-        arrays.update(
-            arena=ring._arena[: ring._high],
-            offset=ring._offset[:written],
-            plen=ring._plen[:written],
-            clen=ring._clen[:written],
-            priority=sampler._priority[:written],
-            mass=sampler._sum[sampler._leaves : sampler._leaves + written],
-            meta=np.array(json.dumps(meta)),
-        )
-        if isinstance(path, (str, Path)):
-            with open(path, "wb") as f:
-                np.savez(f, **arrays)
-        else:
-            np.savez(path, **arrays)
+    def save(self, path: str | os.PathLike[str] | IO[bytes]) -> None:
+        """Write the buffer to ``path``: one ``.npz`` file, written exactly there, atomically (a kill mid-save leaves
+        the previous file); see :mod:`algorithms.common.buffer_io`."""
+        save_buffer(self, path)
 
     @classmethod
-    def load(cls, path: str | Path | IO[bytes]) -> PrioritizedTrajectoryBuffer:
-        """Read a buffer written by :meth:`save`."""
-        with np.load(path, allow_pickle=False) as data:
-            meta = json.loads(str(data["meta"]))
-            if meta.get("format") != _FORMAT:
-                raise ValueError(f"not a saved PrioritizedTrajectoryBuffer (format {meta.get('format')!r})")
-            settings = meta["settings"]
-            rr = settings.pop("reward_range")
-            buffer = cls(**settings, reward_range=None if rr is None else tuple(rr))
-            ring, sampler = buffer.ring, buffer.sampler
-            ring._arena[: len(data["arena"])] = data["arena"]
-            written = len(data["offset"])
-            for name in ("offset", "plen", "clen"):
-                getattr(ring, f"_{name}")[:written] = data[name]
-            for name, values in ring.fields.items():
-                values[:written] = data[f"field_{name}"]
-            sampler._priority[:written] = data["priority"]
-            if written:
-                sampler._write_range(sampler._leaves, data["mass"].astype(np.float64))
-        for key, value in meta["ring"].items():
-            setattr(ring, key, value)
-        sampler.n_calls, sampler.count = meta["sampler"]["n_calls"], meta["sampler"]["count"]
-        sampler.rng.bit_generator.state = meta["sampler"]["rng"]
-        buffer.reward_min, buffer.reward_max = meta["reward_min"], meta["reward_max"]
-        buffer.max_priority, buffer.last_iteration = meta["max_priority"], meta["last_iteration"]
-        return buffer
+    def load(
+        cls, path: str | os.PathLike[str] | IO[bytes], vocab_size: int | None = None
+    ) -> PrioritizedTrajectoryBuffer:
+        """Read a buffer written by :meth:`save`, checking everything first (:mod:`algorithms.common.buffer_io`).
+
+        :param path: the file (or an open binary file)
+        :param vocab_size: the policy's vocabulary size: stored token ids must lie in ``[0, vocab_size)``
+            (``None``: only checked to be >= 0)
+        :raises ValueError: naming the file, when it is truncated, corrupt or inconsistent
+        """
+        return load_buffer(cls, path, vocab_size)
 
     def _ingest(
         self,

@@ -11,29 +11,34 @@ import torch as th
 
 from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.losses import aggregate
+from grpo_gym.validation import MAX_LINE_BYTES, read_lines
 
 
-def load_sft_rows(path: str | os.PathLike) -> list[tuple[str, str]]:
-    """Read ``(prompt, response)`` pairs from a JSONL file of ``{"prompt": ..., "response": ...}`` rows."""
+def load_sft_rows(path: str | os.PathLike, max_line_bytes: int = MAX_LINE_BYTES) -> list[tuple[str, str]]:
+    """Read ``(prompt, response)`` pairs from a JSONL file of ``{"prompt": ..., "response": ...}`` rows.
+
+    The file must be UTF-8 with lines of at most ``max_line_bytes`` bytes (16 MiB by default,
+    :data:`grpo_gym.validation.MAX_LINE_BYTES`); a longer line, a line that is not UTF-8 or not such an object
+    is a ``ValueError`` naming the file and the line.
+
+    :param path: the JSONL file
+    :param max_line_bytes: the longest accepted line, in bytes
+    """
     rows = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    if not isinstance(row["prompt"], str) or not isinstance(row["response"], str):
-                        raise TypeError("'prompt' and 'response' must be strings")
-                    rows.append((row["prompt"], row["response"]))
-                except (json.JSONDecodeError, KeyError, TypeError) as error:
-                    raise ValueError(
-                        f"{path}:{number}: each line must be a JSON object with 'prompt' and 'response' ({error})"
-                    ) from None
-    except OSError as error:
-        raise ValueError(
-            f"cannot read sft_data file {path!r} ({error}); pass a JSONL file of prompt/response rows"
-        ) from None
+    for number, line in read_lines(path, max_line_bytes=max_line_bytes, what="sft_data file"):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            fields = (row.get("prompt"), row.get("response")) if isinstance(row, dict) else (None, None)
+            if not all(isinstance(field, str) for field in fields):
+                raise TypeError("'prompt' and 'response' must be strings")
+            rows.append((row["prompt"], row["response"]))
+        except (json.JSONDecodeError, RecursionError, TypeError) as error:
+            raise ValueError(
+                f"{path}:{number}: each line must be a JSON object with 'prompt' and 'response' "
+                f"({type(error).__name__}: {error})"
+            ) from None
     if not rows:
         raise ValueError(f"sft_data file {path!r} holds no rows")
     return rows

@@ -1,7 +1,8 @@
 """Built-in model configurations and :func:`load_model`.
 
 The built-in models are small Llama-style decoders (``transformers.LlamaForCausalLM``) sized for the
-built-in character tokenizer (103 tokens, ``<pad>`` = 0, ``<eos>`` = 1, see :mod:`grpo_gym.tokenizer`).
+built-in character tokenizer (359 tokens with byte fallback, ``<pad>`` = 0, ``<eos>`` = 1, see
+:mod:`grpo_gym.tokenizer`).
 They attend to at most 2048 positions (``max_position_embeddings``): the policy's memory of S4. They are
 standard Hugging Face models, so ``model.save_pretrained(dir)`` writes a folder that ``load_model(dir)``
 (or ``AutoModelForCausalLM.from_pretrained``) reads back.
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 #: size of the built-in character tokenizer's vocabulary, ``len(grpo_gym.tokenizer.build_char_tokenizer())``
-#: (3 specials + 96 characters + 4 template tags; a test keeps the two in step)
-BUILTIN_VOCAB_SIZE = 103
+#: (3 specials + 96 characters + 4 template tags + 256 byte-fallback tokens; a test keeps the two in step)
+BUILTIN_VOCAB_SIZE = 359
 #: ``<pad>`` and ``<eos>`` ids of the built-in tokenizer
 BUILTIN_PAD_ID, BUILTIN_EOS_ID = 0, 1
 
@@ -121,7 +122,7 @@ def load_model(
     - a ``PreTrainedModel`` instance: returned as is.
 
     :param model: built-in name, folder / hub name, or model instance
-    :param vocab_size: built-ins: embedding rows (default: the built-in tokenizer's 103). Loaded models:
+    :param vocab_size: built-ins: embedding rows (default: the built-in tokenizer's 359). Loaded models:
         the tokenizer's size, checked against the embedding table (a larger table is fine: generation
         masks the ids ``>= vocab_size``; a smaller one is an error)
     :param dtype: parameter dtype (e.g. ``torch.bfloat16``); ``None``: float32 for built-ins, the

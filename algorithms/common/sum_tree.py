@@ -135,12 +135,16 @@ class PrioritySampler:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if self.count == 0:
             raise ValueError("cannot sample: no slot has a positive priority (the buffer is empty)")
+        total = self._sum[1]
+        if not 0 < total < np.inf:  # masses are checked on update and on load; this guards the invariant
+            raise ValueError(f"cannot sample: the sum of the masses is {total} (corrupt tree); rebuild the buffer")
         beta = self.beta if beta is None else float(beta)
-        idx = self._descend(self.rng.random(batch_size) * self._sum[1])
+        queries = self.rng.random(batch_size) * total
+        idx = self._descend(queries.copy())
         mass = self._sum[idx + self._leaves]
-        while not mass.all():  # a rounding error at an interval's edge landed on an empty leaf: draw those again
-            bad = mass == 0
-            idx[bad] = self._descend(self.rng.random(int(bad.sum())) * self._sum[1])
+        if not (mass > 0).all():  # rounding at an interval's edge reached an empty leaf: descend those once more,
+            bad = ~(mass > 0)  # with the rule that only enters subtrees holding mass (no retry loop, no new draws)
+            idx[bad] = self._descend(queries[bad], safe=True)
             mass = self._sum[idx + self._leaves]
         self.n_calls += 1
         return idx, (self._min[1] / mass) ** beta
@@ -154,23 +158,30 @@ class PrioritySampler:
             raise IndexError(f"indices must lie in [0, {self.capacity}), got {idx.min()}..{idx.max()}")
         return idx
 
-    def _descend(self, values: np.ndarray) -> np.ndarray:
+    def _descend(self, values: np.ndarray, safe: bool = False) -> np.ndarray:
         """Leaf of each query in ``values`` (each in ``[0, total)``; overwritten).
 
         The top ``_TOP`` levels in one step (``searchsorted`` on the cumulative sums of the ``2**_TOP`` nodes of
         that level), then one vectorised step per remaining level: go right, less the left child's sum, when the
-        query is at least that sum.
+        query is at least that sum. Rounding at an interval's edge can end on a leaf without mass; ``safe=True``
+        rules that out by construction: the top step sees only nodes of positive sum, and a step goes right only
+        when the right child holds mass (or the left one holds none), so every node visited has a positive sum
+        (masses are >= 0) and so has the leaf reached. :meth:`sample` descends the few queries that ended on an
+        empty leaf once more with ``safe=True``: a bounded amount of work, never a retry loop.
         """
         top = min(self._depth, _TOP)
         level = self._sum[1 << top : 2 << top]
-        edges = np.cumsum(level)
-        j = np.minimum(np.searchsorted(edges, values, side="right"), len(level) - 1)
+        nodes = np.flatnonzero(level > 0) if safe else None
+        edges = np.cumsum(level if nodes is None else level[nodes])
+        j = np.minimum(np.searchsorted(edges, values, side="right"), len(edges) - 1)
         values -= np.concatenate(([0.0], edges))[j]
-        node = j + (1 << top)
+        node = (j if nodes is None else nodes[j]) + (1 << top)
         for _ in range(self._depth - top):
             node <<= 1
             left = self._sum[node]
             right = values >= left
+            if safe:
+                right = (right & (self._sum[node + 1] > 0)) | (left <= 0)
             np.subtract(values, left, out=values, where=right)
             node += right
         return node - self._leaves

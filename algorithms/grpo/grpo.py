@@ -263,7 +263,7 @@ class GRPO(LMAlgorithm):
 
     def load_replay_buffer(self, path: str | os.PathLike) -> None:
         """Read a replay buffer written by :meth:`save_replay_buffer` into this model."""
-        self.replay_buffer = PrioritizedTrajectoryBuffer.load(path)
+        self.replay_buffer = PrioritizedTrajectoryBuffer.load(path, vocab_size=self.policy.vocab_size)
 
     # ------------------------------------------------------------------ learning loop
     def learn(

@@ -2,9 +2,9 @@
 
 Each returns ``(score, reason)`` with ``score`` in ``[0, 1]`` and a short, non-empty, human-readable
 ``reason``. The task is only ever handed the *extracted* answer string (never the whole completion) and
-never executes it (S30). Exceptions raised by a task's methods are caught and turned into a zero score
-whose reason names the exception, so one buggy verifier cannot crash a training run; the reason travels
-with the reward (``RewardResult.reasons``) so the bug stays visible.
+never executes it (S30). An exception raised by a task's methods propagates: :class:`CompositeReward`
+catches it per component, counts it, reports it in ``RewardResult.errors`` and applies its ``on_error``
+policy (see :mod:`grpo_gym.rewards.composite`), so one buggy verifier is visible and cannot crash training.
 """
 
 from __future__ import annotations
@@ -17,10 +17,6 @@ if TYPE_CHECKING:
 
 AGREEMENT_WEIGHT = 0.5
 """Share of the rule-based consistency score given to answer/conclusion agreement (the rest: relevance)."""
-
-
-def _error(where: str, exc: Exception) -> str:
-    return f"{where} raised {type(exc).__name__}: {exc}"[:300]
 
 
 def syntax_score(parsed: ParsedCompletion) -> tuple[float, str]:
@@ -67,12 +63,9 @@ def consistency_score(task: Task, problem: Problem, parsed: ParsedCompletion) ->
         return 0.0, f"no answer ({parsed.reason})"
     if not parsed.reasoning:
         return 0.0, "no reasoning"
-    try:
-        conclusion = task.conclusion(problem, parsed.reasoning)
-        agree = conclusion is not None and bool(task.answers_agree(problem, conclusion, parsed.answer))
-        terms = list(task.key_terms(problem))
-    except Exception as exc:  # a task bug must not crash training; the reason reports it
-        return 0.0, _error("task consistency hooks", exc)
+    conclusion = task.conclusion(problem, parsed.reasoning)
+    agree = conclusion is not None and bool(task.answers_agree(problem, conclusion, parsed.answer))
+    terms = list(task.key_terms(problem))
     relevance, relevance_reason = _relevance(terms, parsed.reasoning)
     if conclusion is None:
         agree_reason = "reasoning reaches no conclusion"
@@ -91,14 +84,12 @@ def task_score(task: Task, problem: Problem, parsed: ParsedCompletion) -> tuple[
     :param problem: the problem the completion answers
     :param parsed: the parsed completion; only ``parsed.answer`` reaches the verifier
     :return: ``(score, reason)``: ``"correct"``, or the verifier's reason
+    :raises Exception: whatever ``task.verify`` raises (``CompositeReward`` catches it)
     """
     if parsed.answer is None:
         return 0.0, f"no unambiguous answer ({parsed.reason})"
-    try:
-        verdict = task.verify(problem, parsed.answer)
-        correct, reason = bool(verdict.correct), str(verdict.reason)
-    except Exception as exc:  # a task bug must not crash training; the reason reports it
-        return 0.0, _error("task.verify", exc)
+    verdict = task.verify(problem, parsed.answer)
+    correct, reason = bool(verdict.correct), str(verdict.reason)
     if correct:
         return 1.0, "correct"
     return 0.0, reason or "incorrect"

@@ -6,24 +6,35 @@ every component in ``[0, 1]`` and the default weights 0.3 / 0.4 / 0.3 (so the de
 unless a reward model is configured, in which case it is the reward model's score of
 ``(prompt_text, completion)`` (S6 step 3). The progressive activation of S20 is a schedule over
 ``set_weights({"consistency": w})``.
+
+Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward
+model) is caught for that component alone. It is counted (:attr:`CompositeReward.error_counts`), reported in
+``RewardResult.errors`` (component name -> ``"ExceptionType: message"``) and in that component's reason,
+warned about once per :class:`CompositeReward` (so once per env) with the exception text, and then
+``on_error`` decides: ``"zero"`` (default) scores that component 0 and goes on, ``"raise"`` re-raises it.
+A reward model that returns the wrong number of scores, or a non-finite score, counts as an error too.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_gym.rewards.components import consistency_score, syntax_score, task_score
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
+from grpo_gym.validation import ArgumentError, check_choice, check_float, check_mapping
 
 if TYPE_CHECKING:
     from grpo_gym.tasks.base import Problem, Task
 
 COMPONENTS = ("syntax", "consistency", "task")
 DEFAULT_WEIGHTS = {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+ON_ERROR = ("zero", "raise")
+_MAX_ERROR_CHARS = 300
 
 
 class Scorer(Protocol):
@@ -41,6 +52,8 @@ class RewardResult:
     :param is_success: whether the task component is 1 (the verifier accepted the answer)
     :param reasons: a short non-empty explanation per component
     :param answer: the extracted answer (``None`` when there is no unambiguous one)
+    :param errors: component name -> ``"ExceptionType: message"`` for each component whose scoring raised
+        (empty when none did); such a component scored 0
     """
 
     total: float
@@ -48,22 +61,21 @@ class RewardResult:
     is_success: bool
     reasons: dict[str, str]
     answer: str | None = None
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 def _check_weights(mapping: Mapping[str, float]) -> dict[str, float]:
     valid = ", ".join(COMPONENTS)
-    checked = {}
-    for key, value in mapping.items():
-        if key not in COMPONENTS:
-            raise ValueError(f"unknown reward component {key!r}; valid keys: {valid}")
-        try:
-            weight = float(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"weight of {key!r} must be a number, got {value!r}; valid keys: {valid}") from None
-        if not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"weight of {key!r} must be finite and >= 0, got {value!r}; valid keys: {valid}")
-        checked[key] = weight
-    return checked
+    checked = check_mapping("reward_weights", mapping, COMPONENTS, allow_none=False)
+    return {
+        key: check_float(f"weight of {key!r}", value, low=0.0, hint=f"valid keys: {valid}")  # type: ignore[misc]
+        for key, value in checked.items()
+    }
+
+
+def error_text(exc: BaseException) -> str:
+    """``"ExceptionType: message"``, on one line and capped at 300 characters."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:_MAX_ERROR_CHARS]
 
 
 def _rm_text(completion: object) -> str:
@@ -80,12 +92,15 @@ class CompositeReward:
     :param reward_model: a :class:`~grpo_gym.rewards.reward_model.RewardModelScorer`, any object with a
         compatible ``score(prompts, completions)`` method, or a path to load one from. When given, it
         replaces the rule-based consistency component
+    :param on_error: what an exception raised while scoring a component does (see the module docstring):
+        ``"zero"`` (that component scores 0, the error is reported and counted) or ``"raise"`` (re-raised)
     """
 
     def __init__(
         self,
         weights: Mapping[str, float] | None = None,
         reward_model: Scorer | str | os.PathLike[str] | None = None,
+        on_error: str = "zero",
     ) -> None:
         self._weights = dict(DEFAULT_WEIGHTS)
         if weights is not None:
@@ -94,10 +109,21 @@ class CompositeReward:
             from grpo_gym.rewards.reward_model import RewardModelScorer
 
             reward_model = RewardModelScorer(reward_model)
+        elif reward_model is not None and not callable(getattr(reward_model, "score", None)):
+            raise ArgumentError(
+                f"reward_model must be None, a path to a reward model folder, or an object with a "
+                f"score(prompts, completions) method, got {type(reward_model).__name__}"
+            )
         self.reward_model = reward_model
+        self.on_error: str = check_choice("on_reward_error", on_error, ON_ERROR)
+        self.error_counts = dict.fromkeys(COMPONENTS, 0)
+        """How many times each component's scoring raised, since construction."""
+        self._warned = False
 
     def __repr__(self) -> str:
-        return f"CompositeReward(weights={self._weights}, reward_model={self.reward_model!r})"
+        return (
+            f"CompositeReward(weights={self._weights}, reward_model={self.reward_model!r}, on_error={self.on_error!r})"
+        )
 
     @property
     def weights(self) -> dict[str, float]:
@@ -119,7 +145,7 @@ class CompositeReward:
         :param problem: the problem the completion answers
         :param completion: the completion (text after the prompt), ``str`` or UTF-8 ``bytes``
         :param prompt_text: the prompt shown to the model, used only by a configured reward model
-        :return: the total, the components, success and the reasons
+        :return: the total, the components, success, the reasons and the errors
         """
         return self.score_batch(task, [problem], [completion], [prompt_text])[0]
 
@@ -145,31 +171,75 @@ class CompositeReward:
         elif len(prompt_texts) != len(completions):
             raise ValueError(f"got {len(prompt_texts)} prompt_texts but {len(completions)} completions")
         parsed = [parse_completion(c) for c in completions]
-        model_scores: list[float | None] = [None] * len(completions)
+        model_scores: list[float | BaseException | None] = [None] * len(completions)
         if self.reward_model is not None and completions:
-            texts = [_rm_text(c) for c in completions]
-            model_scores = [float(s) for s in self.reward_model.score([str(p) for p in prompt_texts], texts)]
+            model_scores = self._model_scores([str(p) for p in prompt_texts], [_rm_text(c) for c in completions])
         return [self._combine(task, pr, p, s) for pr, p, s in zip(problems, parsed, model_scores, strict=True)]
 
+    def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException]:
+        """One score per completion from the reward model, or the exception it raised (for each completion)."""
+        try:
+            raw = self.reward_model.score(prompts, texts)  # type: ignore[union-attr]
+            scores = [float(value) for value in raw]
+            if len(scores) != len(texts):
+                raise ValueError(f"the reward model returned {len(scores)} scores for {len(texts)} completions")
+        except Exception as exc:
+            if self.on_error == "raise":
+                self._failed("consistency", exc)  # counts, warns and re-raises
+            return [exc] * len(texts)
+        bad = ValueError("the reward model returned a non-finite score")
+        return [score if math.isfinite(score) else bad for score in scores]
+
+    def _failed(self, name: str, exc: BaseException) -> tuple[float, str, str]:
+        """Count and report an exception of component ``name``; re-raise it when ``on_error="raise"``."""
+        text = error_text(exc)
+        self.error_counts[name] += 1
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"reward component {name!r} raised {text}; it scores 0 (on_reward_error={self.on_error!r}). "
+                "Further errors are not warned about again: they are counted in info['reward_errors']",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        if self.on_error == "raise":
+            raise exc
+        return 0.0, f"error: {text}", text
+
+    def _component(self, name: str, fn: Callable[..., tuple[float, str]], *args: Any) -> tuple[float, str, str | None]:
+        try:
+            score, reason = fn(*args)
+            return float(score), str(reason), None
+        except Exception as exc:
+            return self._failed(name, exc)
+
     def _combine(
-        self, task: Task, problem: Problem, parsed: ParsedCompletion, model_score: float | None
+        self, task: Task, problem: Problem, parsed: ParsedCompletion, model_score: float | BaseException | None
     ) -> RewardResult:
-        syntax, syntax_reason = syntax_score(parsed)
+        scores: dict[str, float] = {}
+        reasons: dict[str, str] = {}
+        errors: dict[str, str] = {}
         if model_score is None:
-            consistency, consistency_reason = consistency_score(task, problem, parsed)
-        elif math.isfinite(model_score):
-            consistency = min(1.0, max(0.0, model_score))
-            consistency_reason = f"reward model score {consistency:.4f}"
+            consistency = self._component("consistency", consistency_score, task, problem, parsed)
+        elif isinstance(model_score, BaseException):
+            consistency = self._failed("consistency", model_score)
         else:
-            consistency, consistency_reason = 0.0, f"reward model score not finite ({model_score})"
-        solved, task_reason = task_score(task, problem, parsed)
-        components = {"syntax": syntax, "consistency": consistency, "task": solved}
-        weights = self._weights
-        total = sum(weights[name] * value for name, value in components.items())
+            value = min(1.0, max(0.0, model_score))
+            consistency = value, f"reward model score {value:.4f}", None
+        for name, (score, reason, error) in (
+            ("syntax", self._component("syntax", syntax_score, parsed)),
+            ("consistency", consistency),
+            ("task", self._component("task", task_score, task, problem, parsed)),
+        ):
+            scores[name], reasons[name] = score, reason
+            if error is not None:
+                errors[name] = error
+        total = sum(self._weights[name] * value for name, value in scores.items())
         return RewardResult(
             total=min(1.0, max(-1.0, total)),
-            components=components,
-            is_success=solved == 1.0,
-            reasons={"syntax": syntax_reason, "consistency": consistency_reason, "task": task_reason},
+            components=scores,
+            is_success=scores["task"] == 1.0,
+            reasons=reasons,
             answer=parsed.answer,
+            errors=errors,
         )

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo_gym.validation import ArgumentError, check_int, check_path
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 _WHAT_TO_PASS = (
@@ -24,11 +26,28 @@ _WHAT_TO_PASS = (
 )
 
 
+MAX_CHARS_PER_TOKEN = 64
+"""Texts longer than ``64 * max_length`` characters are cut (on the side truncation keeps) before tokenizing."""
+_DEVICE = re.compile(r"^(auto|cpu|cuda|mps|xpu|npu|hpu|meta)(:\d+)?$")
+
+
+def _check_device(device: Any) -> Any:
+    """A device string (``"cpu"``, ``"cuda:1"``, ``"auto"``) or a ``torch.device``; anything else is refused."""
+    if type(device).__module__ == "torch" and type(device).__name__ == "device":
+        return device
+    if isinstance(device, str) and _DEVICE.match(device):
+        return device
+    raise ArgumentError(f"device must be 'auto', 'cpu', 'cuda', 'cuda:<index>' (or a torch.device), got {device!r}")
+
+
 class RewardModelScorer:
     """A sequence-classification model that scores ``(prompt, completion)`` pairs in ``[0, 1]``.
 
     Each pair is encoded as a tokenizer *text pair* (``tokenizer(prompt, completion)``), truncated
-    ``"longest_first"`` to ``max_length`` tokens and right-padded. The score of a model with one output
+    ``"longest_first"`` to ``max_length`` tokens and right-padded. A text longer than ``64 * max_length``
+    characters is first cut to that many on the side truncation keeps (the start, unless the tokenizer's
+    ``truncation_side`` is ``"left"``), so a huge prompt costs ``O(max_length)`` tokenization; the tokens kept
+    are the same whenever the kept part holds at least ``max_length`` tokens. The score of a model with one output
     (``num_labels=1``) is ``sigmoid(logit)``; with two outputs it is the softmax probability of label 1
     ("good"). Other label counts are rejected when loading. Scoring runs in eval mode without gradients, in
     batches of ``batch_size``; scores do not depend on the batch size beyond float rounding.
@@ -54,7 +73,7 @@ class RewardModelScorer:
         device: str = "cpu",
         max_length: int = 512,
     ) -> None:
-        self.path = str(path)
+        self.path = check_path("path", path, what="a reward model folder (or a hub name)")
         local = Path(self.path).expanduser()
         if local.exists():
             if not local.is_dir():
@@ -64,13 +83,9 @@ class RewardModelScorer:
             self.path = str(local)
         elif not _HUB_ID.match(self.path):
             raise ValueError(f"reward model path {self.path!r} does not exist: {_WHAT_TO_PASS}")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size!r}")
-        if int(max_length) < 2:
-            raise ValueError(f"max_length must be >= 2, got {max_length!r}")
-        self.batch_size = int(batch_size)
-        self.device = device
-        self.max_length = int(max_length)
+        self.batch_size: int = check_int("batch_size", batch_size, low=1)  # type: ignore[assignment]
+        self.max_length: int = check_int("max_length", max_length, low=2)  # type: ignore[assignment]
+        self.device = _check_device(device)
         self._model: Any = None
         self._tokenizer: Any = None
         self._input_names: list[str] = []
@@ -139,13 +154,20 @@ class RewardModelScorer:
         import torch
 
         self.load()
+        keep = MAX_CHARS_PER_TOKEN * self.max_length
+        head = getattr(self._tokenizer, "truncation_side", "right") != "left"
+
+        def bound(text: object) -> str:
+            text = str(text)
+            return text if len(text) <= keep else (text[:keep] if head else text[-keep:])
+
         scores = []
         with torch.inference_mode():
             for start in range(0, len(prompts), self.batch_size):
                 stop = start + self.batch_size
                 encoded = self._tokenizer(
-                    [str(p) for p in prompts[start:stop]],
-                    [str(c) for c in completions[start:stop]],
+                    [bound(p) for p in prompts[start:stop]],
+                    [bound(c) for c in completions[start:stop]],
                     truncation="longest_first",
                     max_length=self.max_length,
                     padding=True,

@@ -10,12 +10,14 @@ own with :func:`register_task` and build any of them with :func:`make_task`::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from grpo_gym.tasks.arithmetic import ArithmeticTask
 from grpo_gym.tasks.base import MAX_DIFFICULTY, MIN_DIFFICULTY, Problem, Task, Verdict, check_difficulty
 from grpo_gym.tasks.countdown import CountdownTask
 from grpo_gym.tasks.jsonl import JsonlTask
+from grpo_gym.validation import ArgumentError, check_mapping
 
 TaskFactory = Callable[..., Task]
 
@@ -59,14 +61,31 @@ def make_task(name_or_task: str | Task, **kwargs: object) -> Task:
             raise ValueError(f"got a Task instance and keyword arguments {sorted(kwargs)}; pass one or the other")
         return name_or_task
     if not isinstance(name_or_task, str) or name_or_task not in _REGISTRY:
-        raise ValueError(f"unknown task {name_or_task!r}; registered tasks: {', '.join(list_tasks())}")
+        raise ArgumentError(f"unknown task {name_or_task!r}; registered tasks: {', '.join(list_tasks())}")
+    factory = _REGISTRY[name_or_task]
+    accepted = _keyword_names(factory)
+    if accepted is not None:
+        check_mapping(f"task_kwargs of task {name_or_task!r}", kwargs, accepted)
     try:
-        task = _REGISTRY[name_or_task](**kwargs)
+        task = factory(**kwargs)
+    except ArgumentError:
+        raise
     except TypeError as error:
         raise TypeError(f"make_task({name_or_task!r}, ...): {error}") from error
     if not isinstance(task, Task):
         raise TypeError(f"the factory of task {name_or_task!r} returned {type(task).__name__}, not a Task")
     return task
+
+
+def _keyword_names(factory: TaskFactory) -> list[str] | None:
+    """The keyword arguments ``factory`` accepts, or ``None`` when it takes ``**kwargs`` or has no signature."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 register_task("arithmetic", ArithmeticTask)

@@ -14,24 +14,27 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from grpo_gym.validation import check_float, check_int
+
 MIN_DIFFICULTY = 0.1
 MAX_DIFFICULTY = 1.0
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def check_difficulty(difficulty: float) -> float:
-    """Return ``difficulty`` as a float; ``ValueError`` when it is outside [0.1, 1.0] or not a number."""
-    try:
-        value = float(difficulty)
-    except (TypeError, ValueError):
-        raise ValueError(f"difficulty must be a number in [0.1, 1.0], got {difficulty!r}") from None
-    if not (MIN_DIFFICULTY <= value <= MAX_DIFFICULTY):
-        raise ValueError(
-            f"difficulty must be in [{MIN_DIFFICULTY}, {MAX_DIFFICULTY}], got {difficulty!r}; "
-            "clip it before passing it (DynamicCurriculum keeps it in range)"
-        )
-    return value
+def check_difficulty(difficulty: float, name: str = "difficulty") -> float:
+    """Return ``difficulty`` as a float; ``ArgumentError`` (a ``ValueError``) outside [0.1, 1.0] or not a number.
+
+    :param difficulty: the level to check (a real number; strings and booleans are refused)
+    :param name: the argument's name in the message
+    """
+    return check_float(  # type: ignore[return-value]
+        name,
+        difficulty,
+        low=MIN_DIFFICULTY,
+        high=MAX_DIFFICULTY,
+        hint="clip it before passing it (DynamicCurriculum keeps it in range)",
+    )
 
 
 @dataclass
@@ -91,8 +94,9 @@ class Task(ABC):
         :param difficulty: the level, in [0.1, 1.0]
         :param seed: seeds ``np.random.default_rng(seed)``, the only randomness used
         """
-        problem = self.sample(difficulty, np.random.default_rng(seed))
-        problem.seed = int(seed)
+        seed = check_int("seed", seed, low=0)
+        problem = self.sample(check_difficulty(difficulty), np.random.default_rng(seed))
+        problem.seed = seed
         return problem
 
     def conclusion(self, problem: Problem, reasoning: str) -> str | None:
@@ -107,6 +111,18 @@ class Task(ABC):
     def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
         """Whether two answer strings say the same thing (default: equal after stripping spaces)."""
         return "".join(first.split()) == "".join(second.split())
+
+    def get_state(self) -> dict[str, Any] | None:
+        """The task's own sampler state as JSON-serialisable data, or ``None`` when it has none (the default:
+        built-in tasks draw only from the ``rng`` they are given). A task that keeps state between draws (a
+        cursor, a shuffled order) returns it here and restores it in :meth:`set_state`, so that
+        ``R1ZeroEnv.get_state()`` / ``set_state()`` continue it exactly."""
+        return None
+
+    def set_state(self, state: dict[str, Any] | None) -> None:
+        """Restore what :meth:`get_state` returned (the default accepts only ``None``)."""
+        if state is not None:
+            raise ValueError(f"task {self.name!r} keeps no sampler state, but the saved state holds {state!r}")
 
     def feedback(self, problem: Problem, verdict: Verdict) -> str:
         """The message a multi-turn episode appends after a wrong answer."""

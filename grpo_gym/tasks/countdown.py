@@ -20,6 +20,7 @@ import numpy as np
 
 from grpo_gym.tasks.base import Problem, Task, Verdict, check_difficulty
 from grpo_gym.tasks.safe_expr import evaluate, format_number, try_evaluate
+from grpo_gym.validation import check_bool
 
 _MAX_TRIES = 64
 _OPS = "+-*/"
@@ -89,7 +90,7 @@ class CountdownTask(Task):
     name = "countdown"
 
     def __init__(self, use_all: bool = True):
-        self.use_all = bool(use_all)
+        self.use_all = check_bool("use_all", use_all)
 
     def sample(self, difficulty: float, rng: np.random.Generator) -> Problem:
         """Draw one problem at ``difficulty``, using only ``rng`` (same rng state, same problem)."""

@@ -3,6 +3,11 @@
 Each non-blank line is one JSON object with a non-empty string ``prompt`` and an ``answer`` (a string, or a
 number that is stored as its text), and optionally ``solution`` (gold reasoning text) and ``difficulty``
 (a number in [0.1, 1.0]). Either every row gives a difficulty or none does. Other keys are ignored.
+
+The file must be UTF-8 (a byte-order mark is skipped) with lines of at most ``max_line_bytes`` bytes
+(:data:`~grpo_gym.validation.MAX_LINE_BYTES`, 16 MiB, by default); anything else is an error naming the file
+and the line. A prompt longer than the env's window costs only ``O(context_length)`` tokens per reset (the env
+keeps its newest part), so long rows are fine up to that limit.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from grpo_gym.tasks.base import MAX_DIFFICULTY, Problem, Task, Verdict, check_difficulty
+from grpo_gym.validation import MAX_LINE_BYTES, check_int, check_path, read_lines
 
 MAX_NUMBER_CHARS = 64
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
@@ -79,21 +85,26 @@ def _check_row(obj: Any, line: int, where: str) -> Row:
     return Row(prompt, answer.strip(), solution, difficulty, line)
 
 
-def load_rows(path: str | os.PathLike[str]) -> list[Row]:
-    """Read and validate the file at ``path``; ``ValueError`` (naming the line and the fix) on any problem."""
-    where = os.fspath(path)
+def load_rows(path: str | os.PathLike[str], max_line_bytes: int = MAX_LINE_BYTES) -> list[Row]:
+    """Read and validate the file at ``path``; ``ValueError`` (naming the line and the fix) on any problem.
+
+    :param path: the JSON-lines file
+    :param max_line_bytes: the longest accepted line, in bytes (see the module docstring)
+    """
+    where = check_path("path", path, what="a JSON-lines file")
     if not os.path.isfile(where):
         raise ValueError(f"jsonl task: no file at {where!r}; pass path= to a JSON-lines file")
     rows: list[Row] = []
-    with open(where, encoding="utf-8") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{where}:{line}: not valid JSON ({error.msg}); write one object per line") from None
-            rows.append(_check_row(obj, line, where))
+    for line, text in read_lines(where, max_line_bytes=max_line_bytes, what="jsonl task file"):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}:{line}: not valid JSON ({error.msg}); write one object per line") from None
+        except RecursionError:
+            raise ValueError(f"{where}:{line}: JSON nested too deeply; write one flat object per line") from None
+        rows.append(_check_row(obj, line, where))
     if not rows:
         raise ValueError(f'{where}: the file has no rows; add lines like {{"prompt": "2+2?", "answer": "4"}}')
     graded = [row.difficulty is not None for row in rows]
@@ -112,13 +123,15 @@ class JsonlTask(Task):
     ``1e-6 * max(1, |reference|)``), else exact match after collapsing whitespace and case-folding.
 
     :param path: the JSON-lines file
+    :param max_line_bytes: the longest accepted line, in bytes (16 MiB by default)
     """
 
     name = "jsonl"
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = os.fspath(path)
-        rows = load_rows(self.path)
+    def __init__(self, path: str | os.PathLike[str], max_line_bytes: int = MAX_LINE_BYTES):
+        self.path = check_path("path", path, what="a JSON-lines file")
+        self.max_line_bytes = check_int("max_line_bytes", max_line_bytes, low=1)
+        rows = load_rows(self.path, self.max_line_bytes)
         self.graded = rows[0].difficulty is not None
         if self.graded:
             rows.sort(key=lambda row: row.difficulty)  # type: ignore[arg-type, return-value]
