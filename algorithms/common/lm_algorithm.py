@@ -16,6 +16,7 @@ several processes (S17), the guarded optimizer step and the reference's log-prob
 from __future__ import annotations
 
 import copy
+import inspect
 import io
 import itertools
 import json
@@ -35,17 +36,27 @@ from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common import state
+from algorithms.common.arguments import LM_ALGORITHM_RULES, check_arguments
 from algorithms.common.batch import RolloutBatch, left_pad
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
-from algorithms.common.distributed import COMPRESSIONS, Distributed, GradientSync
+from algorithms.common.distributed import Distributed, GradientSync
 from algorithms.common.generation import Completions
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.precision import DTYPES, resolve_precision
 from algorithms.common.rollout import Rows, contexts_from_obs
 from algorithms.common.vocabulary import check_vocabulary, model_tokenizer
+from grpo_gym.validation import check_mapping
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
+#: the arguments SB3's BaseAlgorithm stores itself
+BASE_ALGORITHM_ARGUMENTS = {"learning_rate", "stats_window_size", "tensorboard_log", "verbose", "seed"}
+#: the keys policy_kwargs may hold: TransformerPolicy's arguments but those the algorithm passes itself
+POLICY_KEYS = tuple(
+    name
+    for name in inspect.signature(TransformerPolicy.__init__).parameters
+    if name not in ("self", "observation_space", "action_space", "lr_schedule")
+)
 
 
 def _tokenizer_of(model: Any) -> dict[str, Any]:
@@ -88,42 +99,30 @@ class LMAlgorithm(BaseAlgorithm):
         seed: int | None,
         device: th.device | str,
     ) -> None:
+        given = dict(locals())
+        checked = check_arguments({name: given[name] for name in LM_ALGORITHM_RULES}, LM_ALGORITHM_RULES)
+        if checked["sft_data"] is not None and not os.path.isfile(checked["sft_data"]):
+            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
             env = gym.make(env, **_tokenizer_of((policy_kwargs or {}).get("model")))
-        self._dist = Distributed(timeout=dist_timeout)
+        self._dist = Distributed(timeout=checked["dist_timeout"])
         device = self._dist.device(device)
         if not self._dist.is_main:  # S17: only rank 0 logs and prints
-            tensorboard_log, verbose = None, 0
+            checked["tensorboard_log"], checked["verbose"] = None, 0
         super().__init__(
             policy,
             env,
-            learning_rate=learning_rate,
-            policy_kwargs=policy_kwargs,
-            stats_window_size=stats_window_size,
-            tensorboard_log=tensorboard_log,
-            verbose=verbose,
+            learning_rate=checked["learning_rate"],
+            policy_kwargs=check_mapping("policy_kwargs", policy_kwargs, POLICY_KEYS),
+            stats_window_size=checked["stats_window_size"],
+            tensorboard_log=checked["tensorboard_log"],
+            verbose=checked["verbose"],
             device=device,
             support_multi_env=True,
-            seed=seed,
+            seed=checked["seed"],
         )
-        if group_size < 2:
-            raise ValueError(f"group_size must be >= 2 (a group needs a baseline), got {group_size}")
-        if n_groups < 1:
-            raise ValueError("n_groups must be positive")
-        if sft_data is not None and not os.path.isfile(sft_data):
-            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
-        if max_grad_norm <= 0 or not 0 < gamma <= 1:
-            raise ValueError(f"need max_grad_norm > 0, 0 < gamma <= 1; got {max_grad_norm}, {gamma}")
-        if gradient_compression not in COMPRESSIONS:
-            raise ValueError(f"gradient_compression must be one of {COMPRESSIONS}, got {gradient_compression!r}")
-        resolve_precision(mixed_precision, self.device)  # a bad value fails here, not at the first update
-        self.n_groups, self.group_size = n_groups, group_size
-        self.max_grad_norm, self.gamma = max_grad_norm, gamma
-        self.gradient_compression, self.dist_timeout = gradient_compression, dist_timeout
-        self.mixed_precision = mixed_precision
-        self.cold_start, self.sft_steps, self.sft_batch_size = cold_start, sft_steps, sft_batch_size
-        self.sft_learning_rate, self.sft_data = sft_learning_rate, sft_data
-        self.curriculum = curriculum
+        for name in LM_ALGORITHM_RULES.keys() - BASE_ALGORITHM_ARGUMENTS:
+            setattr(self, name, checked[name])
         self._sync: GradientSync | None = None
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
@@ -404,6 +403,7 @@ class LMAlgorithm(BaseAlgorithm):
                 generation_seconds += time.perf_counter() - timer
                 completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
         self._merge_episode_infos(finished)
+        self._check_reward_errors(rows)
         self._rollout = self._build_batch(rows, generation_seconds)
         self._in_rollout = False
         callback.update_locals(locals())
@@ -451,6 +451,21 @@ class LMAlgorithm(BaseAlgorithm):
                     self.ep_info_buffer.extend([episode])
                 if success is not None:
                     self.ep_success_buffer.append(success)
+
+    def _check_reward_errors(self, rows: Rows) -> None:
+        """Log ``rollout/reward_errors`` (completions whose reward raised, every rank's); when every completion of
+        the iteration erred, stop training with that error (the env has warned with each first one)."""
+        errors = [info["reward_errors"] for info in rows.infos if info.get("reward_errors")]
+        failed, total = float(len(errors)), float(len(rows.infos))
+        if self._dist.enabled:
+            failed, total = self._dist.sum(failed), self._dist.sum(total)
+        self.logger.record("rollout/reward_errors", failed)
+        if total and failed == total:
+            component, message = next(iter(errors[0].items())) if errors else ("?", "on another process")
+            raise RuntimeError(
+                f"the reward of every completion of this iteration raised an error ({component}: {message}); "
+                "fix the reward function or verifier (R1ZeroEnv(on_reward_error='raise') shows the traceback)"
+            )
 
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
         """The rollout's rows as the batch the update trains on (the subclass's advantages)."""

@@ -12,9 +12,11 @@ from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
 from algorithms.common.checkpointing import DEFAULT_EVERY, checkpoint_every
+from algorithms.common.files import atomic_directory
 from algorithms.common.generation import Completions, completion_log_probs, sample
 from algorithms.common.models import is_builtin_model, load_model
 from algorithms.common.precision import autocast, float32_region
+from grpo_gym.validation import check_bool, check_float, check_int, check_mapping
 
 
 class TransformerPolicy(BasePolicy):
@@ -74,12 +76,22 @@ class TransformerPolicy(BasePolicy):
         super().__init__(
             observation_space, action_space, optimizer_class=optimizer_class, optimizer_kwargs=optimizer_kwargs or {}
         )
-        if temperature <= 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need temperature > 0 and 0 < top_p <= 1, got {temperature} and {top_p}")
         self.vocab_size = int(observation_space["input_ids"].high.max()) + 1
         self.max_new_tokens = int(action_space.shape[0]) if isinstance(action_space, spaces.MultiDiscrete) else 1
-        self.eos_token_id, self.pad_token_id = int(eos_token_id), int(pad_token_id)
-        self.temperature, self.top_p, self.top_k = float(temperature), float(top_p), int(top_k)
+        self.eos_token_id = check_int("eos_token_id", eos_token_id, low=0, high=self.vocab_size - 1)
+        self.pad_token_id = check_int("pad_token_id", pad_token_id, low=0, high=self.vocab_size - 1)
+        self.temperature = check_float("temperature", temperature, low=0.0, low_open=True)
+        self.top_p = check_float("top_p", top_p, low=0.0, high=1.0, low_open=True)
+        self.top_k = check_int("top_k", top_k, low=0)
+        memory_length = check_int("memory_length", memory_length, low=2)
+        check_bool("value_head", value_head)
+        if not isinstance(gradient_checkpointing, bool):
+            check_int("gradient_checkpointing", gradient_checkpointing, low=1, hint="or True / False")
+        seed = check_int("seed", seed, low=0, allow_none=True)
+        if model_kwargs is not None:  # config overrides of a built-in model: LlamaConfig's fields
+            from transformers import LlamaConfig
+
+            check_mapping("model_kwargs", model_kwargs, LlamaConfig().to_dict())
         self.model_name = model if isinstance(model, (str, os.PathLike)) else None
         self.model_kwargs = dict(model_kwargs or {})
         self.seed = seed
@@ -270,7 +282,9 @@ class TransformerPolicy(BasePolicy):
 
     def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None) -> None:
         """Write a standard Hugging Face folder (model, and the tokenizer when given) that
-        ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load."""
-        self.model.save_pretrained(directory)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(directory)
+        ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load; atomically: a kill at any
+        instant leaves the old complete folder or the new one (:func:`~algorithms.common.files.atomic_directory`)."""
+        with atomic_directory(directory) as folder:
+            self.model.save_pretrained(folder)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)

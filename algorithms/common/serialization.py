@@ -25,7 +25,6 @@ import io
 import json
 import os
 import pathlib
-import tempfile
 import zipfile
 import zlib
 from typing import Any
@@ -36,6 +35,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, FloatSchedule, LinearSchedule, get_system_info
 
+from algorithms.common.files import atomic_write
 from algorithms.common.schedules import UpdateDecay
 
 FORMAT = "grpo-gym/1"
@@ -170,7 +170,7 @@ def write_model_file(
     path.parent.mkdir(parents=True, exist_ok=True)
     import stable_baselines3
 
-    with _atomic_file(path) as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
+    with atomic_write(path) as handle, zipfile.ZipFile(handle, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("data", json.dumps({"format": FORMAT, **data}, indent=1))
         for name, state in state_dicts.items():
             archive.writestr(f"{name}.pth", _torch_bytes(state))
@@ -227,27 +227,3 @@ def _torch_bytes(value: Any) -> bytes:
     buffer = io.BytesIO()
     th.save(value, buffer)
     return buffer.getvalue()
-
-
-class _atomic_file:
-    """Write to a temporary file beside ``path``; on success flush, fsync and rename it into place."""
-
-    def __init__(self, path: pathlib.Path) -> None:
-        self.path = path
-
-    def __enter__(self) -> io.BufferedWriter:
-        descriptor, self.temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        self.handle = os.fdopen(descriptor, "wb")
-        return self.handle
-
-    def __exit__(self, kind, error, traceback) -> None:
-        try:
-            if kind is None:
-                self.handle.flush()
-                os.fsync(self.handle.fileno())
-            self.handle.close()
-            if kind is None:
-                os.replace(self.temporary, self.path)
-        finally:
-            if os.path.exists(self.temporary):
-                os.unlink(self.temporary)

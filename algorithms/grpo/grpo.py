@@ -18,6 +18,7 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import FloatSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
+from algorithms.common.arguments import check_arguments
 from algorithms.common.batch import RolloutBatch
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer
 from algorithms.common.lm_algorithm import LMAlgorithm
@@ -25,17 +26,9 @@ from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
+from algorithms.grpo.arguments import GRPO_RULES
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
-AGGREGATIONS = ("sequence", "token", "constant")
-#: the values of GRPO's choice arguments
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "advantage_scale": objective.ADVANTAGE_SCALES,
-    "loss_aggregation": AGGREGATIONS,
-    "competition": (None, "fixed", "adaptive"),
-    "update_mode": ("joint", "sequential"),
-    "advantage_baseline": ("group", "value"),
-}
 
 
 class GRPO(LMAlgorithm):
@@ -202,19 +195,10 @@ class GRPO(LMAlgorithm):
             seed=seed,
             device=device,
         )
-        self.n_epochs, self.batch_size = n_epochs, batch_size
-        self.clip_range, self.clip_range_high = clip_range, clip_range_high
-        self.beta, self.ent_coef, self.vf_coef = beta, ent_coef, vf_coef
-        self.advantage_scale, self.loss_aggregation = advantage_scale, loss_aggregation
-        self.drop_uniform_groups = drop_uniform_groups
-        self.competition, self.competition_coef = competition, competition_coef
-        self.diversity_guard, self.diversity_threshold = diversity_guard, diversity_threshold
-        self.update_mode, self.advantage_baseline = update_mode, advantage_baseline
-        self.reward_ramp, self.protected_rollouts = reward_ramp, protected_rollouts
-        self.diagnostics = diagnostics
-        self.replay_ratio, self.max_replay_age = replay_ratio, max_replay_age
-        self.replay_buffer_kwargs = dict(replay_buffer_kwargs or {})
-        self._check_arguments()
+        given = dict(locals())
+        for name, value in check_arguments({k: given[k] for k in GRPO_RULES}, GRPO_RULES).items():
+            setattr(self, name, value)  # every GRPO argument is checked here, the shared ones by LMAlgorithm
+        self.replay_buffer_kwargs = dict(self.replay_buffer_kwargs or {})
         self._between_variance = 0.0  # running mean of the between-group reward variance (S11's reference)
         self._reward_model_target: float | None = None  # the configured weight that reward_ramp rises to
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
@@ -223,20 +207,6 @@ class GRPO(LMAlgorithm):
             self._setup_model()
 
     state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_reward_model_target", "_groups_seen")
-
-    def _check_arguments(self) -> None:
-        """Reject GRPO's own bad arguments at construction (the shared ones are checked by the base class)."""
-        for name, valid in CHOICES.items():
-            if getattr(self, name) not in valid:
-                raise ValueError(f"{name} must be one of {valid}, got {getattr(self, name)!r}")
-        if self.n_epochs < 1 or (self.batch_size is not None and self.batch_size < 1):
-            raise ValueError("n_groups, n_epochs and batch_size must be positive")
-        if self.beta < 0:
-            raise ValueError(f"need beta >= 0, got {self.beta}")
-        if not 0 <= self.replay_ratio < 1 or self.max_replay_age < 0:
-            raise ValueError(
-                f"need 0 <= replay_ratio < 1, max_replay_age >= 0; got {self.replay_ratio}, {self.max_replay_age}"
-            )
 
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:

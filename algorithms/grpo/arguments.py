@@ -1,0 +1,45 @@
+"""GRPO's own constructor arguments and their rules (the shared ones are in :mod:`algorithms.common.arguments`)."""
+
+from __future__ import annotations
+
+from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
+from algorithms.grpo import objective
+
+AGGREGATIONS = ("sequence", "token", "constant")
+#: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)
+REPLAY_BUFFER_KEYS = (
+    "capacity",
+    "max_tokens",
+    "alpha",
+    "beta",
+    "beta_end",
+    "beta_steps",
+    "high_reward_threshold",
+    "high_reward_boost",
+    "reward_range",
+)
+
+GRPO_RULES: dict[str, Rule] = {
+    "n_epochs": integer(low=1),
+    "batch_size": integer(low=1, allow_none=True),
+    "clip_range": schedule(low=0.0),
+    "clip_range_high": schedule(low=0.0, allow_none=True),
+    "beta": number(low=0.0),
+    "ent_coef": schedule(updates=True),
+    "vf_coef": number(low=0.0),
+    "advantage_scale": choice(*objective.ADVANTAGE_SCALES),
+    "loss_aggregation": choice(*AGGREGATIONS),
+    "drop_uniform_groups": boolean(),
+    "competition": choice(None, "fixed", "adaptive"),
+    "competition_coef": number(low=0.0, low_open=True),
+    "diversity_guard": boolean(),
+    "diversity_threshold": number(low=0.0),
+    "update_mode": choice("joint", "sequential"),
+    "advantage_baseline": choice("group", "value"),
+    "reward_ramp": boolean(),
+    "protected_rollouts": integer(low=0),
+    "diagnostics": boolean(),
+    "replay_ratio": number(low=0.0, high=1.0, high_open=True),
+    "max_replay_age": integer(low=0),
+    "replay_buffer_kwargs": mapping(REPLAY_BUFFER_KEYS),
+}

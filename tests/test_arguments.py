@@ -1,0 +1,100 @@
+"""Constructor arguments (algorithms/common/arguments.py, algorithms/grpo/arguments.py): every bad value is
+refused when the object is built, with the argument's name in the message."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.utils import LinearSchedule
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+import grpo_gym
+from algorithms import GRPO, UpdateDecay
+from tests.sizes import ENV_KWARGS, TINY
+
+NAN, INF = float("nan"), math.inf
+BAD_GRPO = [
+    ("learning_rate", NAN), ("learning_rate", -1e-3), ("learning_rate", "1e-5"),
+    ("learning_rate", LinearSchedule(1e-3, NAN, 1.0)), ("learning_rate", lambda progress: 1 / (progress - 1)),
+    ("n_groups", 0), ("n_groups", 2.7), ("n_groups", True), ("n_groups", "4"),
+    ("group_size", 1), ("group_size", 4.5), ("n_epochs", 0), ("batch_size", 0), ("batch_size", 1.5),
+    ("clip_range", NAN), ("clip_range", -0.1), ("clip_range_high", NAN),
+    ("beta", NAN), ("beta", INF), ("beta", -1.0), ("ent_coef", NAN), ("ent_coef", UpdateDecay(0.01, NAN, 10)),
+    ("max_grad_norm", NAN), ("max_grad_norm", 0.0), ("vf_coef", NAN), ("vf_coef", -1.0),
+    ("gamma", NAN), ("gamma", 0.0), ("gamma", 1.5),
+    ("advantage_scale", "rank"), ("loss_aggregation", "mean"), ("drop_uniform_groups", "no"),
+    ("competition", "yes"), ("competition_coef", NAN), ("competition_coef", 0.0),
+    ("diversity_guard", 1), ("diversity_threshold", -0.1), ("update_mode", "parallel"),
+    ("advantage_baseline", "mean"), ("reward_ramp", "no"), ("protected_rollouts", -1), ("protected_rollouts", 2.7),
+    ("curriculum", None), ("diagnostics", "true"), ("replay_ratio", 1.0), ("replay_ratio", NAN),
+    ("max_replay_age", -1), ("replay_buffer_kwargs", {"capacty": 10}), ("gradient_compression", "zip"),
+    ("dist_timeout", 0.0), ("mixed_precision", "fp8"), ("cold_start", "yes"), ("sft_steps", -5),
+    ("sft_steps", 2.5), ("sft_batch_size", 0), ("sft_learning_rate", NAN), ("sft_data", 3),
+    ("stats_window_size", 0), ("verbose", -1), ("seed", -3), ("seed", 1.5),
+    ("policy_kwargs", {"tempreature": 0.5}), ("policy_kwargs", {"temperature": 0.0}),
+    ("policy_kwargs", {"top_p": NAN}), ("policy_kwargs", {"top_p": 1.5}), ("policy_kwargs", {"top_k": -1}),
+    ("policy_kwargs", {"memory_length": 2.7}), ("policy_kwargs", {"value_head": "no"}),
+    ("policy_kwargs", {"gradient_checkpointing": 0}), ("policy_kwargs", {"model_kwargs": {"hiden_size": 8}}),
+]  # fmt: skip
+
+
+def env() -> DummyVecEnv:
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_GRPO, ids=[f"{n}={v!r}"[:40] for n, v in BAD_GRPO])
+def test_a_bad_value_is_refused_at_construction(name: str, value: object) -> None:
+    kwargs = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "policy_kwargs": TINY, name: value}
+    if name == "policy_kwargs":
+        kwargs["policy_kwargs"] = {**TINY, **value}
+    shown = next(iter(value)) if isinstance(value, dict) else name
+    with pytest.raises((ValueError, TypeError), match=shown.rstrip("s") if name == "policy_kwargs" else name):
+        GRPO("TransformerPolicy", env(), **kwargs)
+
+
+def test_integral_floats_and_numpy_numbers_are_read_as_their_values() -> None:
+    import numpy as np
+
+    model = GRPO(
+        "TransformerPolicy", env(), n_groups=2.0, group_size=np.int64(4), beta=np.float32(0.0), sft_steps=0,
+        policy_kwargs=TINY,
+    )  # fmt: skip
+    assert model.n_groups == 2 and isinstance(model.n_groups, int) and model.group_size == 4
+
+
+class Scorer:
+    """A reward model that raises on every call, or on every other one."""
+
+    def __init__(self, every: int) -> None:
+        self.every, self.calls = every, 0
+
+    def score(self, prompts: list[str], completions: list[str]) -> list[float]:
+        self.calls += 1
+        if self.calls % self.every == 0:
+            raise KeyError(f"scorer call {self.calls}")
+        return [0.5] * len(completions)
+
+
+def scored_env(every: int) -> DummyVecEnv:
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_model=Scorer(every)))])
+
+
+def test_every_completion_erring_stops_training_with_the_error() -> None:
+    model = GRPO("TransformerPolicy", scored_env(1), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY)
+    with pytest.warns(RuntimeWarning, match="scorer call"), pytest.raises(RuntimeError, match="every completion"):
+        model.learn(8)
+
+
+def test_reward_errors_are_counted_in_tensorboard(tmp_path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = GRPO(
+        "TransformerPolicy", scored_env(2), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY,
+        tensorboard_log=str(tmp_path),
+    )  # fmt: skip
+    with pytest.warns(RuntimeWarning, match="scorer call"):
+        model.learn(8)
+    events = EventAccumulator(str(tmp_path / "GRPO_1")).Reload()
+    assert [e.value for e in events.Scalars("rollout/reward_errors")] == [4.0]
