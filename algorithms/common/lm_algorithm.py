@@ -40,6 +40,7 @@ from algorithms.common.arguments import LM_ALGORITHM_RULES, check_arguments
 from algorithms.common.batch import RolloutBatch, left_pad
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
+from algorithms.common.determinism import deterministic_on_cpu
 from algorithms.common.distributed import Distributed, GradientSync
 from algorithms.common.generation import Completions
 from algorithms.common.policies import TransformerPolicy
@@ -306,7 +307,8 @@ class LMAlgorithm(BaseAlgorithm):
                 break
             self._iteration += 1
             self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
-            self.train()
+            with deterministic_on_cpu(self.device):
+                self.train()
             if log_interval is not None and self._iteration % log_interval == 0:
                 self.dump_logs()
         callback.on_training_end()
@@ -337,7 +339,15 @@ class LMAlgorithm(BaseAlgorithm):
         assert self.env is not None
         if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
             self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
-        stats = supervised_finetune(
+        with deterministic_on_cpu(self.device):
+            stats = self._supervised_finetune()
+        self._cold_start_done = True
+        if self.ref_model is not None:
+            self.ref_model = self._frozen_copy()
+        return stats
+
+    def _supervised_finetune(self) -> dict[str, float]:
+        return supervised_finetune(
             self.policy,
             self.env,
             steps=self.sft_steps,
@@ -348,10 +358,6 @@ class LMAlgorithm(BaseAlgorithm):
             logger=self.logger,
             verbose=self.verbose,
         )
-        self._cold_start_done = True
-        if self.ref_model is not None:
-            self.ref_model = self._frozen_copy()
-        return stats
 
     # ------------------------------------------------------------------ rollout collection
     def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:
