@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import grpo_gym
 from algorithms import GRPO
-from algorithms.common.vocabulary import PADDING_MULTIPLE, check_vocabulary
+from algorithms.common.vocabulary import PADDING_MULTIPLE, check_model_tokenizer
 from grpo_gym.tokenizer import build_char_tokenizer
 from tests.sizes import ENV_KWARGS
 
@@ -67,8 +67,9 @@ def test_a_model_smaller_than_the_env_tokenizer_is_refused() -> None:
         make(model=llama(50))
 
 
-def test_a_folder_whose_own_tokenizer_differs_is_refused(tmp_path: Path) -> None:
-    folder = saved(tmp_path / "m", llama(300), bpe_tokenizer())
+@pytest.mark.parametrize("rows", [300, 400])  # fewer and more rows than the env's 359 ids: the same message
+def test_a_folder_whose_own_tokenizer_differs_is_refused(tmp_path: Path, rows: int) -> None:
+    folder = saved(tmp_path / "m", llama(rows), bpe_tokenizer())
     with pytest.raises(ValueError, match=rf"differs from the one saved with model '{folder}'.*tokenizer='{folder}'"):
         make(model=str(folder))  # the env uses the built-in character tokenizer
 
@@ -78,7 +79,7 @@ def test_special_token_ids_must_match(tmp_path: Path) -> None:
     other = build_char_tokenizer()
     other.eos_token = "<unk>"  # the same vocabulary, another EOS
     with pytest.raises(ValueError, match="eos_token_id"):
-        check_vocabulary(other, llama(len(own)), saved(tmp_path / "m", llama(len(own)), own))
+        check_model_tokenizer(other, saved(tmp_path / "m", llama(len(own)), own))
 
 
 def test_the_models_own_tokenizer_in_the_env_passes(tmp_path: Path) -> None:

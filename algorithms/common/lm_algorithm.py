@@ -46,7 +46,7 @@ from algorithms.common.generation import Completions
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.precision import DTYPES, resolve_precision
 from algorithms.common.rollout import Rows, contexts_from_obs
-from algorithms.common.vocabulary import check_vocabulary, model_tokenizer
+from algorithms.common.vocabulary import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from grpo_gym.validation import check_mapping
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -151,15 +151,16 @@ class LMAlgorithm(BaseAlgorithm):
         self._problem_rng = np.random.default_rng(seed)
         if self.env is not None:
             self._check_env(self.env)
+        tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
+        verified = tokenizer is not None and check_model_tokenizer(tokenizer, self.policy_kwargs.get("model"))
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
         self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
         self.policy = self.policy.to(self.device)
         precision = resolve_precision(self.mixed_precision, self.device)
         self.policy.autocast_dtype = DTYPES.get(precision)
         self._scaler = th.amp.GradScaler(self.device.type) if precision == "fp16" else None
-        if self.env is not None:
-            tokenizer = self.env.get_attr("tokenizer", indices=[0])[0]
-            check_vocabulary(tokenizer, self.policy.model, self.policy.model_name)
+        if tokenizer is not None:
+            check_embedding_rows(tokenizer, self.policy.model, self.policy.model_name, verified)
         config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
         # the architecture (so load() rebuilds it offline) and the frozen parameters (so they stay frozen)
         self.policy_kwargs = {

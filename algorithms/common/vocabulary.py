@@ -1,6 +1,7 @@
 """The tokenizer guard: the env's tokenizer and the policy's model must speak the same vocabulary.
 
-Checked when an algorithm builds its policy (:meth:`LMAlgorithm._setup_model`):
+Checked when an algorithm builds its policy (:meth:`LMAlgorithm._setup_model`: :func:`check_model_tokenizer`
+before, :func:`check_embedding_rows` after; a model with fewer rows than the tokenizer's ids is the policy's error):
 
 - when the model comes from a folder (or hub name) that ships its own tokenizer, that tokenizer must equal
   the env's: the same token-to-id map and the same special tokens (EOS, pad); a model trained with other ids
@@ -42,39 +43,38 @@ def model_tokenizer(source: Any) -> Any | None:
         return None
 
 
-def check_vocabulary(env_tokenizer: Any, model: Any, source: Any = None) -> None:
-    """Raise a ``ValueError`` naming both sides and the fix when ``env_tokenizer`` and ``model`` disagree.
+def _fix(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return f"make the env with the model's tokenizer: gym.make('R1Zero-v0', tokenizer={os.fspath(source)!r})"
+    return "make the env with the tokenizer the model was trained with: gym.make('R1Zero-v0', tokenizer=...)"
 
-    :param env_tokenizer: the env's Hugging Face tokenizer
-    :param model: the policy's causal LM
-    :param source: where the model came from (a folder or hub name, to find a tokenizer saved with it)
-    """
-    env_size = len(env_tokenizer)
-    rows = model.get_input_embeddings().num_embeddings
-    where = f"model {os.fspath(source)!r}" if isinstance(source, (str, os.PathLike)) else "the model"
-    fix = (
-        f"make the env with the model's tokenizer: gym.make('R1Zero-v0', tokenizer={os.fspath(source)!r})"
-        if isinstance(source, (str, os.PathLike))
-        else "make the env with the tokenizer the model was trained with: gym.make('R1Zero-v0', tokenizer=...)"
-    )
+
+def check_model_tokenizer(env_tokenizer: Any, source: Any) -> bool:
+    """Before the model is built: when ``source`` (a folder or hub name) ships its own tokenizer, it must equal
+    the env's (else a ``ValueError`` naming both and the fix). Returns whether such a tokenizer was compared."""
     own = model_tokenizer(source)
-    if own is not None:
-        differences = _differences(env_tokenizer, own)
-        if differences:
-            raise ValueError(
-                f"the env's tokenizer ({env_size} tokens) differs from the one saved with {where} "
-                f"({len(own)} tokens): {'; '.join(differences)}. {fix}"
-            )
-    if rows < env_size:
+    if own is None:
+        return False
+    differences = _differences(env_tokenizer, own)
+    if differences:
         raise ValueError(
-            f"{where} has {rows} token embeddings, fewer than the env tokenizer's {env_size} tokens "
-            f"(smaller than the env tokenizer's vocabulary). {fix}"
+            f"the env's tokenizer ({len(env_tokenizer)} tokens) differs from the one saved with model "
+            f"{os.fspath(source)!r} ({len(own)} tokens): {'; '.join(differences)}. {_fix(source)}"
         )
+    return True
+
+
+def check_embedding_rows(env_tokenizer: Any, model: Any, source: Any = None, verified: bool = False) -> None:
+    """After the model is built: beyond the env tokenizer's ids it may add only padding rows, unless its own
+    tokenizer was ``verified`` equal to the env's by :func:`check_model_tokenizer` (fewer rows than ids is the
+    policy's own error)."""
+    env_size, rows = len(env_tokenizer), model.get_input_embeddings().num_embeddings
     padded = -(-env_size // PADDING_MULTIPLE) * PADDING_MULTIPLE
-    if own is None and rows > padded:
+    if not verified and rows > padded:
+        where = f"model {os.fspath(source)!r}" if isinstance(source, (str, os.PathLike)) else "the model"
         raise ValueError(
             f"{where} has {rows} token embeddings but the env's tokenizer only {env_size} tokens: more than "
-            f"padding rows (up to {padded}), so it was trained with another tokenizer. {fix}"
+            f"padding rows (up to {padded}), so it was trained with another tokenizer. {_fix(source)}"
         )
 
 
