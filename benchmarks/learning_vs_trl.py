@@ -40,7 +40,8 @@ iteration count (mean and range over seeds), ours' time to reach TRL's held-out 
 (interpolated between snapshots), the machine (CPU model and flags) and the share of its CPUs other processes
 used during each run (the machine may be shared: only runs on an idle machine compare), and a plot.
 
-Full measurement (what ``benchmarks/RESULTS.md`` records; about 45 minutes on an idle 2-core machine)::
+Full measurement (what ``benchmarks/RESULTS.md`` records; about 35 minutes on an idle 2-core machine: 3 seeds
+x 2 frameworks x 300 s, plus the cold start and the evaluation)::
 
     python benchmarks/learning_vs_trl.py --results benchmarks/RESULTS.md
 
@@ -245,7 +246,12 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     env = make_env(settings).unwrapped
     ours = ours_defaults(settings)
     problems = problem_stream(env, settings.seed, ours["K"], settings.max_iterations)
-    dataset, reward = trl_dataset(env, problems)
+    dataset, composite_reward = trl_dataset(env, problems)
+    first: list[int] = []  # the problems of TRL's first generation batch, as its reward function sees them
+
+    def reward(completion_ids: list[list[int]], problem_id: list[int], **kwargs: Any) -> list[float]:
+        first.extend([] if first else problem_id[:: ours["G"]])
+        return composite_reward(completion_ids, problem_id, **kwargs)
     config = {
         "output_dir": os.path.join(settings.out, f"trl_seed{settings.seed}"),
         "seed": settings.seed,
@@ -291,7 +297,7 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     used |= {"scale_rewards": str(trainer.args.scale_rewards), "max_grad_norm": trainer.args.max_grad_norm}
     return {
         **checkpoints.result(setup_s, trainer.state.global_step),
-        "first_problems": [problem.prompt for problem in problems[: ours["K"]]],
+        "first_problems": [problems[index].prompt for index in first],
         "settings": {**ours, **used},
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
     }
