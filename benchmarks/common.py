@@ -1,11 +1,18 @@
-"""What the benchmarks share: memory and CPU readings from /proc, the CPU's name, and writing RESULTS.md."""
+"""What the benchmarks share: memory and CPU readings from /proc, the CPU's name and flags, workers in their own
+process, TRL's view of the env's problems and reward, and writing RESULTS.md."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def memory_mib() -> dict[str, float]:
@@ -49,3 +56,65 @@ def update_results(path: Path, section: str, title: str, body: str) -> None:
     section = section[: old.start()] + block + "\n" + section[old.end() :] if old else f"{section}\n\n{block}"
     rest = text[end:]
     path.write_text(text[:start] + section.rstrip() + "\n" + ("\n" + rest if rest else ""))
+
+
+def cpu_flags() -> str:
+    """The CPU's matrix and vector flags that decide its float32 and bf16 speed (AVX2, AVX-512, AMX), from
+    ``/proc/cpuinfo``; ``"none of ..."`` when it has none of them."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+    with open("/proc/cpuinfo") as info:
+        flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    present = [flag for flag in wanted if flag in flags]
+    return ", ".join(present) if present else f"none of {', '.join(wanted)}"
+
+
+def usage() -> tuple[float, float, float]:
+    """Now: wall seconds, this process's CPU seconds, the machine's busy CPU seconds (for :func:`others_share`)."""
+    return time.perf_counter(), time.process_time(), busy_cpu_seconds()
+
+
+def others_share(start: tuple[float, float, float], end: tuple[float, float, float]) -> float:
+    """The share of the machine's CPUs that other processes used between two :func:`usage` readings: the noise
+    on a timing made on a shared machine (0: the machine was ours alone)."""
+    (wall0, own0, machine0), (wall1, own1, machine1) = start, end
+    others = (machine1 - machine0) - (own1 - own0)
+    return max(0.0, others) / (max(wall1 - wall0, 1e-9) * (os.cpu_count() or 1))
+
+
+def run_worker(script: str, name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Run ``script --worker name --settings <json>`` in a fresh interpreter (its own memory, threads and imports);
+    its result comes back as JSON on the last line of its stdout."""
+    command = [sys.executable, script, "--worker", name, "--settings", json.dumps(settings)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.stderr.write(done.stdout + done.stderr)
+        raise SystemExit(f"the {name} worker failed (exit {done.returncode})")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def trl_dataset(env: Any, problems: list[Any]) -> tuple[Any, Callable[..., list[float]]]:
+    """A ``datasets.Dataset`` of ``problems`` for TRL's ``GRPOTrainer`` (the env's prompt text, the answer, the
+    problem's index) and a TRL reward function that gives each completion the env's composite reward for its
+    problem (``score_completion`` of the completion's ids, padded like an action). ``env``: an unwrapped
+    ``R1ZeroEnv``."""
+    import numpy as np
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict(
+        {
+            "prompt": [env.formatter.prompt(problem.prompt) for problem in problems],
+            "answer": [problem.answer for problem in problems],
+            "problem_id": list(range(len(problems))),
+        }
+    )
+
+    def composite_reward(completion_ids: list[list[int]], problem_id: list[int], **_: Any) -> list[float]:
+        """The env's reward (``reset`` with the problem + ``step`` of the completion, padded like an action)."""
+        rewards = []
+        for ids, index in zip(completion_ids, problem_id, strict=True):
+            action = np.full(env.max_new_tokens, env.codec.pad_id, dtype=np.int64)
+            action[: len(ids)] = ids
+            rewards.append(env.score_completion(problems[index], action)[1])
+        return rewards
+
+    return dataset, composite_reward

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import cpu_name, memory_mib, update_results
+from common import cpu_flags, cpu_name, memory_mib, update_results
 
 SECTION = "## Training memory of one update, ~100M parameters, 1024-token sequences (S18, S19)"
 CONFIGS = {  # name: (mixed_precision, gradient_checkpointing)
@@ -119,7 +119,7 @@ def main() -> None:
     lines = [
         f"Command: `python benchmarks/memory.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
         "",
-        f"Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()} (no native bf16), no GPU; "
+        f"Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()} (flags: {cpu_flags()}), no GPU; "
         f"{args.threads} torch threads. Model {args.model!r} ({base['parameters'] / 1e6:.1f}M parameters, 12 layers), "
         f"{args.group} sequences of {args.sequence} tokens ({args.prompt}-token prompt), reference forward + policy "
         "forward/backward + AdamW step; each configuration in a fresh process, the second of two updates timed.",

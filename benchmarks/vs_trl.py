@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import busy_cpu_seconds, cpu_name, memory_mib, update_results
+from common import cpu_flags, cpu_name, memory_mib, others_share, run_worker, trl_dataset, update_results, usage
 
 N_GROUPS, GROUP_SIZE = 4, 8  # K prompts x G completions per iteration
 SECTION = "## GRPO vs TRL GRPOTrainer (CPU)"
@@ -81,15 +80,11 @@ class Stopwatch:
     """Wall and CPU timestamps of iteration boundaries, and the wall time spent inside a wrapped ``generate``."""
 
     def __init__(self) -> None:
-        self.wall: list[float] = []
-        self.cpu: list[float] = []
-        self.machine: list[float] = []
+        self.marks: list[tuple[float, float, float]] = []  # (wall, own CPU, machine busy CPU) seconds
         self.generation: list[float] = []
 
     def mark(self) -> None:
-        self.wall.append(time.perf_counter())
-        self.cpu.append(time.process_time())
-        self.machine.append(busy_cpu_seconds())
+        self.marks.append(usage())
 
     def wrap_generate(self, owner: Any) -> None:
         """Time every call of ``owner.generate`` (an instance attribute shadows the method)."""
@@ -106,12 +101,12 @@ class Stopwatch:
     def result(self, warmup: int) -> dict[str, Any]:
         """Per-iteration wall, CPU and generation seconds, warm-up iterations dropped, and the share of the
         machine's CPUs that other processes used during the timed iterations (the noise on the figures)."""
-        others = (self.machine[-1] - self.machine[warmup]) - (self.cpu[-1] - self.cpu[warmup])
+        pairs = list(itertools.pairwise(self.marks))
         return {
-            "iteration_s": [b - a for a, b in itertools.pairwise(self.wall)][warmup:],
-            "cpu_s": [b - a for a, b in itertools.pairwise(self.cpu)][warmup:],
+            "iteration_s": [b[0] - a[0] for a, b in pairs][warmup:],
+            "cpu_s": [b[1] - a[1] for a, b in pairs][warmup:],
             "generation_s": self.generation[warmup:],
-            "others": max(0.0, others) / ((self.wall[-1] - self.wall[warmup]) * (os.cpu_count() or 1)),
+            "others": others_share(self.marks[warmup], self.marks[-1]),
         }
 
 
@@ -173,11 +168,9 @@ def run_ours(settings: Settings) -> dict[str, Any]:
 
 def run_trl(settings: Settings) -> dict[str, Any]:
     """TRL's ``GRPOTrainer`` for warm-up + timed steps, boundaries at ``on_step_end``."""
-    import numpy as np
     import torch
     import transformers
     import trl
-    from datasets import Dataset
     from transformers import TrainerCallback
 
     torch.set_num_threads(settings.threads)
@@ -185,22 +178,7 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     env = make_env(settings).unwrapped
     env.reset(seed=settings.seed)
     problems = [env.sample_problem() for _ in range(settings.total_iterations * N_GROUPS)]
-    dataset = Dataset.from_dict(
-        {
-            "prompt": [env.formatter.prompt(problem.prompt) for problem in problems],
-            "answer": [problem.answer for problem in problems],
-            "problem_id": list(range(len(problems))),
-        }
-    )
-
-    def composite_reward(completion_ids: list[list[int]], problem_id: list[int], **_: Any) -> list[float]:
-        """The env's reward (``reset`` with the problem + ``step`` of the completion, padded like an action)."""
-        rewards = []
-        for ids, index in zip(completion_ids, problem_id, strict=True):
-            action = np.full(env.max_new_tokens, env.codec.pad_id, dtype=np.int64)
-            action[: len(ids)] = ids
-            rewards.append(env.score_completion(problems[index], action)[1])
-        return rewards
+    dataset, composite_reward = trl_dataset(env, problems)
 
     args = trl.GRPOConfig(
         output_dir=os.path.join(os.path.dirname(settings.folder), "trl"),
@@ -258,16 +236,6 @@ def run_trl(settings: Settings) -> dict[str, Any]:
 
 
 WORKERS = {"ours": run_ours, "trl": run_trl}
-
-
-def run_worker(name: str, settings: Settings) -> dict[str, Any]:
-    """Run one framework in a fresh interpreter; its result comes back as JSON on the last line of stdout."""
-    command = [sys.executable, __file__, "--worker", name, "--settings", json.dumps(asdict(settings))]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout + done.stderr)
-        raise SystemExit(f"the {name} worker failed (exit {done.returncode})")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 # ---------------------------------------------------------------------------------------------- reporting
@@ -357,7 +325,8 @@ def report(args: argparse.Namespace, parameters: int, runs: dict[str, list[dict[
             f"Command: `python benchmarks/vs_trl.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
             "",
             f"trl {versions['trl']}, transformers {versions['transformers']}, torch {versions['torch']}, Python "
-            f"{platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no GPU; torch threads {args.threads} in "
+            f"{platform.python_version()}; {os.cpu_count()}-core {cpu_name()} (flags: {cpu_flags()}), no GPU; torch "
+            f"threads {args.threads} in "
             f"each process. Model {args.model!r} ({parameters / 1e6:.2f}M parameters), {args.new_tokens} new tokens, "
             f"K={N_GROUPS} x G={GROUP_SIZE}; {samples} timed iterations per framework (runs per framework: "
             f"{args.rounds}, alternating; each {args.iterations} timed after {args.warmup} warm-up).",
@@ -405,7 +374,7 @@ def main() -> None:
         for round_ in range(args.rounds):
             for name in ("ours", "trl") if round_ % 2 == 0 else ("trl", "ours"):
                 start = time.perf_counter()
-                runs[name].append(run_worker(name, settings))
+                runs[name].append(run_worker(__file__, name, asdict(settings)))
                 median = statistics.median(runs[name][-1]["iteration_s"])
                 print(f"{name}: {median:.3f} s/iteration (median), run took {time.perf_counter() - start:.0f} s")
     body = report(args, parameters, runs)

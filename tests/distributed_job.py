@@ -4,6 +4,8 @@
 the tiny test model on K=2 groups x G=4 for 2 iterations and writes each rank's final parameters to
 ``OUT/params_<rank>.pt`` (rank 0 also saves ``OUT/model.zip`` and logs to ``OUT/tb``). ``MODE``: ``train``,
 ``die`` (rank 1 exits at the second rollout) or ``hang`` (rank 1 stops answering at the second rollout).
+Further ``key=value`` arguments are GRPO arguments (``gradient_compression=powersgd``, ``mixed_precision=bf16``).
+The precision is pinned to float32 unless one is given: the tests compare the weights with float32 tolerances.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class Fail(BaseCallback):
 def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
     torch.set_num_threads(1)
     settings = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": False,
-                "seed": 0, "policy_kwargs": TINY, "tensorboard_log": str(out / "tb"), "dist_timeout": 10.0}  # fmt: skip
+                "seed": 0, "policy_kwargs": TINY, "tensorboard_log": str(out / "tb"), "dist_timeout": 10.0,
+                "mixed_precision": "no"}  # fmt: skip
     model = GRPO("TransformerPolicy", make_env(), **{**settings, **kwargs})
     model.learn(8 * iterations, callback=Fail(mode))
     torch.save(model.policy.state_dict(), out / f"params_{model._dist.rank}.pt")
@@ -55,5 +58,7 @@ def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
 
 if __name__ == "__main__":
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    extra = {"gradient_compression": sys.argv[3], "iterations": 4} if len(sys.argv) > 3 else {}  # PowerSGD from step 3
+    extra: dict = dict(argument.split("=", 1) for argument in sys.argv[3:])
+    if "gradient_compression" in extra:
+        extra["iterations"] = 4  # PowerSGD from step 3
     run(out, mode, **extra)

@@ -34,13 +34,27 @@ def two_ranks(tmp_path_factory) -> Path:
 
 
 def test_two_processes_train_the_weights_of_one(two_ranks: Path, tmp_path: Path):
-    """Each rank trains one of the K=2 groups; the summed gradients give the single-process weights."""
+    """Each rank trains one of the K=2 groups; the summed gradients give the single-process weights (float32,
+    pinned by the job: ``auto`` may pick bf16 on a CPU with native bf16)."""
     single = run(tmp_path).policy.state_dict()
+    assert_same_weights(two_ranks, single, atol=2e-5, rtol=1e-4)
+
+
+def test_two_processes_train_the_weights_of_one_in_bf16(tmp_path: Path):
+    """The same in bf16 (emulated on a CPU without native bf16), with bf16's tolerances."""
+    done = torchrun(tmp_path, "train", "mixed_precision=bf16")
+    assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "one").mkdir()
+    single = run(tmp_path / "one", mixed_precision="bf16").policy.state_dict()
+    assert_same_weights(tmp_path, single, atol=5e-4, rtol=1e-3)
+
+
+def assert_same_weights(folder: Path, single: dict[str, torch.Tensor], atol: float, rtol: float) -> None:
     for rank in (0, 1):
-        weights = torch.load(two_ranks / f"params_{rank}.pt")
+        weights = torch.load(folder / f"params_{rank}.pt")
         assert weights.keys() == single.keys()
         for name, value in single.items():
-            torch.testing.assert_close(weights[name], value, atol=2e-5, rtol=1e-4, msg=name)
+            torch.testing.assert_close(weights[name], value, atol=atol, rtol=rtol, msg=name)
 
 
 def test_only_rank_zero_logs_and_saves(two_ranks: Path):
@@ -70,7 +84,7 @@ def test_a_failed_rank_ends_the_job_with_an_error(tmp_path: Path, mode: str):
 
 @pytest.mark.parametrize("compression", ["fp16", "powersgd"])
 def test_compression_runs(tmp_path: Path, compression: str):
-    done = torchrun(tmp_path, "train", compression)
+    done = torchrun(tmp_path, "train", f"gradient_compression={compression}")
     assert done.returncode == 0, done.stderr[-3000:]
     a, b = (torch.load(tmp_path / f"params_{rank}.pt") for rank in (0, 1))
     for name in a:

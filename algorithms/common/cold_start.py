@@ -92,9 +92,8 @@ def supervised_finetune(
         prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
         prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
         completion_ids, completion_mask = right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
-        log_probs, _ = policy.log_probs(
-            prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device), completion_mask.to(device)
-        )
+        batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        log_probs, _ = policy.log_probs(*(t.to(device) for t in batch), stage="sft")  # the cold start's precision
         loss = -aggregate(log_probs, completion_mask.to(device), mode="token")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

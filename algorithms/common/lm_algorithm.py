@@ -44,8 +44,8 @@ from algorithms.common.determinism import deterministic_on_cpu
 from algorithms.common.distributed import Distributed, GradientSync
 from algorithms.common.generation import Completions
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.precision import DTYPES, resolve_precision
-from algorithms.common.rollout import Rows, contexts_from_obs
+from algorithms.common.precision import ProbeShape, choose_precision
+from algorithms.common.rollout import TEXT_ONLY, Rows, contexts_from_obs
 from algorithms.common.vocabulary import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from grpo_gym.validation import check_mapping
 
@@ -156,9 +156,14 @@ class LMAlgorithm(BaseAlgorithm):
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
         self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
         self.policy = self.policy.to(self.device)
-        precision = resolve_precision(self.mixed_precision, self.device)
-        self.policy.autocast_dtype = DTYPES.get(precision)
-        self._scaler = th.amp.GradScaler(self.device.type) if precision == "fp16" else None
+        rows = self._local_groups * self.group_size  # what the probe of mixed_precision="auto" times (CPU only)
+        shape = ProbeShape.of(self.policy, rows, prompts=self._local_groups, sft_rows=self.sft_batch_size)
+        choice = choose_precision(self.mixed_precision, self.device, self.policy, shape) if self._dist.is_main else None
+        self.precision = self._dist.gather_objects(choice)[0]  # rank 0 probes (when auto needs it); all run its choice
+        self.policy.autocast_dtypes = self.precision.dtypes
+        self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
+        if self.verbose >= 1:
+            print(self.precision.describe())
         if tokenizer is not None:
             check_embedding_rows(tokenizer, self.policy.model, self.policy.model_name, verified)
         config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
@@ -299,6 +304,7 @@ class LMAlgorithm(BaseAlgorithm):
             self._curriculum = getattr(self, "_curriculum", None) or CurriculumCallback()
             callback = CallbackList([callback, self._curriculum])
             callback.init_callback(self)
+        self.logger.record("precision/choice", self.precision.describe(), exclude=TEXT_ONLY)  # with the next dump
         if self._needs_cold_start():
             self.run_cold_start()
         callback.on_training_start(locals(), globals())

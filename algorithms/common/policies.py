@@ -118,8 +118,9 @@ class TransformerPolicy(BasePolicy):
             checkpoint_every(
                 self.model, DEFAULT_EVERY if gradient_checkpointing is True else int(gradient_checkpointing)
             )
-        #: the autocast dtype of the model's forward passes (None: float32); the algorithm sets it (S15)
-        self.autocast_dtype: th.dtype | None = None
+        #: the autocast dtype of the model's forward passes per stage ("sampling", "update", "sft"; None or
+        #: missing: float32); the algorithm sets it from its mixed_precision (S15, algorithms.common.precision)
+        self.autocast_dtypes: dict[str, th.dtype | None] = {}
         self.model.eval()
         self._freeze(frozen_parameters or [])
         trainable = [p for p in self.parameters() if p.requires_grad]
@@ -211,7 +212,7 @@ class TransformerPolicy(BasePolicy):
 
         ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings;
         ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sample`."""
-        with th.no_grad(), self.autocast():
+        with th.no_grad(), self.autocast("sampling"):
             return sample(
                 model if model is not None else self.model,
                 input_ids,
@@ -237,10 +238,12 @@ class TransformerPolicy(BasePolicy):
         completion_mask: th.Tensor,
         with_entropy: bool = False,
         model: nn.Module | None = None,
+        stage: str = "update",
     ) -> tuple[th.Tensor, th.Tensor | None]:
         """Per-token log-probs ``(B, C)`` (and entropies) of given completions under the current weights, or under
-        ``model`` (e.g. the frozen reference) with the policy's settings."""
-        with self.autocast():
+        ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s precision (the cold
+        start passes ``"sft"``)."""
+        with self.autocast(stage):
             return completion_log_probs(
                 model if model is not None else self.model,
                 prompt_ids,
@@ -253,9 +256,10 @@ class TransformerPolicy(BasePolicy):
                 pad_id=self.pad_token_id,
             )
 
-    def autocast(self):
-        """The autocast region of the model's forward passes (nothing when :attr:`autocast_dtype` is None)."""
-        return autocast(self.autocast_dtype, self.device)
+    def autocast(self, stage: str = "update"):
+        """The autocast region of the model's forward passes in ``stage`` (``"sampling"``, ``"update"`` or
+        ``"sft"``): nothing when :attr:`autocast_dtypes` gives it no dtype."""
+        return autocast(self.autocast_dtypes.get(stage), self.device)
 
     def predict_values(self, prompt_ids: th.Tensor, prompt_mask: th.Tensor) -> th.Tensor:
         """FP32 value estimates ``(B,)`` from the last prompt token's hidden state (needs ``value_head=True``)."""

@@ -104,8 +104,9 @@ class GRPO(LMAlgorithm):
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): the model's forward passes
         (sampling, update, reference) run under autocast; weights, optimizer, value head and loss stay float32;
         fp16 adds a gradient scaler. A step whose gradients are not finite is skipped and counted
-        (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.precision` (float32 on a CPU
-        without native bf16)
+        (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.precision` (bf16/fp16 on a GPU;
+        on a CPU, per stage, float32 unless a probe of the model shows bf16 faster); the choice is in
+        ``model.precision``
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
         initialised built-in model), ``True`` or ``False``
     :param sft_steps: SFT gradient steps (the seed preset: 5000)
