@@ -79,7 +79,7 @@ def test_gold_completion_gets_full_reward(env: R1ZeroEnv) -> None:
     env.reset(seed=1)
     _, reward, terminated, truncated, info = env.step(encode_completion(env, gold_text(env)))
     assert info["is_success"] is True
-    assert info["reward_components"] == {"syntax": 1.0, "consistency": 1.0, "task": 1.0}
+    assert info["reward_components"] == {"syntax": 1.0, "consistency": 1.0, "task": 1.0, "length": 0.0}
     assert reward == pytest.approx(1.0)
     assert terminated and not truncated
     assert info["completion_length"] == len(env.codec.encode(gold_text(env))) + 1  # EOS counts

@@ -231,7 +231,8 @@ def test_reward_bad_inputs(
     result = CompositeReward()(task, problem, completion)  # type: ignore[arg-type]
     assert result.is_success is earned
     assert result.components["task"] == (1.0 if earned else 0.0)
-    assert all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert all(0.0 <= result.components[k] <= 1.0 for k in ("syntax", "consistency", "task"))
+    assert result.components["length"] is None  # no token ids given: not applicable
     assert 0.0 <= result.total <= 1.0
     assert all(result.reasons.values())
     if completion is not CODE:
@@ -348,10 +349,10 @@ def test_composite_catches_counts_reports_and_warns_once(problem: Problem) -> No
     with pytest.warns(RuntimeWarning, match="KeyError: 'conclusion bug'"):
         result = reward(BrokenTask(), problem, GOOD)
     assert result.total == pytest.approx(0.3) and not result.is_success
-    assert result.components == {"syntax": 1.0, "consistency": 0.0, "task": 0.0}
+    assert result.components == {"syntax": 1.0, "consistency": 0.0, "task": 0.0, "length": None}
     assert result.errors == {"consistency": "KeyError: 'conclusion bug'", "task": "RuntimeError: verifier bug"}
     assert result.reasons["task"] == "error: RuntimeError: verifier bug"
-    assert reward.error_counts == {"syntax": 0, "consistency": 1, "task": 1}
+    assert reward.error_counts == {"syntax": 0, "consistency": 1, "task": 1, "length": 0}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once per CompositeReward: the second error is only counted
         again = reward(BrokenTask(), problem, GOOD)
@@ -433,34 +434,35 @@ def test_composite_totals(task: SumTask, problem: Problem, completion: str, tota
     result = CompositeReward()(task, problem, completion)
     assert result.total == pytest.approx(total)
     assert result.is_success is success
-    expected = sum(DEFAULT_WEIGHTS[k] * v for k, v in result.components.items())
+    expected = sum(DEFAULT_WEIGHTS[k] * v for k, v in result.components.items() if v is not None)
     assert result.total == pytest.approx(expected)
 
 
 def test_composite_result_fields(task: SumTask, problem: Problem) -> None:
     result = CompositeReward()(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>")
-    assert result.components == {"syntax": 1.0, "consistency": 1.0, "task": 0.0}
+    assert result.components == {"syntax": 1.0, "consistency": 1.0, "task": 0.0, "length": None}
     assert result.reasons == {
         "syntax": "well formed",
         "consistency": "answer agrees with reasoning; 2/2 key terms",
         "task": "'41' is not the sum",
+        "length": "not applicable: no token budget",
     }
     assert result.answer == "41" and result.is_success is False
 
 
 def test_weights_default_and_copy() -> None:
     reward = CompositeReward()
-    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0}
     reward.weights["task"] = 9.0
     assert reward.weights["task"] == 0.3
-    assert DEFAULT_WEIGHTS == {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+    assert DEFAULT_WEIGHTS == {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0}
 
 
 def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
     reward = CompositeReward(weights={"task": 1.0})
-    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 1.0}
+    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 1.0, "length": 0.0}
     reward.set_weights({"syntax": 0.0, "consistency": 0})
-    assert reward.weights == {"syntax": 0.0, "consistency": 0.0, "task": 1.0}
+    assert reward.weights == {"syntax": 0.0, "consistency": 0.0, "task": 1.0, "length": 0.0}
     assert reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>").total == 0.0
     assert reward(task, problem, GOOD).total == 1.0
 
@@ -469,18 +471,17 @@ def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
     ("mapping", "message"),
     [
         ({"format": 0.3}, "reward_weights: unknown key 'format'"),
-        ({"syntax": -0.1}, "weight of 'syntax' must be a finite number >= 0, got -0.1"),
-        ({"syntax": math.nan}, "weight of 'syntax' must be a finite number >= 0, got nan"),
-        ({"task": math.inf}, "weight of 'task' must be a finite number >= 0, got inf"),
-        ({"task": "high"}, "weight of 'task' must be a finite number >= 0, got 'high'"),
-        ({"task": True}, "weight of 'task' must be a finite number >= 0, got True"),
+        ({"syntax": math.nan}, "weight of 'syntax' must be a finite number, got nan"),
+        ({"task": math.inf}, "weight of 'task' must be a finite number, got inf"),
+        ({"task": "high"}, "weight of 'task' must be a finite number, got 'high'"),
+        ({"task": True}, "weight of 'task' must be a finite number, got True"),
     ],
 )
 def test_set_weights_rejects(mapping: dict, message: str) -> None:
     reward = CompositeReward()
     with pytest.raises(ValueError, match=message) as info:
         reward.set_weights({"consistency": 0.9, **mapping})
-    assert "valid keys: syntax, consistency, task" in str(info.value)
+    assert "valid keys: syntax, consistency, task, length" in str(info.value)
     assert reward.weights == DEFAULT_WEIGHTS  # nothing changed
     with pytest.raises(ValueError, match="valid keys"):
         CompositeReward(weights=mapping)
@@ -531,7 +532,7 @@ def test_reward_model_replaces_rule_based_consistency(task: SumTask, problem: Pr
     scorer = FakeScorer(0.25)
     reward = CompositeReward(reward_model=scorer)
     result = reward(task, problem, GOOD, prompt_text="Q: 12 + 30?")
-    assert result.components == {"syntax": 1.0, "consistency": 0.25, "task": 1.0}
+    assert result.components == {"syntax": 1.0, "consistency": 0.25, "task": 1.0, "length": None}
     assert result.total == pytest.approx(0.3 + 0.4 * 0.25 + 0.3)
     assert result.reasons["consistency"] == "reward model score 0.2500"
     assert scorer.calls == [(["Q: 12 + 30?"], [GOOD])]
@@ -635,7 +636,8 @@ def test_fuzz_composite_reward_scores_in_range(completion: str | bytes, which: i
     reward = CompositeReward(on_error="raise")  # any exception would surface here
     with nothing_executes():
         result = reward(task, problem, completion)
-    assert -1.0 <= result.total <= 1.0 and all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert -1.0 <= result.total <= 1.0
+    assert all(v is None or 0.0 <= v <= 1.0 for v in result.components.values())
     assert result.errors == {} and all(isinstance(r, str) and r for r in result.reasons.values())
     assert result.is_success == (result.components["task"] == 1.0)
 
