@@ -215,6 +215,10 @@ class R1ZeroEnv(gym.Env):
         problem.seed = seed
         return problem
 
+    def eval_problems(self, n: int, difficulty: float, seed: int = 0) -> list[Problem]:
+        """The task's held-out problems (:meth:`Task.eval_problems`): fresh seeds, or the eval split of data."""
+        return self.task.eval_problems(n, difficulty, seed)
+
     def _encode_between(self, text: str, affix_ids: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Ids of ``text`` inside the template: the cached affix ids around the encoded text."""
         return np.concatenate([affix_ids[0], self.codec.encode(text), affix_ids[1]])

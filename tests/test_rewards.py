@@ -23,6 +23,7 @@ from grpo_gym.rewards import (
     CompositeReward,
     ParsedCompletion,
     consistency_score,
+    length_score,
     parse_completion,
     syntax_score,
     task_score,
@@ -656,3 +657,96 @@ def test_fuzz_env_scores_any_token_ids(raw: bytes, seed: int) -> None:
     with nothing_executes():
         _, reward, terminated, _, info = ENV.step(ids)
     assert -1.0 <= reward <= 1.0 and terminated and info["reward_errors"] == {}
+
+
+# ---------------------------------------------------------------- named components: functions, weights, None, length
+def shout(prompts, completions, **kwargs):
+    """A TRL-style function: 1 for a completion in capitals, None (not applicable) for one without letters."""
+    return [None if not any(ch.isalpha() for ch in c) else float(c.isupper()) for c in completions]
+
+
+def test_negative_weights_are_penalties(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(weights={"syntax": -0.5, "task": 0.3, "consistency": 0.0}, reward_funcs={"shout": shout})
+    result = reward(task, problem, GOOD)  # syntax 1, task 1, shout 0 (lower case tags)
+    assert result.components["shout"] == 0.0
+    assert result.total == pytest.approx(-0.5 + 0.3)
+    reward.set_weights({"shout": -2.0})
+    assert reward(task, problem, "<THINK>X</THINK>").total == -1.0  # -2 clipped to -1
+
+
+def test_none_is_left_out_of_the_sum(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(reward_funcs={"shout": shout}, weights={"shout": 5.0})
+    result = reward(task, problem, "<>42")
+    assert result.components["shout"] is None and "not applicable" in result.reasons["shout"]
+    assert result.total == pytest.approx(0.0)  # syntax 0, consistency 0, task 0, shout left out
+
+
+def test_consistency_is_none_where_the_task_cannot_conclude(task: SumTask) -> None:
+    text_problem = Problem(prompt="Capital of France?", answer="Paris", task="sum", difficulty=0.3)
+    result = CompositeReward()(task, text_problem, "<think>it is Paris</think><answer>Paris</answer>")
+    assert result.components["consistency"] is None and "not applicable" in result.reasons["consistency"]
+    assert result.total == pytest.approx(0.6)  # syntax and task; the weight of consistency is left out
+
+
+@pytest.mark.parametrize(("length", "expected"), [(1, 0.0), (12, 0.0), (13, -0.25), (14, -0.5), (16, -1.0), (20, -1.0)])
+def test_length_is_dapo_overlong_penalty(length: int, expected: float) -> None:
+    assert length_score(length, 16, 4)[0] == pytest.approx(expected)
+    assert length_score(length, None, None) == (None, "not applicable: no token budget")
+
+
+def test_length_component_from_token_ids(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(max_new_tokens=16, weights={"length": 1.0})  # buffer 16 // 4 = 4
+    short, long = reward.score_batch(task, [problem] * 2, [GOOD, GOOD], completion_ids=[[5] * 10, [5] * 16])
+    assert (short.components["length"], long.components["length"]) == (0.0, -1.0)
+    assert long.total == pytest.approx(0.0)  # 1.0 from the rest, -1 from length
+    with pytest.raises(ValueError, match="overlong_buffer must be an integer in \\[1, 16\\]"):
+        CompositeReward(max_new_tokens=16, overlong_buffer=17)
+
+
+class PartialTask(SumTask):
+    def verify(self, problem: Problem, answer: str) -> Verdict:
+        return Verdict(answer == problem.answer, "close" if answer != problem.answer else "", 0.5 if answer else 0.0)
+
+
+def test_partial_credit_from_the_verdict(problem: Problem) -> None:
+    result = CompositeReward()(PartialTask(), problem, "<think>12 + 30 = 41</think><answer>41</answer>")
+    assert result.components["task"] == 0.5 and result.reasons["task"] == "close" and not result.is_success
+
+    class OutOfRange(SumTask):
+        def verify(self, problem: Problem, answer: str) -> Verdict:
+            return Verdict(False, "", 1.5)
+
+    with pytest.warns(RuntimeWarning, match="partial credit must be in \\[0, 1\\]"):
+        assert CompositeReward()(OutOfRange(), problem, GOOD).errors["task"].startswith("ValueError")
+
+
+def test_function_errors_follow_on_reward_error(task: SumTask, problem: Problem) -> None:
+    def broken(completions, **kwargs):
+        raise ZeroDivisionError("my bug")
+
+    reward = CompositeReward(reward_funcs={"broken": broken})
+    with pytest.warns(RuntimeWarning, match="'broken' raised ZeroDivisionError: my bug"):
+        first, _ = reward.score_batch(task, [problem] * 2, [GOOD, GOOD])
+    assert first.errors == {"broken": "ZeroDivisionError: my bug"} and first.components["broken"] == 0.0
+    assert reward.error_counts["broken"] == 2 and first.total == pytest.approx(1.0)
+    strict = CompositeReward(reward_funcs={"broken": broken}, on_error="raise")
+    with pytest.warns(RuntimeWarning), pytest.raises(ZeroDivisionError):
+        strict(task, problem, GOOD)
+
+
+def test_functions_are_called_once_per_batch_with_the_same_results(task: SumTask, problem: Problem) -> None:
+    calls: list[int] = []
+
+    def counting(prompts, completions, answer, difficulty, **kwargs):
+        calls.append(len(completions))
+        return [float(a in c) + d for c, a, d in zip(completions, answer, difficulty, strict=True)]
+
+    reward = CompositeReward(reward_funcs={"counting": counting, "shout": shout})
+    other = Problem(prompt="What is 1 + 2?", answer="3", task="sum", difficulty=0.1)
+    completions = [GOOD, "<think>1 + 2 = 3</think><answer>3</answer>", "<ANSWER>3</ANSWER>", "...."]
+    problems = [problem, other, other, problem]
+    batch = reward.score_batch(task, problems, completions, ["p"] * 4)
+    assert calls == [4]
+    assert batch == [reward(task, p, c, "p") for p, c in zip(problems, completions, strict=True)]
+    assert calls == [4, 1, 1, 1, 1]
+    assert [r.components["counting"] for r in batch] == [1.3, 1.1, 1.1, 0.3]
