@@ -13,10 +13,12 @@ its levels from the first up to that one). ``grpo-gym tasks`` lists each family'
 Families without a curriculum are fixed: difficulty changes nothing. ``config`` (task kwargs) sets configuration
 fields yourself; they win over the mapping.
 
-**Problems.** One dataset per level vector (cached), seeded with ``dataset_seed``, of a virtual size of ``2**31``
+**Problems.** One dataset per level vector (cached), seeded with ``dataset_seed``, of ``VIRTUAL_SIZE`` (100,000)
 entries; a problem is the entry at an index drawn from the env's generator, so the same seed gives the same
-problem and held-out seeds rarely meet training draws (families that read a fixed list of puzzles, such as
-``arc_agi``, repeat theirs). ``Problem.metadata`` holds the entry's ``metadata`` and its raw ``answer``.
+problem. Held-out problems (:meth:`ReasoningGymTask.eval_problems`) come from datasets seeded ``EVAL_SEED_OFFSET``
+(2**31) higher, so they are not training entries (reasoning-gym seeds each entry with ``seed + index``; families
+that read a fixed list of puzzles, such as ``arc_agi``, repeat theirs). ``Problem.metadata`` holds the entry's
+``metadata`` and its raw ``answer``.
 
 **Rewards.** Reward functions receive the columns ``question``, ``answer``, ``metadata``, ``entry`` (the whole
 reasoning-gym entry, for ``score_answer(answer, entry)``) and ``difficulty``. Consistency applies to entries with
@@ -33,11 +35,20 @@ from typing import Any
 
 import numpy as np
 
-from grpo_gym.tasks.base import MIN_DIFFICULTY, Problem, Task, Verdict, check_difficulty, parse_number
+from grpo_gym.tasks.base import (
+    HELD_OUT_SEED,
+    MIN_DIFFICULTY,
+    Problem,
+    Task,
+    Verdict,
+    check_difficulty,
+    parse_number,
+)
 from grpo_gym.validation import ArgumentError, check_int
 
 PREFIX = "reasoning_gym:"
-VIRTUAL_SIZE = 2**31
+VIRTUAL_SIZE = 100_000  # some families allocate per entry at construction (gsm_symbolic): keep it modest
+EVAL_SEED_OFFSET = 2**31
 INSTALL = "pip install 'grpo-gym[reasoning-gym]'"
 
 
@@ -89,7 +100,7 @@ class ReasoningGymTask(Task):
         self.config = dict(config or {})
         self.dataset_seed = check_int("dataset_seed", dataset_seed, low=0)
         self._factory = factory
-        self._datasets: dict[tuple[int, ...], Any] = {}
+        self._datasets: dict[tuple[bool, tuple[int, ...]], Any] = {}
         self._mapping = difficulty_mapping(dataset)
         fields = {f.name for f in dataclasses.fields(factory.DATASETS[dataset][1])}
         unknown = sorted(set(self.config) - fields)
@@ -106,9 +117,9 @@ class ReasoningGymTask(Task):
         self.__dict__.update(state)
         self._factory = _factory()
 
-    def _dataset_for(self, difficulty: float) -> Any:
+    def _dataset_for(self, difficulty: float, held_out: bool = False) -> Any:
         levels = tuple(level_of(difficulty, n) for n in self._mapping.values())
-        dataset = self._datasets.get(levels)
+        dataset = self._datasets.get((held_out, levels))
         if dataset is None:
             settings: dict[str, Any] = {}
             if self._mapping:
@@ -117,19 +128,31 @@ class ReasoningGymTask(Task):
                     curriculum.set_attr_level(attr, level)
                 config = curriculum.generate_configuration({})
                 settings = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-            settings.update(self.config, seed=self.dataset_seed, size=VIRTUAL_SIZE)
+            seed = self.dataset_seed + (EVAL_SEED_OFFSET if held_out else 0)
+            settings.update(self.config, seed=seed, size=VIRTUAL_SIZE)
             try:
                 dataset = self._factory.create_dataset(self.dataset, **settings)
             except (AssertionError, TypeError, ValueError) as error:
                 raise ArgumentError(f"reasoning-gym {self.dataset!r} refused the configuration: {error}") from None
-            self._datasets[levels] = dataset
+            self._datasets[(held_out, levels)] = dataset
         return dataset
 
     def sample(self, difficulty: float, rng: np.random.Generator) -> Problem:
         """The entry at an index drawn from ``rng`` of the dataset at ``difficulty``'s levels."""
         difficulty = check_difficulty(difficulty)
         index = int(rng.integers(VIRTUAL_SIZE))
-        entry = self._dataset_for(difficulty)[index]
+        return self._problem(self._dataset_for(difficulty)[index], index, difficulty)
+
+    def eval_problems(self, n: int, difficulty: float, seed: int = 0) -> list[Problem]:
+        """``n`` entries of the held-out datasets (seeded ``EVAL_SEED_OFFSET`` higher), at indices drawn from seeds
+        ``HELD_OUT_SEED + seed * n + i``: the same set every time, none of them a training entry."""
+        difficulty = check_difficulty(difficulty)
+        n, seed = check_int("n", n, low=0), check_int("seed", seed, low=0)
+        dataset = self._dataset_for(difficulty, held_out=True)
+        indices = [int(np.random.default_rng(HELD_OUT_SEED + seed * n + i).integers(VIRTUAL_SIZE)) for i in range(n)]
+        return [self._problem(dataset[index], index, difficulty) for index in indices]
+
+    def _problem(self, entry: dict[str, Any], index: int, difficulty: float) -> Problem:
         answer = entry.get("answer")
         return Problem(
             prompt=str(entry["question"]),
