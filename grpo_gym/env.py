@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from grpo_gym.actions import completion_ids, split_completion, text_action, token_id
 from grpo_gym.context import ContextWindow
 from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import get_env_state, set_env_state
@@ -55,29 +56,25 @@ class R1ZeroEnv(gym.Env):
     why, ``info["is_success"]`` whether the task gave full credit. :meth:`score_ahead` scores a batch of
     completions in one call per reward function; ``step`` then takes each pair's result.
 
-    **Reward errors.** An exception raised by the task's verifier or consistency hooks, or by the reward model,
-    is caught for that component: ``info["reward_errors"]`` maps the component to ``"ExceptionType: message"``
-    (empty dict when none), its reason says ``"error: ..."``, the env warns once with the exception text, and
-    ``on_reward_error`` decides the rest: ``"zero"`` scores that component 0, ``"raise"`` re-raises from
-    ``step``. ``env.reward_fn.error_counts`` counts them per component.
+    **Reward errors.** An exception raised by the task's hooks, the reward model or a reward function is caught
+    for that component: ``info["reward_errors"]`` maps it to ``"ExceptionType: message"``, the env warns once,
+    and ``on_reward_error`` decides: ``"zero"`` scores it 0, ``"raise"`` re-raises; ``reward_fn.error_counts``.
 
     **Episode end.** ``terminated`` when the answer is correct or the turn budget is spent (the budget is part
     of the task). ``truncated`` when the context window cannot hold another turn.
 
-    **Long prompts.** A prompt longer than the window costs ``O(context_length)`` tokenization whatever its
-    length: only its newest part is encoded (:meth:`TokenCodec.encode_tail`), which gives the same ids as
-    encoding it whole and keeping the newest ``context_length`` (``info["prompt_truncated"]`` says so).
+    **Long prompts.** A prompt longer than the window costs ``O(context_length)`` tokenization: only its newest
+    part is encoded (the same ids as encoding it whole and keeping the newest ``context_length``).
 
     **Saving and resuming.** :meth:`get_state` returns a JSON-serialisable dict with everything needed to
-    continue exactly: the problem generator's bit-generator state, the difficulty, the reward weights and
-    error counts, the task's own sampler state (``Task.get_state()``, ``None`` for the built-in tasks) and the
-    episode in progress (its problem, window, pending tokens, turn and transcript); :meth:`set_state` restores
-    it into an env built with the same arguments. Through a VecEnv: ``venv.env_method("get_state")`` gives one
-    dict per env, ``venv.env_method("set_state", state, indices=[i])`` restores env ``i``. The format is
-    documented in :mod:`grpo_gym.env_state`.
+    continue exactly (generator, difficulty, weights, the task's sampler state, the episode in progress);
+    :meth:`set_state` restores it into an env built with the same arguments (format: :mod:`grpo_gym.env_state`).
+    :meth:`describe` records the constructor's arguments, :meth:`from_description` rebuilds the env from them.
 
-    :param task: a task name from the registry (``"arithmetic"``, ``"countdown"``, ``"jsonl"``) or a ``Task``
-    :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``)
+    :param task: a task name (``"arithmetic"``, ``"countdown"``, ``"jsonl"``, ``"dataset"``,
+        ``"reasoning_gym:<dataset>"``, a registered name or a ``"module:Class"`` path) or a ``Task``
+    :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``,
+        ``{"data": ds, "prompt": "question"}`` for ``dataset``; see :mod:`grpo_gym.tasks`)
     :param tokenizer: ``None`` for the built-in character tokenizer, a tokenizer object, or a local path
     :param context_length: the context window size in tokens (S6: 4096)
     :param max_new_tokens: the completion budget of one turn
@@ -275,8 +272,8 @@ class R1ZeroEnv(gym.Env):
         for problem in problems:
             if not isinstance(problem, Problem):
                 raise ValueError(f"score_ahead takes grpo_gym.tasks.Problem objects, got {type(problem).__name__}")
-        ids = [self._completion_ids(action) for action in actions]
-        cut = [self._split(row) for row in ids]
+        ids = [completion_ids(action, self.max_new_tokens, self.codec.vocab_size) for action in actions]
+        cut = [split_completion(row, self.codec) for row in ids]
         results = self.reward_fn.score_batch(
             self.task,
             problems,
@@ -289,16 +286,11 @@ class R1ZeroEnv(gym.Env):
     def encode_action(self, text: str) -> np.ndarray:
         """The sequence-mode action of a completion ``text``: its token ids, EOS, then padding to
         ``max_new_tokens`` (a text longer than the budget is cut, without EOS, as a clipped completion)."""
-        if not isinstance(text, str):
-            raise ValueError(f"encode_action takes the completion text, got {type(text).__name__}")
-        ids = np.append(self.codec.encode(text), self.codec.eos_id)[: self.max_new_tokens]
-        action = np.full(self.max_new_tokens, self.codec.pad_id, dtype=np.int64)
-        action[: len(ids)] = ids
-        return action
+        return text_action(text, self.codec, self.max_new_tokens)
 
     def decode_action(self, action: Any) -> str:
         """The completion text a sequence-mode action stands for (its tokens up to EOS), as ``step`` scores it."""
-        body, _ = self._split(self._completion_ids(action))
+        body, _ = split_completion(completion_ids(action, self.max_new_tokens, self.codec.vocab_size), self.codec)
         return self.codec.decode(body)
 
     # ------------------------------------------------------------------ describing
@@ -357,8 +349,8 @@ class R1ZeroEnv(gym.Env):
         if self.problem is None:
             raise RuntimeError("call reset() before step()")
         if self.action_mode == "sequence":
-            return self._finish_turn(self._completion_ids(action))
-        token = self._token_id(action)
+            return self._finish_turn(completion_ids(action, self.max_new_tokens, self.codec.vocab_size))
+        token = token_id(action, self.codec.vocab_size)
         ended = token in (self.codec.eos_id, self.codec.pad_id)
         self._pending.append(token)
         if not ended:
@@ -377,7 +369,7 @@ class R1ZeroEnv(gym.Env):
 
         ``in_window``: the completion's tokens are already in the window (token mode appends as it goes).
         """
-        body, length = self._split(ids)
+        body, length = split_completion(ids, self.codec)
         completion = self.codec.decode(body)
         result = self._ahead.pop(self.problem, ids) if not in_window else None
         if result is None:
@@ -410,37 +402,6 @@ class R1ZeroEnv(gym.Env):
         if result.extra:
             info["reward_extra"] = result.extra
         return self.window.observation(), float(result.total), bool(terminated), bool(truncated), info
-
-    def _split(self, ids: np.ndarray) -> tuple[np.ndarray, int]:
-        """The completion's tokens before the first EOS (or pad), and its length with that token (all of them when
-        there is none: a clipped completion)."""
-        stop = np.flatnonzero((ids == self.codec.eos_id) | (ids == self.codec.pad_id))
-        return (ids[: int(stop[0])], int(stop[0]) + 1) if len(stop) else (ids, len(ids))
-
-    def _completion_ids(self, action: Any) -> np.ndarray:
-        ids = np.asarray(action)
-        if ids.shape != (self.max_new_tokens,):
-            raise ValueError(
-                f"a sequence-mode action is an array of shape ({self.max_new_tokens},) of token ids "
-                f"(pad after EOS), got shape {ids.shape}"
-            )
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.codec.vocab_size):
-            raise ValueError(
-                f"token ids must be in [0, {self.codec.vocab_size}) (the env tokenizer's vocabulary), got "
-                f"min {ids.min()} max {ids.max()}; does the policy use the env's tokenizer?"
-            )
-        return ids.astype(np.int64, copy=False)
-
-    def _token_id(self, action: Any) -> int:
-        value = np.asarray(action)
-        if value.shape not in ((), (1,)) or not np.issubdtype(value.dtype, np.integer):
-            raise ValueError(f"a token-mode action is one integer token id, got {action!r}")
-        token = int(value.reshape(()))
-        if not 0 <= token < self.codec.vocab_size:
-            raise ValueError(f"token id must be in [0, {self.codec.vocab_size}), got {token}")
-        return token
 
     def render(self) -> str | None:
         """``"ansi"``: the conversation so far as text; ``"human"``: print it."""
