@@ -1,4 +1,4 @@
-"""The grpo-gym command line: train, sft, eval, env-demo and zoo (rl-baselines3-zoo with GRPO registered)."""
+"""The grpo-gym command line: train, sft, eval, env-demo, tasks and zoo (rl-baselines3-zoo with GRPO registered)."""
 
 from __future__ import annotations
 
@@ -223,7 +223,10 @@ def evaluate(args: argparse.Namespace) -> int:
     from algorithms.common.evaluation import evaluate_difficulties, format_table
 
     config = load_hyperparams(args.config, args.env, args.preset, {})
-    env = _make_env(args.env, 1, config.get("env_kwargs", {}), args.eval_seed)
+    env_kwargs = dict(config.get("env_kwargs") or {})
+    if args.eval_data is not None:  # the held-out split of a dataset / jsonl task
+        env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), "eval_data": args.eval_data}
+    env = _make_env(args.env, 1, env_kwargs, args.eval_seed)
     model = GRPO.load(args.model, env=env)
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
@@ -253,6 +256,32 @@ def env_demo(args: argparse.Namespace) -> int:
         print(env.render())
         print(f"--- reward {reward:.3f}  components {info['reward_components']}  success {info['is_success']}")
         print(f"--- reasons {info['reward_reasons']}  terminated {terminated}  truncated {truncated}\n")
+    return 0
+
+
+def tasks(args: argparse.Namespace) -> int:
+    """List the built-in tasks and, when reasoning-gym is installed, its datasets with their difficulty mapping."""
+    import grpo_gym.tasks as registry
+    from grpo_gym.tasks import reasoning_gym
+
+    print("tasks (task=<name>):")
+    for name in registry.list_tasks():
+        print(f"  {name}")
+    print(f"  {reasoning_gym.PREFIX}<dataset>   (the reasoning-gym datasets below)")
+    try:
+        names = reasoning_gym.dataset_names()
+    except ImportError as error:
+        print(f"\nreasoning-gym is not installed: {error}")
+        return 0
+    print(f"\nreasoning-gym datasets ({len(names)}; difficulty -> curriculum levels, or fixed):")
+    for name in names:
+        try:
+            mapping = reasoning_gym.difficulty_mapping(name)
+        except Exception as error:  # a family that cannot build its curriculum here
+            mapping, note = {}, f"curriculum unavailable ({type(error).__name__})"
+        else:
+            note = ", ".join(f"{attr} ({levels} levels)" for attr, levels in mapping.items()) or "fixed"
+        print(f"  {reasoning_gym.PREFIX}{name:<28} {note}")
     return 0
 
 
@@ -299,7 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--difficulty", type=float, nargs="+", default=[0.1, 0.3, 0.5])
     ev.add_argument("--n", type=int, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
+    ev.add_argument("--eval-data", default=None, help="held-out split of a dataset or jsonl task (a data file)")
     ev.set_defaults(func=evaluate)
+    listing = commands.add_parser("tasks", help="list the tasks, and the reasoning-gym datasets when installed")
+    listing.set_defaults(func=tasks)
     demo = commands.add_parser("env-demo", help="show one R1Zero-v0 episode with a gold and a random completion")
     demo.add_argument("--task", default="arithmetic")
     demo.add_argument("--difficulty", type=float, default=0.3)

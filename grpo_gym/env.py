@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from grpo_gym.actions import completion_ids, split_completion, text_action, token_id
 from grpo_gym.context import ContextWindow
+from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import get_env_state, set_env_state
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
+from grpo_gym.scoring import ScoreAhead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
@@ -22,6 +25,8 @@ from grpo_gym.validation import ArgumentError, check_choice, check_int
 ACTION_MODES = ("sequence", "token")
 RENDER_MODES = (None, "ansi", "human", "rgb_array")
 ON_REWARD_ERROR = ("zero", "raise")
+STAND_IN_REASONING = "The answer is {answer}."
+"""The cold-start reasoning of a problem whose task gives no gold reasoning (so the target stays well formed)."""
 
 
 class R1ZeroEnv(gym.Env):
@@ -43,34 +48,33 @@ class R1ZeroEnv(gym.Env):
     follows is ignored. ``action_mode="token"``: one step is one token, ``Discrete(vocab)``; the turn ends at
     EOS or after ``max_new_tokens`` tokens. Ids outside the vocabulary or a wrong shape raise ``ValueError``.
 
-    **Rewards.** Per finished turn: ``w_syntax * syntax + w_consistency * consistency + w_task * task``
-    (0.3 / 0.4 / 0.3 by default), clipped to [-1, 1]; 0 for the tokens of an unfinished turn in token mode.
-    ``info["reward_components"]`` holds the three scores, ``info["reward_reasons"]`` why one is not full,
-    ``info["is_success"]`` whether the task's verifier accepted the answer.
+    **Rewards.** Per finished turn: the weighted sum of named components (:mod:`grpo_gym.rewards.composite`),
+    clipped to [-1, 1]: the built-ins ``syntax``, ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length``
+    (DAPO's overlong penalty, weight 0), and your ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of
+    an unfinished turn in token mode. A component that does not apply to a completion (``None``) is left out.
+    ``info["reward_components"]`` holds every component (``None`` where not applicable), ``info["reward_reasons"]``
+    why, ``info["is_success"]`` whether the task gave full credit. :meth:`score_ahead` scores a batch of
+    completions in one call per reward function; ``step`` then takes each pair's result.
 
-    **Reward errors.** An exception raised by the task's verifier or consistency hooks, or by the reward model,
-    is caught for that component: ``info["reward_errors"]`` maps the component to ``"ExceptionType: message"``
-    (empty dict when none), its reason says ``"error: ..."``, the env warns once with the exception text, and
-    ``on_reward_error`` decides the rest: ``"zero"`` scores that component 0, ``"raise"`` re-raises from
-    ``step``. ``env.reward_fn.error_counts`` counts them per component.
+    **Reward errors.** An exception raised by the task's hooks, the reward model or a reward function is caught
+    for that component: ``info["reward_errors"]`` maps it to ``"ExceptionType: message"``, the env warns once,
+    and ``on_reward_error`` decides: ``"zero"`` scores it 0, ``"raise"`` re-raises; ``reward_fn.error_counts``.
 
     **Episode end.** ``terminated`` when the answer is correct or the turn budget is spent (the budget is part
     of the task). ``truncated`` when the context window cannot hold another turn.
 
-    **Long prompts.** A prompt longer than the window costs ``O(context_length)`` tokenization whatever its
-    length: only its newest part is encoded (:meth:`TokenCodec.encode_tail`), which gives the same ids as
-    encoding it whole and keeping the newest ``context_length`` (``info["prompt_truncated"]`` says so).
+    **Long prompts.** A prompt longer than the window costs ``O(context_length)`` tokenization: only its newest
+    part is encoded (the same ids as encoding it whole and keeping the newest ``context_length``).
 
     **Saving and resuming.** :meth:`get_state` returns a JSON-serialisable dict with everything needed to
-    continue exactly: the problem generator's bit-generator state, the difficulty, the reward weights and
-    error counts, the task's own sampler state (``Task.get_state()``, ``None`` for the built-in tasks) and the
-    episode in progress (its problem, window, pending tokens, turn and transcript); :meth:`set_state` restores
-    it into an env built with the same arguments. Through a VecEnv: ``venv.env_method("get_state")`` gives one
-    dict per env, ``venv.env_method("set_state", state, indices=[i])`` restores env ``i``. The format is
-    documented in :mod:`grpo_gym.env_state`.
+    continue exactly (generator, difficulty, weights, the task's sampler state, the episode in progress);
+    :meth:`set_state` restores it into an env built with the same arguments (format: :mod:`grpo_gym.env_state`).
+    :meth:`describe` records the constructor's arguments, :meth:`from_description` rebuilds the env from them.
 
-    :param task: a task name from the registry (``"arithmetic"``, ``"countdown"``, ``"jsonl"``) or a ``Task``
-    :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``)
+    :param task: a task name (``"arithmetic"``, ``"countdown"``, ``"jsonl"``, ``"dataset"``,
+        ``"reasoning_gym:<dataset>"``, a registered name or a ``"module:Class"`` path) or a ``Task``
+    :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``,
+        ``{"data": ds, "prompt": "question"}`` for ``dataset``; see :mod:`grpo_gym.tasks`)
     :param tokenizer: ``None`` for the built-in character tokenizer, a tokenizer object, or a local path
     :param context_length: the context window size in tokens (S6: 4096)
     :param max_new_tokens: the completion budget of one turn
@@ -79,13 +83,18 @@ class R1ZeroEnv(gym.Env):
     :param difficulty: the initial difficulty in [0.1, 1.0] (S21 starts at 0.3)
     :param template: ``"r1zero"``, ``"compact"`` or a format string with ``{prompt}``
     :param use_chat_template: use the tokenizer's chat template when it has one (``"auto"``)
-    :param reward_weights: weights of ``syntax``, ``consistency`` and ``task`` (partial dicts allowed)
+    :param reward_weights: weights of the components (``syntax``, ``consistency``, ``task``, ``length`` and the names
+        of ``reward_funcs``; partial dicts allowed; finite, negative allowed)
     :param reward_model: a :class:`RewardModelScorer` or a path to a sequence-classification model; when
         given, it scores the ``consistency`` component (S6 step 3)
     :param render_mode: ``None``, ``"ansi"`` (``render()`` returns the conversation) or ``"human"`` (prints it);
         ``"rgb_array"``, which SB3 requests by default, is accepted and renders nothing
     :param on_reward_error: ``"zero"`` (default: a reward component whose scoring raised scores 0, reported in
-        ``info["reward_errors"]``) or ``"raise"`` (the exception propagates from ``step``)
+        ``info["reward_errors"]``) or ``"raise"`` (the exception propagates from ``step``, or from ``score_ahead``)
+    :param reward_funcs: ``{name: fn}``, each ``fn(prompts, completions, **kwargs) -> list[float | None]`` (TRL's
+        signature, ``async def`` allowed; see :mod:`grpo_gym.rewards.functions` for what is passed)
+    :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
+        ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
 
     Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
     numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
@@ -110,7 +119,11 @@ class R1ZeroEnv(gym.Env):
         reward_model: RewardModelScorer | str | os.PathLike | None = None,
         render_mode: str | None = None,
         on_reward_error: str = "zero",
+        reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        overlong_buffer: int | None = None,
     ) -> None:
+        #: the constructor's arguments as given (what :meth:`describe` records)
+        self.init_arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self.action_mode: str = check_choice("action_mode", action_mode, ACTION_MODES)
         # "rgb_array" is accepted only because SB3 (make_vec_env, string env ids) asks for it by default; a
         # text env has no frames, so render() returns None in that mode.
@@ -134,7 +147,15 @@ class R1ZeroEnv(gym.Env):
         self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template)
         if isinstance(reward_model, (str, os.PathLike)):
             reward_model = RewardModelScorer(reward_model)
-        self.reward_fn = CompositeReward(reward_weights, reward_model=reward_model, on_error=on_reward_error)
+        self.reward_fn = CompositeReward(
+            reward_weights,
+            reward_model=reward_model,
+            on_error=on_reward_error,
+            reward_funcs=reward_funcs,
+            max_new_tokens=self.max_new_tokens,
+            overlong_buffer=overlong_buffer,
+            column_names=self._task_columns,
+        )
 
         vocab = self.codec.vocab_size
         window = spaces.Box(0, vocab - 1, shape=(self.context_length,), dtype=np.int64)
@@ -155,6 +176,9 @@ class R1ZeroEnv(gym.Env):
         self._turn = 0
         self._transcript: list[str] = []
         self._warned_cut = False  # warn once per env about prompts cut to fit the window
+        self._ahead = ScoreAhead()
+        self.gold_stand_ins = 0
+        """How many :meth:`gold_examples` had no gold reasoning and got the stand-in (since construction)."""
 
     # ------------------------------------------------------------------ problems and levels
     def set_difficulty(self, difficulty: float) -> None:
@@ -164,6 +188,17 @@ class R1ZeroEnv(gym.Env):
     def set_reward_weights(self, weights: dict[str, float]) -> None:
         """Change the weights of the reward components at run time (partial dicts allowed)."""
         self.reward_fn.set_weights(weights)
+
+    def _task_columns(self) -> list[str] | None:
+        """The reward columns of one problem drawn at the current level (the task's sampler state is put back),
+        or ``None`` when the task cannot draw one here."""
+        state = self.task.get_state()
+        try:
+            return list(self.task.reward_columns(self.task.sample(self.difficulty, np.random.default_rng(0))))
+        except Exception:
+            return None
+        finally:
+            self.task.set_state(state)
 
     def sample_problem(self, difficulty: float | None = None, seed: int | None = None) -> Problem:
         """Draw a problem at ``difficulty`` (default: the current level) from ``seed``, or from the env's seeded
@@ -176,6 +211,10 @@ class R1ZeroEnv(gym.Env):
         problem = self.task.sample(level, np.random.default_rng(seed))
         problem.seed = seed
         return problem
+
+    def eval_problems(self, n: int, difficulty: float, seed: int = 0) -> list[Problem]:
+        """The task's held-out problems (:meth:`Task.eval_problems`): fresh seeds, or the eval split of data."""
+        return self.task.eval_problems(n, difficulty, seed)
 
     def _encode_between(self, text: str, affix_ids: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         """Ids of ``text`` inside the template: the cached affix ids around the encoded text."""
@@ -195,11 +234,16 @@ class R1ZeroEnv(gym.Env):
 
     def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """``n`` cold-start examples (S20.1): problems drawn like :meth:`sample_problem`, with the task's gold
-        ``<think>…</think><answer>…</answer>`` solution as the completion (see :meth:`encode_example`)."""
+        ``<think>…</think><answer>…</answer>`` solution as the completion (see :meth:`encode_example`). A problem whose
+        task gives no gold reasoning (a data row without ``solution``) gets :data:`STAND_IN_REASONING`, so the target
+        stays well formed; :attr:`gold_stand_ins` counts them (the cold start warns with the count)."""
         examples = []
         for _ in range(n):
             problem = self.sample_problem(difficulty)
             reasoning, answer = self.task.solution(problem)
+            if not str(reasoning).strip():  # no gold reasoning: a stand-in keeps the target well formed
+                reasoning = STAND_IN_REASONING.format(answer=answer)
+                self.gold_stand_ins += 1
             examples.append(self.encode_example(problem.prompt, f"<think>{reasoning}</think><answer>{answer}</answer>"))
         return examples
 
@@ -210,6 +254,56 @@ class R1ZeroEnv(gym.Env):
         needs it (called through ``VecEnv.env_method`` it bypasses wrappers such as ``Monitor``)."""
         self.reset(options={"problem": problem})
         return self.step(action)
+
+    def score_ahead(self, problems: Sequence[Problem], actions: Sequence[Any]) -> None:
+        """Score the completions ``actions[i]`` of ``problems[i]`` in one batch (one call per reward function, one
+        reward-model forward) and keep the results: ``step(actions[i])`` after ``reset(options={"problem":
+        problems[i]})`` returns that result (once) instead of scoring alone, the same result it would compute.
+        A new call replaces what the last one kept. Through a VecEnv:
+        ``venv.env_method("score_ahead", problems, actions, indices=[i])``.
+
+        :param problems: one problem per completion
+        :param actions: sequence-mode actions (arrays of ``max_new_tokens`` token ids, pad after EOS)
+        """
+        if self.action_mode != "sequence":
+            raise ValueError("score_ahead scores whole completions: make the env with action_mode='sequence'")
+        if len(problems) != len(actions):
+            raise ValueError(f"got {len(problems)} problems but {len(actions)} actions")
+        for problem in problems:
+            if not isinstance(problem, Problem):
+                raise ValueError(f"score_ahead takes grpo_gym.tasks.Problem objects, got {type(problem).__name__}")
+        ids = [completion_ids(action, self.max_new_tokens, self.codec.vocab_size) for action in actions]
+        cut = [split_completion(row, self.codec) for row in ids]
+        results = self.reward_fn.score_batch(
+            self.task,
+            problems,
+            [self.codec.decode(body) for body, _ in cut],
+            [self.formatter.prompt(problem.prompt) for problem in problems],
+            [row[:length] for row, (_, length) in zip(ids, cut, strict=True)],
+        )
+        self._ahead.store(problems, ids, results)
+
+    def encode_action(self, text: str) -> np.ndarray:
+        """The sequence-mode action of a completion ``text``: its token ids, EOS, then padding to
+        ``max_new_tokens`` (a text longer than the budget is cut, without EOS, as a clipped completion)."""
+        return text_action(text, self.codec, self.max_new_tokens)
+
+    def decode_action(self, action: Any) -> str:
+        """The completion text a sequence-mode action stands for (its tokens up to EOS), as ``step`` scores it."""
+        body, _ = split_completion(completion_ids(action, self.max_new_tokens, self.codec.vocab_size), self.codec)
+        return self.codec.decode(body)
+
+    # ------------------------------------------------------------------ describing
+    def describe(self) -> dict[str, Any]:
+        """A JSON-serialisable record of this env's id and constructor arguments, and the argument names that must
+        be passed back to rebuild it (``"needs"``); see :mod:`grpo_gym.describe`."""
+        return describe_env(self)
+
+    @classmethod
+    def from_description(cls, record: Mapping[str, Any], **objects: Any) -> R1ZeroEnv:
+        """Rebuild an env from :meth:`describe`'s record and the objects it needs (``reward_funcs={...}``,
+        ``tokenizer=...``, ``task_kwargs={"data": ...}``); ``ValueError`` naming what is missing."""
+        return cls(**env_kwargs_from_record(record, **objects))
 
     # ------------------------------------------------------------------ saving and resuming
     def get_state(self) -> dict[str, Any]:
@@ -255,8 +349,8 @@ class R1ZeroEnv(gym.Env):
         if self.problem is None:
             raise RuntimeError("call reset() before step()")
         if self.action_mode == "sequence":
-            return self._finish_turn(self._completion_ids(action))
-        token = self._token_id(action)
+            return self._finish_turn(completion_ids(action, self.max_new_tokens, self.codec.vocab_size))
+        token = token_id(action, self.codec.vocab_size)
         ended = token in (self.codec.eos_id, self.codec.pad_id)
         self._pending.append(token)
         if not ended:
@@ -275,11 +369,13 @@ class R1ZeroEnv(gym.Env):
 
         ``in_window``: the completion's tokens are already in the window (token mode appends as it goes).
         """
-        stop = np.flatnonzero((ids == self.codec.eos_id) | (ids == self.codec.pad_id))
-        length = int(stop[0]) + 1 if len(stop) else len(ids)
-        body = ids[: int(stop[0])] if len(stop) else ids
+        body, length = split_completion(ids, self.codec)
         completion = self.codec.decode(body)
-        result = self.reward_fn(self.task, self.problem, completion, self._transcript[0])
+        result = self._ahead.pop(self.problem, ids) if not in_window else None
+        if result is None:
+            result = self.reward_fn.score_batch(
+                self.task, [self.problem], [completion], [self._transcript[0]], [ids[:length]]
+            )[0]
         self._turn += 1
         self._transcript.append(completion)
         fits = in_window or self.window.append(body)
@@ -297,36 +393,15 @@ class R1ZeroEnv(gym.Env):
             "is_success": result.is_success,
             "completion": completion,
             "completion_length": length,
-            "completion_clipped": not len(stop),
+            "completion_clipped": len(body) == length,
             "turn": self._turn,
             "difficulty": self.problem.difficulty,
         }
+        if result.metrics:
+            info["reward_metrics"] = result.metrics
+        if result.extra:
+            info["reward_extra"] = result.extra
         return self.window.observation(), float(result.total), bool(terminated), bool(truncated), info
-
-    def _completion_ids(self, action: Any) -> np.ndarray:
-        ids = np.asarray(action)
-        if ids.shape != (self.max_new_tokens,):
-            raise ValueError(
-                f"a sequence-mode action is an array of shape ({self.max_new_tokens},) of token ids "
-                f"(pad after EOS), got shape {ids.shape}"
-            )
-        if not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"token ids must be integers, got dtype {ids.dtype}")
-        if ids.size and (ids.min() < 0 or ids.max() >= self.codec.vocab_size):
-            raise ValueError(
-                f"token ids must be in [0, {self.codec.vocab_size}) (the env tokenizer's vocabulary), got "
-                f"min {ids.min()} max {ids.max()}; does the policy use the env's tokenizer?"
-            )
-        return ids.astype(np.int64, copy=False)
-
-    def _token_id(self, action: Any) -> int:
-        value = np.asarray(action)
-        if value.shape not in ((), (1,)) or not np.issubdtype(value.dtype, np.integer):
-            raise ValueError(f"a token-mode action is one integer token id, got {action!r}")
-        token = int(value.reshape(()))
-        if not 0 <= token < self.codec.vocab_size:
-            raise ValueError(f"token id must be in [0, {self.codec.vocab_size}), got {token}")
-        return token
 
     def render(self) -> str | None:
         """``"ansi"``: the conversation so far as text; ``"human"``: print it."""

@@ -116,8 +116,10 @@ def test_eval_prints_a_row_per_difficulty(trained: tuple[Path, Path, str], capsy
     argv = ["eval", str(folder / "m.zip"), "--config", str(config), "--difficulty", "0.1", "0.2", "--n", "4"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].split() == ["policy", "difficulty", "problems", "success", "reward", "length"]
+    header = ["policy", "difficulty", "problems", "success", "reward", "length", "source"]
+    assert out.splitlines()[0].split() == header
     assert table_rows(out) == [("m", 0.1, 4), ("m", 0.2, 4)]
+    assert all(line.endswith("new seeds") for line in out.splitlines()[1:3])
     # same model, same eval seed: the same table (sampling is seeded)
     assert main([*argv, "--greedy"]) == 0
     greedy = capsys.readouterr().out
@@ -212,3 +214,31 @@ def test_help_in_a_subprocess() -> None:
     assert result.stdout.startswith("usage: grpo-gym")
     for name in ("train", "sft", "eval", "env-demo"):
         assert name in result.stdout
+
+
+def test_eval_data_is_the_held_out_split(trained: tuple[Path, Path, str], capsys: pytest.CaptureFixture) -> None:
+    import json
+
+    folder, _, _ = trained
+    train, held_out = folder / "train.jsonl", folder / "eval.jsonl"
+    train.write_text("\n".join(json.dumps({"prompt": f"{i}+1?", "answer": str(i + 1)}) for i in range(9)))
+    held_out.write_text("\n".join(json.dumps({"prompt": f"{i}+2?", "answer": str(i + 2)}) for i in range(3)))
+    config = yaml.safe_load(yaml.safe_dump(CONFIG))
+    config["R1Zero-v0"]["env_kwargs"].update(task="jsonl", task_kwargs={"path": str(train)})
+    path = folder / "jsonl.yml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    argv = ["eval", str(folder / "m.zip"), "--config", str(path), "--difficulty", "0.1", "--n", "50"]
+    assert main([*argv, "--eval-data", str(held_out)]) == 0
+    out = capsys.readouterr().out
+    assert table_rows(out) == [("m", 0.1, 3)] and out.splitlines()[1].endswith("eval split")
+    with pytest.warns(UserWarning, match="no eval split"):
+        assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("training rows")
+
+
+def test_tasks_lists_the_tasks_and_reasoning_gym(capsys: pytest.CaptureFixture) -> None:
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert {"arithmetic", "countdown", "dataset", "jsonl"} <= {line.strip() for line in out.splitlines()}
+    assert re.search(r"reasoning_gym:chain_sum\s+num_terms \(11 levels\), num_digits \(10 levels\)", out)
+    assert re.search(r"reasoning_gym:gsm_symbolic\s+fixed", out)

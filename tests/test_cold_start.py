@@ -221,3 +221,25 @@ def test_run_cold_start_before_learn_needs_no_setup():
     model = make_model(sft_steps=2)
     stats = model.run_cold_start()
     assert model._cold_start_done and stats
+
+
+def test_rows_without_a_solution_get_well_formed_targets_and_a_warning(tmp_path: Path) -> None:
+    rows = [{"prompt": "Capital of France?", "answer": "Paris"}, {"prompt": "2+2?", "answer": "4", "solution": "2+2=4"}]
+    path = write_rows(tmp_path / "task.jsonl", rows)
+    core = grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, "max_new_tokens": 64}, task="jsonl", task_kwargs={"path": str(path)})
+    core.reset(seed=0)
+    env = DummyVecEnv([lambda: core])
+    policy = make_policy(env)
+    with pytest.warns(UserWarning) as caught:
+        supervised_finetune(policy, env, steps=2, batch_size=8, learning_rate=1e-3)
+    message = next(str(w.message) for w in caught if "gold reasoning" in str(w.message))
+    assert message.startswith(f"{core.gold_stand_ins} of 16 cold-start examples (task 'jsonl') had no gold reasoning")
+    assert 0 < core.gold_stand_ins < 16 and "sft_data" in message
+
+
+def test_malformed_sft_data_responses_are_counted_in_a_warning(tmp_path: Path) -> None:
+    rows = [*ROWS, {"prompt": "Say x.", "response": "<think></think><answer>x</answer>"}]
+    data = write_rows(tmp_path / "rows.jsonl", rows)
+    env = make_vec_env()
+    with pytest.warns(UserWarning, match=r"1 of 3 sft_data rows .* malformed \(row 3: empty <think>\)"):
+        supervised_finetune(make_policy(env), env, steps=1, batch_size=2, learning_rate=1e-3, data=str(data))

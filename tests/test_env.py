@@ -79,7 +79,7 @@ def test_gold_completion_gets_full_reward(env: R1ZeroEnv) -> None:
     env.reset(seed=1)
     _, reward, terminated, truncated, info = env.step(encode_completion(env, gold_text(env)))
     assert info["is_success"] is True
-    assert info["reward_components"] == {"syntax": 1.0, "consistency": 1.0, "task": 1.0}
+    assert info["reward_components"] == {"syntax": 1.0, "consistency": 1.0, "task": 1.0, "length": 0.0}
     assert reward == pytest.approx(1.0)
     assert terminated and not truncated
     assert info["completion_length"] == len(env.codec.encode(gold_text(env))) + 1  # EOS counts
@@ -503,3 +503,36 @@ def test_multi_megabyte_jsonl_prompt_costs_only_the_window(tmp_path, monkeypatch
     start = text.rindex("\n", 0, len(text) - 50_000) + 1
     np.testing.assert_array_equal(obs["input_ids"], encode(text[start:])[-384:])
     assert env.encode_example(prompt, "x")[0].tolist() == obs["input_ids"].tolist()
+
+
+# ---------------------------------------------------------------- actions by hand, gold stand-ins
+def test_encode_and_decode_action_round_trip() -> None:
+    env = R1ZeroEnv(context_length=128, max_new_tokens=16, template="compact")
+    action = env.encode_action("<think>1</think>")
+    assert action.shape == (16,) and action.dtype == np.int64 and env.action_space.contains(action)
+    assert action[3] == env.codec.eos_id and (action[4:] == env.codec.pad_id).all()  # a tag is one token
+    assert env.decode_action(action) == "<think>1</think>"
+    clipped = env.encode_action("x" * 40)  # longer than the budget: cut, no EOS
+    assert env.codec.eos_id not in clipped and env.decode_action(clipped) == "x" * 16
+    env.reset(seed=0)
+    assert env.step(clipped)[4]["completion_clipped"] is True
+    with pytest.raises(ValueError, match="completion text"):
+        env.encode_action(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shape"):
+        env.decode_action(np.zeros(3, dtype=np.int64))
+
+
+def test_gold_examples_without_reasoning_get_a_well_formed_stand_in(tmp_path) -> None:
+    from grpo_gym.rewards import parse_completion
+
+    rows = [{"prompt": "Capital of France?", "answer": "Paris"}, {"prompt": "2+2?", "answer": "4", "solution": "2+2=4"}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    env = R1ZeroEnv(task="jsonl", task_kwargs={"path": str(path)}, context_length=256, max_new_tokens=64)
+    env.reset(seed=0)
+    examples = env.gold_examples(40)
+    texts = [env.codec.decode(completion[:-1]) for _, completion in examples]
+    assert all(parse_completion(text).well_formed for text in texts)
+    assert "<think>The answer is Paris.</think><answer>Paris</answer>" in texts
+    assert "<think>2+2=4</think><answer>4</answer>" in texts
+    assert env.gold_stand_ins == sum("The answer is" in t for t in texts) > 0

@@ -199,3 +199,31 @@ def test_no_problems_is_a_clear_error() -> None:
     env = make_env()
     with pytest.raises(ValueError, match="at least one"):
         evaluate_problems(make_policy(env), env, [])
+
+
+def test_a_held_out_file_is_what_the_evaluation_scores(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    train, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    train.write_text("\n".join(json.dumps({"prompt": f"{i}+1?", "answer": str(i + 1)}) for i in range(20)))
+    held_out.write_text("\n".join(json.dumps({"prompt": f"{i}*2?", "answer": str(2 * i)}) for i in range(6)))
+    env = make_env(task="jsonl", task_kwargs={"path": str(train), "eval_data": str(held_out)})
+    problems = held_out_problems(env, 100, 0.3)
+    assert [p.prompt for p in problems] == [f"{i}*2?" for i in range(6)]  # every eval row, none of the training
+    assert held_out_problems(env, 3, 0.3) == held_out_problems(env, 3, 0.3)  # a fixed subset per seed
+    core = env.envs[0]
+    policy = make_policy(env)
+    actions = np.stack([completion_ids(core, f"<think>x</think><answer>{p.answer}</answer>") for p in problems])
+    actions[:2] = np.stack([completion_ids(core, "<think>x</think><answer>-1</answer>")] * 2)
+    monkeypatch.setattr(policy, "generate", scripted_generate(actions))
+    result = evaluate_difficulties(policy, env, [0.3], 100)[0]
+    assert (result.n_problems, result.success_rate, result.source) == (6, pytest.approx(4 / 6), "eval split")
+    assert format_table({"after": [result]}).splitlines()[0].split()[-1] == "source"
+    assert format_table({"after": [result]}).splitlines()[1].split()[-2:] == ["eval", "split"]
+
+    without = make_env(task="jsonl", task_kwargs={"path": str(train)})
+    with pytest.warns(UserWarning, match="no eval split"):
+        drawn = held_out_problems(without, 4, 0.3)
+    assert all(p.prompt.endswith("+1?") for p in drawn)
+    monkeypatch.setattr(policy, "generate", scripted_generate(actions[:4]))
+    assert evaluate_problems(policy, without, drawn).source == "training rows"

@@ -45,9 +45,10 @@ def test_learn_writes_the_tensorboard_tags(tmp_path: Path) -> None:
         "rollout/success_rate",
         "rollout/completion_length",
         "rollout/frac_uniform_groups",
-        "rollout/reward_syntax",
-        "rollout/reward_consistency",
-        "rollout/reward_task",
+        "rollout/reward/syntax",
+        "rollout/reward/consistency",
+        "rollout/reward/task",
+        "rollout/reward/length",
         "train/loss",
         "train/policy_loss",
         "train/kl",
@@ -327,3 +328,50 @@ def test_reward_rises_on_an_easy_task(tmp_path: Path) -> None:
     after = evaluate_problems(model.policy, env, problems, seed=0)
     assert after.mean_reward > before.mean_reward + 0.05, (before, after)
     assert after.success_rate > before.success_rate
+
+
+class RolloutSpy(BaseCallback):
+    """Keeps each rollout's rows and problems (``collect_rollouts``' locals at ``on_rollout_end``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rollouts: list[tuple[object, list]] = []
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _on_rollout_end(self) -> None:
+        self.rollouts.append((self.locals["rows"], list(self.locals["episode_problems"])))
+
+
+def test_reward_functions_score_a_rollout_in_one_call_per_env(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def counting(prompts, completions, completion_ids, answer, **kwargs):
+        calls.append(len(completions))
+        return [float(a in c) - 0.01 * len(ids) for c, a, ids in zip(completions, answer, completion_ids, strict=True)]
+
+    async def odd(completions, **kwargs):  # None (not applicable) for completions of even length
+        return [1.0 if len(c) % 2 else None for c in completions]
+
+    env_kwargs = {"reward_funcs": {"counting": counting, "odd": odd}, "reward_weights": {"counting": -0.5}}
+    spy = RolloutSpy()
+    model = make_model(make_env(2, **env_kwargs), tensorboard_log=str(tmp_path))
+    model.learn(16, callback=spy)  # 2 iterations of 2 groups x 4 completions, 4 per env
+    assert calls == [4, 4, 4, 4]  # once per iteration per env, with all of that env's completions
+    rescored = grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, **env_kwargs})  # unbatched: one completion per call
+    for rows, problems in spy.rollouts:
+        for episode, tokens, reward, info in zip(rows.episodes, rows.tokens, rows.rewards, rows.infos, strict=True):
+            rescored.reset(options={"problem": problems[episode]})
+            _, alone, _, _, alone_info = rescored.step(tokens.numpy())
+            assert alone_info["reward_components"] == info["reward_components"]
+            assert alone == pytest.approx(reward)  # the VecEnv keeps rewards as float32
+    events = EventAccumulator(str(tmp_path / "GRPO_1"), size_guidance={"scalars": 0}).Reload()
+    for name in ("counting", "syntax", "length"):
+        logged = [e.value for e in events.Scalars(f"rollout/reward/{name}")]
+        assert logged == pytest.approx([np.mean([i["reward_components"][name] for i in rows.infos])
+                                        for rows, _ in spy.rollouts], abs=1e-6)  # fmt: skip
+    odd = [[i["reward_components"]["odd"] for i in rows.infos] for rows, _ in spy.rollouts]
+    assert all(v in (None, 1.0) for values in odd for v in values)
+    logged_steps = [e.step for e in events.Scalars("rollout/reward/odd")] if any(odd[0] + odd[1]) else []
+    assert logged_steps == [8 * (k + 1) for k, values in enumerate(odd) if any(values)]  # Nones left out

@@ -23,6 +23,7 @@ from grpo_gym.rewards import (
     CompositeReward,
     ParsedCompletion,
     consistency_score,
+    length_score,
     parse_completion,
     syntax_score,
     task_score,
@@ -231,7 +232,8 @@ def test_reward_bad_inputs(
     result = CompositeReward()(task, problem, completion)  # type: ignore[arg-type]
     assert result.is_success is earned
     assert result.components["task"] == (1.0 if earned else 0.0)
-    assert all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert all(0.0 <= result.components[k] <= 1.0 for k in ("syntax", "consistency", "task"))
+    assert result.components["length"] is None  # no token ids given: not applicable
     assert 0.0 <= result.total <= 1.0
     assert all(result.reasons.values())
     if completion is not CODE:
@@ -348,10 +350,10 @@ def test_composite_catches_counts_reports_and_warns_once(problem: Problem) -> No
     with pytest.warns(RuntimeWarning, match="KeyError: 'conclusion bug'"):
         result = reward(BrokenTask(), problem, GOOD)
     assert result.total == pytest.approx(0.3) and not result.is_success
-    assert result.components == {"syntax": 1.0, "consistency": 0.0, "task": 0.0}
+    assert result.components == {"syntax": 1.0, "consistency": 0.0, "task": 0.0, "length": None}
     assert result.errors == {"consistency": "KeyError: 'conclusion bug'", "task": "RuntimeError: verifier bug"}
     assert result.reasons["task"] == "error: RuntimeError: verifier bug"
-    assert reward.error_counts == {"syntax": 0, "consistency": 1, "task": 1}
+    assert reward.error_counts == {"syntax": 0, "consistency": 1, "task": 1, "length": 0}
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # warned once per CompositeReward: the second error is only counted
         again = reward(BrokenTask(), problem, GOOD)
@@ -433,34 +435,35 @@ def test_composite_totals(task: SumTask, problem: Problem, completion: str, tota
     result = CompositeReward()(task, problem, completion)
     assert result.total == pytest.approx(total)
     assert result.is_success is success
-    expected = sum(DEFAULT_WEIGHTS[k] * v for k, v in result.components.items())
+    expected = sum(DEFAULT_WEIGHTS[k] * v for k, v in result.components.items() if v is not None)
     assert result.total == pytest.approx(expected)
 
 
 def test_composite_result_fields(task: SumTask, problem: Problem) -> None:
     result = CompositeReward()(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>")
-    assert result.components == {"syntax": 1.0, "consistency": 1.0, "task": 0.0}
+    assert result.components == {"syntax": 1.0, "consistency": 1.0, "task": 0.0, "length": None}
     assert result.reasons == {
         "syntax": "well formed",
         "consistency": "answer agrees with reasoning; 2/2 key terms",
         "task": "'41' is not the sum",
+        "length": "not applicable: no token budget",
     }
     assert result.answer == "41" and result.is_success is False
 
 
 def test_weights_default_and_copy() -> None:
     reward = CompositeReward()
-    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0}
     reward.weights["task"] = 9.0
     assert reward.weights["task"] == 0.3
-    assert DEFAULT_WEIGHTS == {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+    assert DEFAULT_WEIGHTS == {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0}
 
 
 def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
     reward = CompositeReward(weights={"task": 1.0})
-    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 1.0}
+    assert reward.weights == {"syntax": 0.3, "consistency": 0.4, "task": 1.0, "length": 0.0}
     reward.set_weights({"syntax": 0.0, "consistency": 0})
-    assert reward.weights == {"syntax": 0.0, "consistency": 0.0, "task": 1.0}
+    assert reward.weights == {"syntax": 0.0, "consistency": 0.0, "task": 1.0, "length": 0.0}
     assert reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>").total == 0.0
     assert reward(task, problem, GOOD).total == 1.0
 
@@ -469,18 +472,17 @@ def test_set_weights_partial(task: SumTask, problem: Problem) -> None:
     ("mapping", "message"),
     [
         ({"format": 0.3}, "reward_weights: unknown key 'format'"),
-        ({"syntax": -0.1}, "weight of 'syntax' must be a finite number >= 0, got -0.1"),
-        ({"syntax": math.nan}, "weight of 'syntax' must be a finite number >= 0, got nan"),
-        ({"task": math.inf}, "weight of 'task' must be a finite number >= 0, got inf"),
-        ({"task": "high"}, "weight of 'task' must be a finite number >= 0, got 'high'"),
-        ({"task": True}, "weight of 'task' must be a finite number >= 0, got True"),
+        ({"syntax": math.nan}, "weight of 'syntax' must be a finite number, got nan"),
+        ({"task": math.inf}, "weight of 'task' must be a finite number, got inf"),
+        ({"task": "high"}, "weight of 'task' must be a finite number, got 'high'"),
+        ({"task": True}, "weight of 'task' must be a finite number, got True"),
     ],
 )
 def test_set_weights_rejects(mapping: dict, message: str) -> None:
     reward = CompositeReward()
     with pytest.raises(ValueError, match=message) as info:
         reward.set_weights({"consistency": 0.9, **mapping})
-    assert "valid keys: syntax, consistency, task" in str(info.value)
+    assert "valid keys: syntax, consistency, task, length" in str(info.value)
     assert reward.weights == DEFAULT_WEIGHTS  # nothing changed
     with pytest.raises(ValueError, match="valid keys"):
         CompositeReward(weights=mapping)
@@ -531,7 +533,7 @@ def test_reward_model_replaces_rule_based_consistency(task: SumTask, problem: Pr
     scorer = FakeScorer(0.25)
     reward = CompositeReward(reward_model=scorer)
     result = reward(task, problem, GOOD, prompt_text="Q: 12 + 30?")
-    assert result.components == {"syntax": 1.0, "consistency": 0.25, "task": 1.0}
+    assert result.components == {"syntax": 1.0, "consistency": 0.25, "task": 1.0, "length": None}
     assert result.total == pytest.approx(0.3 + 0.4 * 0.25 + 0.3)
     assert result.reasons["consistency"] == "reward model score 0.2500"
     assert scorer.calls == [(["Q: 12 + 30?"], [GOOD])]
@@ -635,7 +637,8 @@ def test_fuzz_composite_reward_scores_in_range(completion: str | bytes, which: i
     reward = CompositeReward(on_error="raise")  # any exception would surface here
     with nothing_executes():
         result = reward(task, problem, completion)
-    assert -1.0 <= result.total <= 1.0 and all(0.0 <= v <= 1.0 for v in result.components.values())
+    assert -1.0 <= result.total <= 1.0
+    assert all(v is None or 0.0 <= v <= 1.0 for v in result.components.values())
     assert result.errors == {} and all(isinstance(r, str) and r for r in result.reasons.values())
     assert result.is_success == (result.components["task"] == 1.0)
 
@@ -654,3 +657,96 @@ def test_fuzz_env_scores_any_token_ids(raw: bytes, seed: int) -> None:
     with nothing_executes():
         _, reward, terminated, _, info = ENV.step(ids)
     assert -1.0 <= reward <= 1.0 and terminated and info["reward_errors"] == {}
+
+
+# ---------------------------------------------------------------- named components: functions, weights, None, length
+def shout(prompts, completions, **kwargs):
+    """A TRL-style function: 1 for a completion in capitals, None (not applicable) for one without letters."""
+    return [None if not any(ch.isalpha() for ch in c) else float(c.isupper()) for c in completions]
+
+
+def test_negative_weights_are_penalties(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(weights={"syntax": -0.5, "task": 0.3, "consistency": 0.0}, reward_funcs={"shout": shout})
+    result = reward(task, problem, GOOD)  # syntax 1, task 1, shout 0 (lower case tags)
+    assert result.components["shout"] == 0.0
+    assert result.total == pytest.approx(-0.5 + 0.3)
+    reward.set_weights({"shout": -2.0})
+    assert reward(task, problem, "<THINK>X</THINK>").total == -1.0  # -2 clipped to -1
+
+
+def test_none_is_left_out_of_the_sum(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(reward_funcs={"shout": shout}, weights={"shout": 5.0})
+    result = reward(task, problem, "<>42")
+    assert result.components["shout"] is None and "not applicable" in result.reasons["shout"]
+    assert result.total == pytest.approx(0.0)  # syntax 0, consistency 0, task 0, shout left out
+
+
+def test_consistency_is_none_where_the_task_cannot_conclude(task: SumTask) -> None:
+    text_problem = Problem(prompt="Capital of France?", answer="Paris", task="sum", difficulty=0.3)
+    result = CompositeReward()(task, text_problem, "<think>it is Paris</think><answer>Paris</answer>")
+    assert result.components["consistency"] is None and "not applicable" in result.reasons["consistency"]
+    assert result.total == pytest.approx(0.6)  # syntax and task; the weight of consistency is left out
+
+
+@pytest.mark.parametrize(("length", "expected"), [(1, 0.0), (12, 0.0), (13, -0.25), (14, -0.5), (16, -1.0), (20, -1.0)])
+def test_length_is_dapo_overlong_penalty(length: int, expected: float) -> None:
+    assert length_score(length, 16, 4)[0] == pytest.approx(expected)
+    assert length_score(length, None, None) == (None, "not applicable: no token budget")
+
+
+def test_length_component_from_token_ids(task: SumTask, problem: Problem) -> None:
+    reward = CompositeReward(max_new_tokens=16, weights={"length": 1.0})  # buffer 16 // 4 = 4
+    short, long = reward.score_batch(task, [problem] * 2, [GOOD, GOOD], completion_ids=[[5] * 10, [5] * 16])
+    assert (short.components["length"], long.components["length"]) == (0.0, -1.0)
+    assert long.total == pytest.approx(0.0)  # 1.0 from the rest, -1 from length
+    with pytest.raises(ValueError, match="overlong_buffer must be an integer in \\[1, 16\\]"):
+        CompositeReward(max_new_tokens=16, overlong_buffer=17)
+
+
+class PartialTask(SumTask):
+    def verify(self, problem: Problem, answer: str) -> Verdict:
+        return Verdict(answer == problem.answer, "close" if answer != problem.answer else "", 0.5 if answer else 0.0)
+
+
+def test_partial_credit_from_the_verdict(problem: Problem) -> None:
+    result = CompositeReward()(PartialTask(), problem, "<think>12 + 30 = 41</think><answer>41</answer>")
+    assert result.components["task"] == 0.5 and result.reasons["task"] == "close" and not result.is_success
+
+    class OutOfRange(SumTask):
+        def verify(self, problem: Problem, answer: str) -> Verdict:
+            return Verdict(False, "", 1.5)
+
+    with pytest.warns(RuntimeWarning, match="partial credit must be in \\[0, 1\\]"):
+        assert CompositeReward()(OutOfRange(), problem, GOOD).errors["task"].startswith("ValueError")
+
+
+def test_function_errors_follow_on_reward_error(task: SumTask, problem: Problem) -> None:
+    def broken(completions, **kwargs):
+        raise ZeroDivisionError("my bug")
+
+    reward = CompositeReward(reward_funcs={"broken": broken})
+    with pytest.warns(RuntimeWarning, match="'broken' raised ZeroDivisionError: my bug"):
+        first, _ = reward.score_batch(task, [problem] * 2, [GOOD, GOOD])
+    assert first.errors == {"broken": "ZeroDivisionError: my bug"} and first.components["broken"] == 0.0
+    assert reward.error_counts["broken"] == 2 and first.total == pytest.approx(1.0)
+    strict = CompositeReward(reward_funcs={"broken": broken}, on_error="raise")
+    with pytest.warns(RuntimeWarning), pytest.raises(ZeroDivisionError):
+        strict(task, problem, GOOD)
+
+
+def test_functions_are_called_once_per_batch_with_the_same_results(task: SumTask, problem: Problem) -> None:
+    calls: list[int] = []
+
+    def counting(prompts, completions, answer, difficulty, **kwargs):
+        calls.append(len(completions))
+        return [float(a in c) + d for c, a, d in zip(completions, answer, difficulty, strict=True)]
+
+    reward = CompositeReward(reward_funcs={"counting": counting, "shout": shout})
+    other = Problem(prompt="What is 1 + 2?", answer="3", task="sum", difficulty=0.1)
+    completions = [GOOD, "<think>1 + 2 = 3</think><answer>3</answer>", "<ANSWER>3</ANSWER>", "...."]
+    problems = [problem, other, other, problem]
+    batch = reward.score_batch(task, problems, completions, ["p"] * 4)
+    assert calls == [4]
+    assert batch == [reward(task, p, c, "p") for p, c in zip(problems, completions, strict=True)]
+    assert calls == [4, 1, 1, 1, 1]
+    assert [r.components["counting"] for r in batch] == [1.3, 1.1, 1.1, 0.3]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import subprocess
+import sys
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -489,3 +491,63 @@ def test_jsonl_validation_errors(tmp_path: Path, content: str, message: str) -> 
 def test_jsonl_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no file at"):
         JsonlTask(tmp_path / "absent.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------- other processes
+class SubprocTask(ArithmeticTask):
+    """A user's task, registered by name in the parent process."""
+
+    name = "subproc_task"
+
+
+def test_a_registered_task_reaches_subprocess_workers(scratch_registry: None) -> None:
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import SubprocVecEnv
+
+    register_task("subproc_task", SubprocTask)
+    venv = make_vec_env(
+        "grpo_gym:R1Zero-v0",
+        n_envs=1,
+        env_kwargs={"task": "subproc_task", "context_length": 128, "max_new_tokens": 16},
+        vec_env_cls=SubprocVecEnv,
+        vec_env_kwargs={"start_method": "spawn"},  # a fresh interpreter that never ran register_task
+    )
+    try:
+        assert venv.env_method("sample_problem", seed=0)[0].task == "subproc_task"
+    finally:
+        venv.close()
+
+
+def test_a_task_class_in_a_script_reaches_subprocess_workers(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from stable_baselines3.common.env_util import make_vec_env\n"
+        "from stable_baselines3.common.vec_env import SubprocVecEnv\n"
+        "from grpo_gym.tasks import ArithmeticTask, register_task\n\n"
+        "class ScriptTask(ArithmeticTask):\n"
+        "    name = 'script_task'\n\n"
+        "if __name__ == '__main__':\n"
+        "    register_task('script_task', ScriptTask)\n"
+        "    venv = make_vec_env('grpo_gym:R1Zero-v0', n_envs=1, vec_env_cls=SubprocVecEnv,\n"
+        "                        env_kwargs={'task': 'script_task', 'context_length': 128, 'max_new_tokens': 16})\n"
+        "    print(venv.env_method('sample_problem', seed=0)[0].task, type(venv.get_attr('task')[0]).__name__)\n"
+        "    venv.close()\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["script_task", "ScriptTask"]
+
+
+def test_tasks_by_importable_path_and_the_unknown_task_hint(scratch_registry: None) -> None:
+    task = make_task("grpo_gym.tasks.countdown:CountdownTask", use_all=False)
+    assert isinstance(task, CountdownTask) and task.use_all is False
+    with pytest.raises(ValueError, match=r"names .*, not a Task subclass"):
+        make_task("os:getcwd")
+    with pytest.raises(ValueError, match="cannot import 'no_such_module'"):
+        make_task("no_such_module:Task")
+    with pytest.raises(ValueError, match=r"pass task='package\.module:ClassName'"):
+        make_task("registered_elsewhere")
+    register_task("by_path", "grpo_gym.tasks.countdown:CountdownTask")
+    assert isinstance(make_task("by_path"), CountdownTask)
+    with pytest.raises(ValueError, match="without ':'"):
+        register_task("a:b", CountdownTask)

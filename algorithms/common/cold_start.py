@@ -1,9 +1,16 @@
-"""The cold-start stage (S20.1): supervised fine-tuning on gold solutions before RL."""
+"""The cold-start stage (S20.1): supervised fine-tuning on gold solutions before RL.
+
+Targets are checked: a task problem without gold reasoning (a data row without ``solution``, most reasoning-gym
+families) gets the env's stand-in reasoning (``<think>The answer is X.</think>``) so the target stays well formed,
+and a warning says how many examples had one; ``sft_data`` responses that do not follow the template are counted
+and warned about too. A task that gives no gold answer at all (some reasoning-gym families) fails with an error
+that asks for ``sft_data``."""
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -11,6 +18,7 @@ import torch as th
 
 from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.losses import aggregate
+from grpo_gym.rewards import parse_completion
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
 
 
@@ -81,6 +89,9 @@ def supervised_finetune(
     :param log_interval: steps between logged values
     """
     rows = load_sft_rows(data) if data is not None else None
+    if rows is not None:
+        check_responses(rows, data)  # type: ignore[arg-type]
+    stand_ins_before = _stand_ins(env)
     seed = int(th.randint(2**31 - 1, (1,), generator=generator).item()) if generator is not None else 0
     rng = np.random.default_rng(seed)
     optimizer = th.optim.AdamW(policy.parameters(), lr=learning_rate, weight_decay=0.0)
@@ -109,4 +120,39 @@ def supervised_finetune(
                 logger.dump(step=step)
             elif verbose:
                 print(f"sft step {step}/{steps}: loss {stats['loss']:.4f}")
+    if rows is None:
+        _warn_stand_ins(env, _stand_ins(env) - stand_ins_before, steps * batch_size)
     return stats
+
+
+def check_responses(rows: list[tuple[str, str]], path: str) -> int:
+    """Warn when ``sft_data`` responses do not follow the ``<think>…</think><answer>…</answer>`` template (the env
+    would score them as malformed); returns how many do not."""
+    bad = [(i, parse_completion(response).reason) for i, (_, response) in enumerate(rows, start=1)]
+    bad = [(i, reason) for i, reason in bad if reason]
+    if bad:
+        first, reason = bad[0]
+        warnings.warn(
+            f"{len(bad)} of {len(rows)} sft_data rows of {path!r} have a response the env scores as malformed "
+            f"(row {first}: {reason}); the cold start would teach that format",
+            UserWarning,
+            stacklevel=3,
+        )
+    return len(bad)
+
+
+def _stand_ins(env: Any) -> int:
+    return int(env.get_attr("gold_stand_ins", indices=[0])[0])
+
+
+def _warn_stand_ins(env: Any, count: int, total: int) -> None:
+    """Say how many cold-start examples had no gold reasoning (and got the env's stand-in)."""
+    if count:
+        task = env.get_attr("task", indices=[0])[0].name
+        warnings.warn(
+            f"{count} of {total} cold-start examples (task {task!r}) had no gold reasoning (no 'solution'): their "
+            "targets use the stand-in '<think>The answer is X.</think><answer>X</answer>'; give the rows a "
+            "solution column, pass sft_data= (prompt/response rows with real reasoning), or cold_start=False",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -1,4 +1,8 @@
-"""Held-out success rate: a fixed problem set, sampled completions in one batch, scored by the env."""
+"""Held-out success rate: a fixed problem set, sampled completions in one batch, scored by the env in one batch.
+
+The problems come from the task's :meth:`~grpo_gym.tasks.Task.eval_problems`: fresh seeds for procedural tasks,
+the eval split (``eval_data=``) for tasks read from data, or their training rows (with a warning) when they have no
+eval split; the table's ``source`` column says which."""
 
 from __future__ import annotations
 
@@ -9,8 +13,17 @@ import numpy as np
 import torch as th
 
 from algorithms.common.batch import left_pad
+from grpo_gym.tasks.base import HELD_OUT_SEED
 
-HELD_OUT_SEED = 10**12  # problem seeds start here; training draws its seeds from the env's own generator
+__all__ = [
+    "HELD_OUT_SEED",
+    "EvalResult",
+    "evaluate_difficulties",
+    "evaluate_problems",
+    "format_table",
+    "held_out_problems",
+    "held_out_source",
+]
 
 
 @dataclass(frozen=True)
@@ -22,16 +35,23 @@ class EvalResult:
     success_rate: float
     mean_reward: float
     mean_length: float
+    source: str = ""  # where the problems came from: "new seeds", "eval split", "training rows"
 
 
 def held_out_problems(env: Any, n: int, difficulty: float, seed: int = 0) -> list[Any]:
-    """``n`` problems at ``difficulty`` from seeds ``HELD_OUT_SEED + seed * n + i``: the same set every time.
+    """The task's held-out problems at ``difficulty``, the same set every time (``Task.eval_problems``).
 
-    Training problems come from the env's seeded generator, so they are different draws; a task with a small
-    problem space (one-digit sums) can still repeat a problem by content.
+    Procedural tasks: ``n`` problems from seeds ``HELD_OUT_SEED + seed * n + i``; training problems come from the
+    env's seeded generator, so they are different draws (a task with a small problem space, one-digit sums, can
+    still repeat a problem by content). Tasks read from data: their eval split (at most ``n`` rows eligible at the
+    level), or, without one, draws from the training rows with a warning.
     """
-    task = env.get_attr("task", indices=[0])[0]
-    return [task.sample_seeded(difficulty, HELD_OUT_SEED + seed * n + i) for i in range(n)]
+    return env.env_method("eval_problems", n, difficulty, seed, indices=[0])[0]
+
+
+def held_out_source(env: Any) -> str:
+    """Where :func:`held_out_problems` takes its problems from (``Task.eval_source``)."""
+    return str(env.get_attr("task", indices=[0])[0].eval_source)
 
 
 def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0, greedy: bool = False) -> EvalResult:
@@ -55,6 +75,7 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
     ids, mask = left_pad(prompts, policy.pad_token_id)
     completions = policy.generate(ids.to(device), mask.to(device), generator=generator, greedy=greedy)
     actions = completions.tokens.cpu().numpy()
+    env.env_method("score_ahead", problems, list(actions), indices=[0])  # one batch per reward function
     successes, rewards = [], []
     for problem, action in zip(problems, actions, strict=True):
         _, reward, _, _, info = env.env_method("score_completion", problem, action, indices=[0])[0]
@@ -66,6 +87,7 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
         success_rate=float(np.mean(successes)),
         mean_reward=float(np.mean(rewards)),
         mean_length=float(completions.lengths.float().mean().item()),
+        source=held_out_source(env),
     )
 
 
@@ -77,12 +99,15 @@ def evaluate_difficulties(
 
 
 def format_table(rows: dict[str, list[EvalResult]]) -> str:
-    """A plain-text table: one line per (label, difficulty)."""
-    lines = [f"{'policy':<14}{'difficulty':>11}{'problems':>10}{'success':>10}{'reward':>9}{'length':>9}"]
+    """A plain-text table: one line per (label, difficulty); a ``source`` column when the results say where their
+    problems came from ("training rows" is a warning sign: no eval split)."""
+    sources = any(r.source for results in rows.values() for r in results)
+    header = f"{'policy':<14}{'difficulty':>11}{'problems':>10}{'success':>10}{'reward':>9}{'length':>9}"
+    lines = [header + ("  source" if sources else "")]
     for label, results in rows.items():
         for r in results:
             lines.append(
                 f"{label:<14}{r.difficulty:>11.2f}{r.n_problems:>10d}{r.success_rate:>10.1%}"
-                f"{r.mean_reward:>9.3f}{r.mean_length:>9.1f}"
+                f"{r.mean_reward:>9.3f}{r.mean_length:>9.1f}" + (f"  {r.source or '-'}" if sources else "")
             )
     return "\n".join(lines)

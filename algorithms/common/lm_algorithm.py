@@ -389,6 +389,7 @@ class LMAlgorithm(BaseAlgorithm):
         noise_rows = self.n_groups * self.group_size
         first = self._sample(prompts, noise_offset=self._dist.rank * len(prompts), noise_rows=noise_rows)
         generation_seconds = time.perf_counter() - timer
+        self._score_ahead(env, episode_problems, first.tokens.cpu().numpy())
 
         rows = Rows()
         finished: list[tuple[Any, Any]] = []  # (Monitor episode, is_success) of the episodes that ended
@@ -422,6 +423,14 @@ class LMAlgorithm(BaseAlgorithm):
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    @staticmethod
+    def _score_ahead(env: VecEnv, problems: list[Any], actions: np.ndarray) -> None:
+        """Each env scores the first turns it will play in one batch (one call per reward function, one reward-model
+        forward); its ``step`` then returns those results. Env ``i`` plays episodes ``i, i + n_envs, ...``."""
+        n_envs = env.num_envs
+        for i in range(min(n_envs, len(problems))):
+            env.env_method("score_ahead", problems[i::n_envs], list(actions[i::n_envs]), indices=[i])
 
     def _before_rollout(self, env: VecEnv) -> None:
         """Called at the start of every rollout (e.g. to move a reward weight)."""

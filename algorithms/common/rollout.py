@@ -95,6 +95,23 @@ def rows_to_batch(
     )
 
 
+def _gathered(dist: Distributed, infos: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
+    """Every rank's values of ``info[key][name]`` per name, ``None`` left out (names in first-seen order)."""
+    values: dict[str, list[float]] = {}
+    for info in infos:
+        for name, value in (info.get(key) or {}).items():
+            values.setdefault(name, [])
+            if value is not None:
+                values[name].append(float(value))
+    if not dist.enabled:
+        return values
+    merged: dict[str, list[float]] = {}
+    for rank_values in dist.gather_objects(values):  # every rank calls, in the same order
+        for name, rank_list in rank_values.items():
+            merged.setdefault(name, []).extend(rank_list)
+    return merged
+
+
 def log_rollout(
     logger: Logger,
     dist: Distributed,
@@ -103,20 +120,17 @@ def log_rollout(
     infos: list[dict[str, Any]],
     generation_seconds: float,
 ) -> None:
-    """Record what every algorithm logs of a rollout: completion lengths, rewards and their components (every
-    rank's), generation speed, a histogram of the ``(K, G)`` returns and one sample completion as text."""
+    """Record what every algorithm logs of a rollout: completion lengths, rewards, each reward component's mean
+    (``rollout/reward/<name>``, ``None`` values left out) and what reward functions logged with ``log_metric``
+    (``rollout/reward_metric/<name>``), every rank's; generation speed, a histogram of the ``(K, G)`` returns and one
+    sample completion as text."""
     lengths = dist.gather(th.stack(masks).sum(dim=1).float())  # every rank's completions
     logger.record("rollout/completion_length", lengths.mean().item())
     logger.record("rollout/reward_mean", returns.mean().item())
-    components = {name: [i["reward_components"][name] for i in infos] for name in infos[0].get("reward_components", {})}
-    if dist.enabled:  # every rank's completions
-        merged: dict[str, list[float]] = {name: [] for name in components}
-        for rank_components in dist.gather_objects(components):
-            for name, values in rank_components.items():
-                merged[name].extend(values)
-        components = merged
-    for name, values in components.items():
-        logger.record(f"rollout/reward_{name}", safe_mean(values))
+    for prefix, key in (("rollout/reward/", "reward_components"), ("rollout/reward_metric/", "reward_metrics")):
+        for name, values in _gathered(dist, infos, key).items():
+            if values:  # every value None (not applicable): nothing to log
+                logger.record(prefix + name, safe_mean(values))
     logger.record("time/tokens_per_second", lengths.sum().item() / max(generation_seconds, 1e-9))
     logger.record("rollout/rewards", returns.flatten().cpu().numpy(), exclude=TEXT_ONLY)
     sample = infos[0]

@@ -6,12 +6,20 @@ when it first scores.
 
 from __future__ import annotations
 
-from grpo_gym.rewards.components import consistency_score, syntax_score, task_score
-from grpo_gym.rewards.composite import COMPONENTS, DEFAULT_WEIGHTS, CompositeReward, RewardResult
+from grpo_gym.rewards.components import consistency_score, length_score, syntax_score, task_score
+from grpo_gym.rewards.composite import (
+    BUILTIN_COMPONENTS,
+    COMPONENTS,
+    DEFAULT_WEIGHTS,
+    CompositeReward,
+    RewardResult,
+)
+from grpo_gym.rewards.functions import check_reward_function
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
 from grpo_gym.rewards.reward_model import RewardModelScorer
 
 __all__ = [
+    "BUILTIN_COMPONENTS",
     "COMPONENTS",
     "DEFAULT_WEIGHTS",
     "MAX_COMPLETION_CHARS",
@@ -19,8 +27,10 @@ __all__ = [
     "ParsedCompletion",
     "RewardModelScorer",
     "RewardResult",
+    "check_reward_function",
     "completion_text",
     "consistency_score",
+    "length_score",
     "parse_completion",
     "syntax_score",
     "task_score",

@@ -1,10 +1,13 @@
-"""The three reward components of S2 as pure functions of one parsed completion.
+"""The built-in reward components as pure functions of one parsed completion: S2's syntax, consistency and task,
+and DAPO's soft overlong penalty (``length``).
 
-Each returns ``(score, reason)`` with ``score`` in ``[0, 1]`` and a short, non-empty, human-readable
-``reason``. The task is only ever handed the *extracted* answer string (never the whole completion) and
-never executes it (S30). An exception raised by a task's methods propagates: :class:`CompositeReward`
-catches it per component, counts it, reports it in ``RewardResult.errors`` and applies its ``on_error``
-policy (see :mod:`grpo_gym.rewards.composite`), so one buggy verifier is visible and cannot crash training.
+Each returns ``(score, reason)`` with a short, non-empty, human-readable ``reason``; ``score`` is in ``[0, 1]``
+(``length``: in ``[-1, 0]``), or ``None`` when the component does not apply to this completion (consistency on a
+task that cannot say what a reasoning concluded; length without a token budget). The task is only ever handed the
+*extracted* answer string (never the whole completion) and never executes it (S30). An exception raised by a task's
+methods propagates: :class:`CompositeReward` catches it per component, counts it, reports it in
+``RewardResult.errors`` and applies its ``on_error`` policy (see :mod:`grpo_gym.rewards.composite`), so one buggy
+verifier is visible and cannot crash training.
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ def _relevance(terms: list[str], reasoning: str) -> tuple[float, str]:
     return found / len(wanted), f"{found}/{len(wanted)} key terms"
 
 
-def consistency_score(task: Task, problem: Problem, parsed: ParsedCompletion) -> tuple[float, str]:
+def consistency_score(task: Task, problem: Problem, parsed: ParsedCompletion) -> tuple[float | None, str]:
     """Rule-based semantic consistency: does the answer follow from a reasoning about this problem?
+
+    It applies only where the task can say what a reasoning concluded (``task.concludes(problem)``: numeric
+    answers, countdown); elsewhere it is ``None``, not applicable, and left out of the reward.
 
     ``score = 0.5 * agree + 0.5 * relevance`` where
 
@@ -59,6 +65,8 @@ def consistency_score(task: Task, problem: Problem, parsed: ParsedCompletion) ->
     :param parsed: the parsed completion
     :return: ``(score, reason)``
     """
+    if not task.concludes(problem):
+        return None, "not applicable: the task cannot say what a reasoning concluded (non-numeric answer)"
     if parsed.answer is None:
         return 0.0, f"no answer ({parsed.reason})"
     if not parsed.reasoning:
@@ -78,7 +86,8 @@ def consistency_score(task: Task, problem: Problem, parsed: ParsedCompletion) ->
 
 
 def task_score(task: Task, problem: Problem, parsed: ParsedCompletion) -> tuple[float, str]:
-    """Task completion: 1.0 iff ``task.verify(problem, parsed.answer).correct``, else 0.0 (also no answer).
+    """Task completion: the verdict's partial credit ``score`` when it gives one (reasoning-gym), else 1.0 iff
+    ``task.verify(problem, parsed.answer).correct`` and 0.0 otherwise (also when there is no answer).
 
     :param task: the task family that made ``problem``
     :param problem: the problem the completion answers
@@ -90,6 +99,32 @@ def task_score(task: Task, problem: Problem, parsed: ParsedCompletion) -> tuple[
         return 0.0, f"no unambiguous answer ({parsed.reason})"
     verdict = task.verify(problem, parsed.answer)
     correct, reason = bool(verdict.correct), str(verdict.reason)
+    score = getattr(verdict, "score", None)
+    if score is not None:
+        score = float(score)
+        if not 0.0 <= score <= 1.0:  # nan fails too
+            raise ValueError(f"the verifier's partial credit must be in [0, 1], got {score}")
+        if score == 1.0:
+            return 1.0, "correct"
+        return score, reason or ("partial credit" if score > 0 else "incorrect")
     if correct:
         return 1.0, "correct"
     return 0.0, reason or "incorrect"
+
+
+def length_score(length: int | None, max_new_tokens: int | None, buffer: int | None) -> tuple[float | None, str]:
+    """DAPO's soft overlong punishment: 0 up to ``max_new_tokens - buffer`` tokens, then linear down to -1 at
+    ``max_new_tokens`` (a completion cut at the budget scores -1).
+
+    :param length: the completion's tokens, EOS included (``None``: unknown)
+    :param max_new_tokens: the completion budget (``None``: not applicable)
+    :param buffer: the overlong buffer, in tokens (``None`` or 0: not applicable)
+    :return: ``(score in [-1, 0], reason)``, or ``(None, reason)`` when not applicable
+    """
+    if length is None or not max_new_tokens or not buffer:
+        return None, "not applicable: no token budget"
+    start = max_new_tokens - buffer
+    if length <= start:
+        return 0.0, f"{length} tokens, within {start}"
+    reason = f"{length} tokens: {length - start} into the overlong buffer of {buffer}"
+    return max(-1.0, (start - length) / buffer), reason

@@ -1,18 +1,27 @@
-"""The composite reward of S2: a weighted sum of syntax, semantic consistency and task completion.
+"""The composite reward: a weighted sum of named components, the built-ins and your reward functions.
 
-``total = w_syntax * syntax + w_consistency * consistency + w_task * task``, clipped to ``[-1, 1]``, with
-every component in ``[0, 1]`` and the default weights 0.3 / 0.4 / 0.3 (so the default total is in
-``[0, 1]``). Semantic consistency is rule-based (:func:`~grpo_gym.rewards.components.consistency_score`)
-unless a reward model is configured, in which case it is the reward model's score of
-``(prompt_text, completion)`` (S6 step 3). The progressive activation of S20 is a schedule over
-``set_weights({"consistency": w})``.
+``total = sum(weight[name] * score[name])`` over the components that apply to this completion (``None`` scores
+are left out, as TRL leaves out ``None`` rewards), clipped to ``[-1, 1]`` (S5). The built-in components:
 
-Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward
-model) is caught for that component alone. It is counted (:attr:`CompositeReward.error_counts`), reported in
-``RewardResult.errors`` (component name -> ``"ExceptionType: message"``) and in that component's reason,
-warned about once per :class:`CompositeReward` (so once per env) with the exception text, and then
-``on_error`` decides: ``"zero"`` (default) scores that component 0 and goes on, ``"raise"`` re-raises it.
-A reward model that returns the wrong number of scores, or a non-finite score, counts as an error too.
+- ``syntax`` (0.3): the R1-Zero template followed exactly once (:func:`~grpo_gym.rewards.components.syntax_score`);
+- ``consistency`` (0.4): rule-based (:func:`~grpo_gym.rewards.components.consistency_score`; ``None`` where the task
+  cannot say what a reasoning concluded), or the reward model's score of ``(prompt_text, completion)`` when one is
+  configured (S6 step 3);
+- ``task`` (0.3): the task's verifier, with partial credit where the verdict gives a score;
+- ``length`` (0): DAPO's soft overlong penalty, in ``[-1, 0]`` (:func:`~grpo_gym.rewards.components.length_score`),
+  when the token budget and the completion's token ids are known.
+
+Your functions (``reward_funcs={"name": fn}``, TRL's signature, see :mod:`grpo_gym.rewards.functions`) are
+components too, of weight 1 by default. Weights may be negative (a penalty). The progressive activation of S20 is a
+schedule over ``set_weights({"consistency": w})``. A batch is scored with one call per function and one reward-model
+forward (:meth:`CompositeReward.score_batch`).
+
+Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
+a reward function, a function's bad output) is caught for that component alone. It is counted
+(:attr:`CompositeReward.error_counts`, per completion), reported in ``RewardResult.errors`` (component name ->
+``"ExceptionType: message"``) and in that component's reason, warned about once per :class:`CompositeReward` (so
+once per env) with the exception text, and then ``on_error`` decides: ``"zero"`` (default) scores that component 0
+and goes on, ``"raise"`` re-raises it.
 """
 
 from __future__ import annotations
@@ -20,21 +29,27 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from grpo_gym.rewards.components import consistency_score, syntax_score, task_score
+from grpo_gym.rewards.components import consistency_score, length_score, syntax_score, task_score
+from grpo_gym.rewards.functions import RewardLogs, call_reward_funcs, check_reward_funcs
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
-from grpo_gym.validation import ArgumentError, check_choice, check_float, check_mapping
+from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int, check_mapping
 
 if TYPE_CHECKING:
     from grpo_gym.tasks.base import Problem, Task
 
-COMPONENTS = ("syntax", "consistency", "task")
-DEFAULT_WEIGHTS = {"syntax": 0.3, "consistency": 0.4, "task": 0.3}
+BUILTIN_COMPONENTS = ("syntax", "consistency", "task", "length")
+COMPONENTS = BUILTIN_COMPONENTS
+DEFAULT_WEIGHTS = {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0}
+FUNCTION_WEIGHT = 1.0
+"""The default weight of a reward function (TRL's)."""
 ON_ERROR = ("zero", "raise")
 _MAX_ERROR_CHARS = 300
+Scored = tuple[float | None, str, str | None]  # (score, reason, error text)
+ModelScore = float | BaseException | None
 
 
 class Scorer(Protocol):
@@ -47,30 +62,25 @@ class Scorer(Protocol):
 class RewardResult:
     """The reward of one completion.
 
-    :param total: the weighted sum of the components, clipped to ``[-1, 1]``
-    :param components: ``{"syntax", "consistency", "task"}`` scores, each in ``[0, 1]``
-    :param is_success: whether the task component is 1 (the verifier accepted the answer)
+    :param total: the weighted sum of the components that apply, clipped to ``[-1, 1]``
+    :param components: every component's score (``None`` where it does not apply), built-ins first
+    :param is_success: whether the task component is 1 (full credit)
     :param reasons: a short non-empty explanation per component
     :param answer: the extracted answer (``None`` when there is no unambiguous one)
     :param errors: component name -> ``"ExceptionType: message"`` for each component whose scoring raised
         (empty when none did); such a component scored 0
+    :param metrics: what reward functions logged with ``log_metric`` for this completion's batch
+    :param extra: what reward functions logged with ``log_extra`` for this completion
     """
 
     total: float
-    components: dict[str, float]
+    components: dict[str, float | None]
     is_success: bool
     reasons: dict[str, str]
     answer: str | None = None
     errors: dict[str, str] = field(default_factory=dict)
-
-
-def _check_weights(mapping: Mapping[str, float]) -> dict[str, float]:
-    valid = ", ".join(COMPONENTS)
-    checked = check_mapping("reward_weights", mapping, COMPONENTS, allow_none=False)
-    return {
-        key: check_float(f"weight of {key!r}", value, low=0.0, hint=f"valid keys: {valid}")  # type: ignore[misc]
-        for key, value in checked.items()
-    }
+    metrics: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def error_text(exc: BaseException) -> str:
@@ -79,21 +89,34 @@ def error_text(exc: BaseException) -> str:
 
 
 def _rm_text(completion: object) -> str:
-    """The completion text shown to the reward model (decoded, capped at the parser's length limit)."""
+    """The completion text shown to the reward model and to reward functions (decoded, capped at the parser's
+    length limit)."""
     text = completion_text(completion)
     return "" if text is None else text[:MAX_COMPLETION_CHARS]
 
 
-class CompositeReward:
-    """Weighted sum of the S2 reward components for one completion. Never raises on any completion.
+def problem_columns(task: Task, problems: Sequence[Problem]) -> dict[str, list[Any]]:
+    """The problems' reward columns as lists aligned with them (a column a problem lacks is ``None`` there)."""
+    rows = [task.reward_columns(problem) for problem in problems]
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return {name: [row.get(name) for row in rows] for name in names}
 
-    :param weights: component weights; missing keys keep their default (``DEFAULT_WEIGHTS``). Valid keys:
-        ``"syntax"``, ``"consistency"``, ``"task"``; values must be finite and >= 0
+
+class CompositeReward:
+    """Weighted sum of named reward components for a batch of completions. Never raises on any completion.
+
+    :param weights: component weights; missing keys keep their default (``DEFAULT_WEIGHTS``, 1 for a reward
+        function). Keys: the built-in components and the names of ``reward_funcs``; values finite (may be negative)
     :param reward_model: a :class:`~grpo_gym.rewards.reward_model.RewardModelScorer`, any object with a
         compatible ``score(prompts, completions)`` method, or a path to load one from. When given, it
         replaces the rule-based consistency component
     :param on_error: what an exception raised while scoring a component does (see the module docstring):
         ``"zero"`` (that component scores 0, the error is reported and counted) or ``"raise"`` (re-raised)
+    :param reward_funcs: ``{name: fn}`` with TRL's signature (see :mod:`grpo_gym.rewards.functions`)
+    :param max_new_tokens: the completion budget the ``length`` component measures against (``None``: ``length``
+        does not apply)
+    :param overlong_buffer: the ``length`` component's buffer in tokens (default: a quarter of ``max_new_tokens``)
+    :param column_names: called when a reward function requires a named argument: the columns the task provides
     """
 
     def __init__(
@@ -101,8 +124,13 @@ class CompositeReward:
         weights: Mapping[str, float] | None = None,
         reward_model: Scorer | str | os.PathLike[str] | None = None,
         on_error: str = "zero",
+        reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        max_new_tokens: int | None = None,
+        overlong_buffer: int | None = None,
+        column_names: Callable[[], Collection[str] | None] | None = None,
     ) -> None:
-        self._weights = dict(DEFAULT_WEIGHTS)
+        self.reward_funcs = check_reward_funcs(reward_funcs, BUILTIN_COMPONENTS, column_names)
+        self._weights = {**DEFAULT_WEIGHTS, **dict.fromkeys(self.reward_funcs, FUNCTION_WEIGHT)}
         if weights is not None:
             self.set_weights(weights)
         if isinstance(reward_model, (str, os.PathLike)):
@@ -116,14 +144,30 @@ class CompositeReward:
             )
         self.reward_model = reward_model
         self.on_error: str = check_choice("on_reward_error", on_error, ON_ERROR)
-        self.error_counts = dict.fromkeys(COMPONENTS, 0)
-        """How many times each component's scoring raised, since construction."""
+        self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, allow_none=True)
+        default_buffer = None if self.max_new_tokens is None else max(1, self.max_new_tokens // 4)
+        self.overlong_buffer = check_int(
+            "overlong_buffer",
+            default_buffer if overlong_buffer is None else overlong_buffer,
+            low=1,
+            high=self.max_new_tokens,
+            allow_none=True,
+            hint=f"at most max_new_tokens ({self.max_new_tokens})",
+        )
+        self.error_counts = dict.fromkeys(self._weights, 0)
+        """How many completions each component's scoring raised for, since construction."""
         self._warned = False
 
     def __repr__(self) -> str:
         return (
-            f"CompositeReward(weights={self._weights}, reward_model={self.reward_model!r}, on_error={self.on_error!r})"
+            f"CompositeReward(weights={self._weights}, reward_model={self.reward_model!r}, on_error={self.on_error!r}, "
+            f"reward_funcs={list(self.reward_funcs)})"
         )
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The component names: the built-ins, then the reward functions."""
+        return tuple(self._weights)
 
     @property
     def weights(self) -> dict[str, float]:
@@ -133,20 +177,20 @@ class CompositeReward:
     def set_weights(self, mapping: Mapping[str, float]) -> None:
         """Update some or all weights (the others keep their value); nothing changes when one is invalid.
 
-        :param mapping: ``{component: weight}`` with keys among ``"syntax"``, ``"consistency"``, ``"task"``
-        :raises ValueError: on an unknown key or a negative or non-finite weight
+        :param mapping: ``{component: weight}`` with keys among :attr:`names`; finite numbers, negative allowed
+        :raises ValueError: on an unknown key or a non-finite weight
         """
-        self._weights.update(_check_weights(mapping))
+        valid = ", ".join(self._weights)
+        checked = check_mapping("reward_weights", mapping, self._weights, allow_none=False)
+        self._weights.update(
+            {
+                key: check_float(f"weight of {key!r}", value, hint=f"valid keys: {valid}")  # type: ignore[misc]
+                for key, value in checked.items()
+            }
+        )
 
     def __call__(self, task: Task, problem: Problem, completion: str | bytes, prompt_text: str = "") -> RewardResult:
-        """Score one completion.
-
-        :param task: the task family that made ``problem``
-        :param problem: the problem the completion answers
-        :param completion: the completion (text after the prompt), ``str`` or UTF-8 ``bytes``
-        :param prompt_text: the prompt shown to the model, used only by a configured reward model
-        :return: the total, the components, success, the reasons and the errors
-        """
+        """Score one completion (see :meth:`score_batch`)."""
         return self.score_batch(task, [problem], [completion], [prompt_text])[0]
 
     def score_batch(
@@ -155,26 +199,42 @@ class CompositeReward:
         problems: Sequence[Problem],
         completions: Sequence[str | bytes],
         prompt_texts: Sequence[str] | None = None,
+        completion_ids: Sequence[Sequence[int]] | None = None,
     ) -> list[RewardResult]:
-        """Score many completions; a configured reward model sees them all in one call.
+        """Score many completions: each reward function is called once and the reward model runs once for all.
 
         :param task: the task family that made the problems
         :param problems: one problem per completion
         :param completions: the completions, ``str`` or UTF-8 ``bytes``
-        :param prompt_texts: one prompt per completion for the reward model (default: empty prompts)
+        :param prompt_texts: one prompt per completion, for the reward model and reward functions (default: empty)
+        :param completion_ids: each completion's token ids, EOS included (for ``length`` and reward functions;
+            default: unknown, ``length`` does not apply and functions get ``None``)
         :return: one :class:`RewardResult` per completion, in order
         """
-        if len(problems) != len(completions):
-            raise ValueError(f"got {len(problems)} problems but {len(completions)} completions")
-        if prompt_texts is None:
-            prompt_texts = [""] * len(completions)
-        elif len(prompt_texts) != len(completions):
-            raise ValueError(f"got {len(prompt_texts)} prompt_texts but {len(completions)} completions")
+        n = len(completions)
+        if len(problems) != n:
+            raise ValueError(f"got {len(problems)} problems but {n} completions")
+        prompts = [""] * n if prompt_texts is None else [str(p) for p in prompt_texts]
+        if len(prompts) != n:
+            raise ValueError(f"got {len(prompts)} prompt_texts but {n} completions")
+        ids = [None] * n if completion_ids is None else [[int(t) for t in row] for row in completion_ids]
+        if len(ids) != n:
+            raise ValueError(f"got {len(ids)} completion_ids but {n} completions")
         parsed = [parse_completion(c) for c in completions]
-        model_scores: list[float | BaseException | None] = [None] * len(completions)
-        if self.reward_model is not None and completions:
-            model_scores = self._model_scores([str(p) for p in prompt_texts], [_rm_text(c) for c in completions])
-        return [self._combine(task, pr, p, s) for pr, p, s in zip(problems, parsed, model_scores, strict=True)]
+        texts = [_rm_text(c) for c in completions] if self.reward_model is not None or self.reward_funcs else []
+        model_scores: list[float | BaseException | None] = [None] * n
+        if self.reward_model is not None and n:
+            model_scores = self._model_scores(prompts, texts)
+        logs = RewardLogs(n)
+        user = self._function_scores(task, problems, prompts, texts, ids, logs) if self.reward_funcs and n else {}
+        results = []
+        for i, problem in enumerate(problems):
+            scored = self._builtins(task, problem, parsed[i], model_scores[i], ids[i])
+            for name, values in user.items():
+                scored[name] = self._function_value(name, values[i])
+            extra = {column: values[i] for column, values in logs.extra.items()}
+            results.append(self._result(scored, parsed[i], logs.metrics, extra))
+        return results
 
     def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException]:
         """One score per completion from the reward model, or the exception it raised (for each completion)."""
@@ -190,10 +250,42 @@ class CompositeReward:
         bad = ValueError("the reward model returned a non-finite score")
         return [score if math.isfinite(score) else bad for score in scores]
 
-    def _failed(self, name: str, exc: BaseException) -> tuple[float, str, str]:
+    def _function_scores(
+        self,
+        task: Task,
+        problems: Sequence[Problem],
+        prompts: list[str],
+        texts: list[str],
+        ids: list[Any],
+        logs: RewardLogs,
+    ) -> dict[str, list[float | BaseException | None]]:
+        """One call per reward function for the whole batch; per function, one value per completion."""
+        n = len(problems)
+        try:
+            columns = problem_columns(task, problems)
+        except Exception as exc:  # a task's reward_columns raised: every function errs
+            return {name: [exc] * n for name in self.reward_funcs}
+        kwargs = {
+            **columns,
+            "prompts": prompts,
+            "completions": texts,
+            "completion_ids": ids,
+            "trainer_state": None,
+            "log_extra": logs.log_extra,
+            "log_metric": logs.log_metric,
+        }
+        values = call_reward_funcs(self.reward_funcs, kwargs, n)
+        if self.on_error == "raise":
+            for name, row in values.items():
+                first = next((v for v in row if isinstance(v, BaseException)), None)
+                if first is not None:
+                    self._failed(name, first)  # counts, warns and re-raises
+        return values
+
+    def _failed(self, name: str, exc: BaseException) -> Scored:
         """Count and report an exception of component ``name``; re-raise it when ``on_error="raise"``."""
         text = error_text(exc)
-        self.error_counts[name] += 1
+        self.error_counts[name] = self.error_counts.get(name, 0) + 1
         if not self._warned:
             self._warned = True
             warnings.warn(
@@ -206,19 +298,23 @@ class CompositeReward:
             raise exc
         return 0.0, f"error: {text}", text
 
-    def _component(self, name: str, fn: Callable[..., tuple[float, str]], *args: Any) -> tuple[float, str, str | None]:
+    def _component(self, name: str, fn: Callable[..., tuple[float | None, str]], *args: Any) -> Scored:
         try:
             score, reason = fn(*args)
-            return float(score), str(reason), None
+            return (None if score is None else float(score)), str(reason), None
         except Exception as exc:
             return self._failed(name, exc)
 
-    def _combine(
-        self, task: Task, problem: Problem, parsed: ParsedCompletion, model_score: float | BaseException | None
-    ) -> RewardResult:
-        scores: dict[str, float] = {}
-        reasons: dict[str, str] = {}
-        errors: dict[str, str] = {}
+    def _function_value(self, name: str, value: float | BaseException | None) -> Scored:
+        if isinstance(value, BaseException):
+            return self._failed(name, value)
+        if value is None:
+            return None, "not applicable (the function returned None)", None
+        return value, f"{value:.4g}", None
+
+    def _builtins(
+        self, task: Task, problem: Problem, parsed: ParsedCompletion, model_score: ModelScore, ids: Any
+    ) -> dict[str, Scored]:
         if model_score is None:
             consistency = self._component("consistency", consistency_score, task, problem, parsed)
         elif isinstance(model_score, BaseException):
@@ -226,20 +322,26 @@ class CompositeReward:
         else:
             value = min(1.0, max(0.0, model_score))
             consistency = value, f"reward model score {value:.4f}", None
-        for name, (score, reason, error) in (
-            ("syntax", self._component("syntax", syntax_score, parsed)),
-            ("consistency", consistency),
-            ("task", self._component("task", task_score, task, problem, parsed)),
-        ):
-            scores[name], reasons[name] = score, reason
-            if error is not None:
-                errors[name] = error
-        total = sum(self._weights[name] * value for name, value in scores.items())
+        length = None if ids is None else len(ids)
+        return {
+            "syntax": self._component("syntax", syntax_score, parsed),
+            "consistency": consistency,
+            "task": self._component("task", task_score, task, problem, parsed),
+            "length": self._component("length", length_score, length, self.max_new_tokens, self.overlong_buffer),
+        }
+
+    def _result(
+        self, scored: dict[str, Scored], parsed: ParsedCompletion, metrics: dict[str, float], extra: dict[str, Any]
+    ) -> RewardResult:
+        scores = {name: score for name, (score, _, _) in scored.items()}
+        total = sum(self._weights[name] * value for name, value in scores.items() if value is not None)
         return RewardResult(
             total=min(1.0, max(-1.0, total)),
             components=scores,
             is_success=scores["task"] == 1.0,
-            reasons=reasons,
+            reasons={name: reason for name, (_, reason, _) in scored.items()},
             answer=parsed.answer,
-            errors=errors,
+            errors={name: error for name, (_, _, error) in scored.items() if error is not None},
+            metrics=dict(metrics),
+            extra=extra,
         )

@@ -3,10 +3,15 @@
 A task family maps a ``difficulty`` in ``[MIN_DIFFICULTY, MAX_DIFFICULTY]`` to problem hardness monotonically,
 checks an answer string without ever executing it, and writes a gold step-by-step solution (the cold-start
 SFT data of S20). Tasks hold no per-episode state, so one instance can serve many environments.
+
+Beyond that contract a task says which fields of a problem reward functions receive (:meth:`Task.reward_columns`),
+whether the rule-based consistency score applies to a problem (:meth:`Task.concludes`), and where its held-out
+problems come from (:meth:`Task.eval_problems`, :attr:`Task.eval_source`).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -19,7 +24,33 @@ from grpo_gym.validation import check_float, check_int
 MIN_DIFFICULTY = 0.1
 MAX_DIFFICULTY = 1.0
 
+HELD_OUT_SEED = 10**12
+"""Held-out problems of procedural tasks come from seeds ``HELD_OUT_SEED + seed * n + i``; training draws its seeds
+from the env's own generator, so they are different draws."""
+
+MAX_NUMBER_CHARS = 64
+RESERVED_COLUMNS = frozenset(
+    {"prompt", "prompts", "completion", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric"}
+)
+"""Names a problem column cannot take when passed to a reward function (the call's own keyword arguments)."""
+
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(r"[+-]?\d+\.?")
+
+
+def parse_number(text: str) -> int | float | None:
+    """Read a decimal number (``42``, ``-3.5``, ``1e-3``, ``7.``), or ``None``; length-capped, never raises.
+
+    Integers (no fraction or exponent) come back as ``int`` so they compare exactly.
+    """
+    s = text.strip() if isinstance(text, str) else ""
+    if not s or len(s) > MAX_NUMBER_CHARS or not s.isascii() or _DECIMAL.fullmatch(s) is None:
+        return None
+    if _INTEGER.fullmatch(s):
+        return int(s.rstrip("."))
+    value = float(s)
+    return value if math.isfinite(value) else None
 
 
 def check_difficulty(difficulty: float, name: str = "difficulty") -> float:
@@ -61,10 +92,15 @@ class Problem:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The verifier's judgement of one answer: ``correct`` and, when not, a short human-readable reason."""
+    """The verifier's judgement of one answer: ``correct`` and, when not, a short human-readable reason.
+
+    ``score`` gives partial credit: a number in [0, 1] that becomes the ``task`` reward component (``None``:
+    1 when ``correct``, else 0). Full credit (``score == 1``) is what counts as success.
+    """
 
     correct: bool
     reason: str = ""
+    score: float | None = None
 
 
 class Task(ABC):
@@ -104,6 +140,12 @@ class Task(ABC):
         numbers = _NUMBER.findall(reasoning[-4096:])
         return numbers[-1] if numbers else None
 
+    def concludes(self, problem: Problem) -> bool:
+        """Whether :meth:`conclusion` can say what a reasoning about ``problem`` concluded, so that the rule-based
+        consistency score applies (otherwise that component is ``None``: not applicable). By default: when the
+        reference answer is a number (the conclusion is the reasoning's last number)."""
+        return parse_number(problem.answer) is not None
+
     def key_terms(self, problem: Problem) -> list[str]:
         """Terms a reasoning about this problem mentions: by default the numbers in the prompt."""
         return _NUMBER.findall(problem.prompt)
@@ -111,6 +153,30 @@ class Task(ABC):
     def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
         """Whether two answer strings say the same thing (default: equal after stripping spaces)."""
         return "".join(first.split()) == "".join(second.split())
+
+    def reward_columns(self, problem: Problem) -> dict[str, Any]:
+        """The problem's fields as reward functions receive them (TRL passes a dataset's columns the same way): by
+        default ``answer``, ``difficulty`` and the entries of ``problem.metadata`` (names in
+        :data:`RESERVED_COLUMNS` left out)."""
+        columns = {key: value for key, value in problem.metadata.items() if key not in RESERVED_COLUMNS}
+        columns.update(answer=problem.answer, difficulty=problem.difficulty)
+        return columns
+
+    #: where :meth:`eval_problems` takes its problems from, as the held-out table shows it
+    eval_source: ClassVar[str] = "new seeds"
+
+    def eval_problems(self, n: int, difficulty: float, seed: int = 0) -> list[Problem]:
+        """``n`` held-out problems at ``difficulty``, the same set every time for the same ``seed``: by default the
+        problems of seeds ``HELD_OUT_SEED + seed * n + i`` (procedural tasks; a task with a small problem space can
+        still repeat a training problem by content). Tasks read from data return their eval split.
+
+        :param n: how many problems (a task with an eval split may return fewer: all of its eligible rows)
+        :param difficulty: the level, in [0.1, 1.0]
+        :param seed: selects the set
+        """
+        n = check_int("n", n, low=0)  # type: ignore[assignment]
+        seed = check_int("seed", seed, low=0)  # type: ignore[assignment]
+        return [self.sample_seeded(difficulty, HELD_OUT_SEED + seed * n + i) for i in range(n)]
 
     def get_state(self) -> dict[str, Any] | None:
         """The task's own sampler state as JSON-serialisable data, or ``None`` when it has none (the default:

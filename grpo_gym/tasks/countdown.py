@@ -148,6 +148,10 @@ class CountdownTask(Task):
         steps = evaluate(problem.answer, record_steps=True, max_length=10_000).steps
         return ", ".join(steps), problem.answer
 
+    def concludes(self, problem: Problem) -> bool:
+        """Always: the gold reasoning ends with the target, and an expression answer agrees with a number by value."""
+        return True
+
     def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
         """Whether both parse to the same value (so ``"97"`` agrees with ``"25*4-3"``), else equal text."""
         a, _ = try_evaluate(first)

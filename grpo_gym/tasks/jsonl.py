@@ -8,53 +8,23 @@ The file must be UTF-8 (a byte-order mark is skipped) with lines of at most ``ma
 (:data:`~grpo_gym.validation.MAX_LINE_BYTES`, 16 MiB, by default); anything else is an error naming the file
 and the line. A prompt longer than the env's window costs only ``O(context_length)`` tokens per reset (the env
 keeps its newest part), so long rows are fine up to that limit.
+
+``eval_data`` names a second file of the same format: the held-out split that ``grpo-gym eval`` and the held-out
+table use. Without it, held-out problems are drawn from the training file, with a warning (see
+:mod:`grpo_gym.tasks.rows`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
-from bisect import bisect_right
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
-
-from grpo_gym.tasks.base import MAX_DIFFICULTY, Problem, Task, Verdict, check_difficulty
+from grpo_gym.tasks.base import MAX_NUMBER_CHARS, check_difficulty, parse_number
+from grpo_gym.tasks.rows import Row, RowTask
 from grpo_gym.validation import MAX_LINE_BYTES, check_int, check_path, read_lines
 
-MAX_NUMBER_CHARS = 64
-_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
-_INTEGER = re.compile(r"[+-]?\d+\.?")
-
-
-class Row(NamedTuple):
-    """One validated line of the file."""
-
-    prompt: str
-    answer: str
-    solution: str | None
-    difficulty: float | None
-    line: int
-
-
-def parse_number(text: str) -> int | float | None:
-    """Read a decimal number (``42``, ``-3.5``, ``1e-3``, ``7.``), or ``None``; length-capped, never raises.
-
-    Integers (no fraction or exponent) come back as ``int`` so they compare exactly.
-    """
-    s = text.strip()
-    if not s or len(s) > MAX_NUMBER_CHARS or not s.isascii() or _NUMBER.fullmatch(s) is None:
-        return None
-    if _INTEGER.fullmatch(s):
-        return int(s.rstrip("."))
-    value = float(s)
-    return value if math.isfinite(value) else None
-
-
-def _normalise(text: str) -> str:
-    return " ".join(text.split()).casefold()
+__all__ = ["MAX_NUMBER_CHARS", "JsonlTask", "Row", "load_rows", "parse_number"]
 
 
 def _check_row(obj: Any, line: int, where: str) -> Row:
@@ -114,71 +84,26 @@ def load_rows(path: str | os.PathLike[str], max_line_bytes: int = MAX_LINE_BYTES
     return rows
 
 
-class JsonlTask(Task):
-    """Problems read from a JSON-lines file (see the module docstring for the format).
-
-    Sampling: when rows carry difficulties, uniform among rows with ``difficulty <= level`` (the easiest
-    rows when none qualifies), so hardness is monotone in the level; otherwise uniform over all rows.
-    Verifying: numeric comparison when both sides read as numbers (integers exactly; otherwise within
-    ``1e-6 * max(1, |reference|)``), else exact match after collapsing whitespace and case-folding.
+class JsonlTask(RowTask):
+    """Problems read from a JSON-lines file (see the module docstring for the format, and
+    :mod:`grpo_gym.tasks.rows` for sampling, verifying and the held-out split).
 
     :param path: the JSON-lines file
     :param max_line_bytes: the longest accepted line, in bytes (16 MiB by default)
+    :param eval_data: a second JSON-lines file of the same format: the held-out split (``None``: none)
     """
 
     name = "jsonl"
 
-    def __init__(self, path: str | os.PathLike[str], max_line_bytes: int = MAX_LINE_BYTES):
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        max_line_bytes: int = MAX_LINE_BYTES,
+        eval_data: str | os.PathLike[str] | None = None,
+    ):
         self.path = check_path("path", path, what="a JSON-lines file")
         self.max_line_bytes = check_int("max_line_bytes", max_line_bytes, low=1)
+        self.eval_path = None if eval_data is None else check_path("eval_data", eval_data, what="a JSON-lines file")
         rows = load_rows(self.path, self.max_line_bytes)
-        self.graded = rows[0].difficulty is not None
-        if self.graded:
-            rows.sort(key=lambda row: row.difficulty)  # type: ignore[arg-type, return-value]
-        self.rows = rows
-        self._levels = [row.difficulty or MAX_DIFFICULTY for row in rows]
-        self._easiest = self._levels.count(self._levels[0])
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def sample(self, difficulty: float, rng: np.random.Generator) -> Problem:
-        """Draw one row eligible at ``difficulty`` (one ``rng.integers`` call)."""
-        difficulty = check_difficulty(difficulty)
-        if self.graded:
-            eligible = bisect_right(self._levels, difficulty + 1e-9) or self._easiest
-        else:
-            eligible = len(self.rows)
-        index = int(rng.integers(eligible))
-        row = self.rows[index]
-        return Problem(
-            prompt=row.prompt,
-            answer=row.answer,
-            task=self.name,
-            difficulty=difficulty,
-            solution=row.solution,
-            metadata={"line": row.line, "row_difficulty": row.difficulty},
-        )
-
-    def verify(self, problem: Problem, answer: str) -> Verdict:
-        """Correct iff ``answer`` matches ``problem.answer`` numerically, or as normalised text."""
-        if not isinstance(answer, str):
-            return Verdict(False, "answer is not text")
-        if not answer.strip():
-            return Verdict(False, "empty answer")
-        if self.answers_agree(problem, answer, problem.answer):
-            return Verdict(True)
-        return Verdict(False, "wrong value" if parse_number(answer) is not None else "does not match the answer")
-
-    def solution(self, problem: Problem) -> tuple[str, str]:
-        """``(the row's solution or "", the answer)``."""
-        return problem.solution or "", problem.answer
-
-    def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
-        """Numeric agreement when both read as numbers, else equal after normalising whitespace and case."""
-        a, b = parse_number(first), parse_number(second)
-        if a is not None and b is not None:
-            if isinstance(a, int) and isinstance(b, int):
-                return a == b
-            return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-        return _normalise(first) == _normalise(second)
+        eval_rows = None if self.eval_path is None else load_rows(self.eval_path, self.max_line_bytes)
+        super().__init__(rows, eval_rows)

@@ -1,0 +1,201 @@
+"""Your reward functions, with TRL's signature: ``fn(prompts, completions, **kwargs) -> list[float | None]``.
+
+The same function object works in TRL's ``GRPOTrainer(reward_funcs=[fn])`` and here
+(``gym.make("R1Zero-v0", reward_funcs={"name": fn})``). It is called once per batch of completions with keyword
+arguments, as TRL calls it:
+
+- ``prompts``: the prompt texts the model was shown (the template around the question), one per completion;
+- ``completions``: the completion texts (decoded up to EOS, special tokens dropped);
+- ``completion_ids``: the completion token ids up to and including EOS, as lists of ints;
+- every problem column, as a list aligned with the prompts: ``answer``, ``difficulty``, the task's own fields, and
+  for the ``dataset`` task every column of your data by its own name (:meth:`Task.reward_columns`);
+- ``log_metric(name, value)`` and ``log_extra(column, values)``: what the function logs reaches ``info``
+  (``info["reward_metrics"]``, ``info["reward_extra"]``) and TensorBoard (``rollout/reward_metric/<name>``);
+- ``trainer_state``: ``None`` (an env has no trainer; TRL passes its ``TrainerState``).
+
+Not passed: TRL's ``environments`` (its tool-calling environments). ``None`` in the returned list means "not
+applicable": that completion's component is left out of the weighted sum, as in TRL. Numbers (booleans count as
+0/1) must be finite. ``async def`` functions (and callables whose ``__call__`` is async) are awaited; several are
+gathered concurrently on one event loop that runs in a daemon thread of this process, as TRL does.
+
+A function must accept ``**kwargs`` (the env passes all of the above), must not take arguments positionally only,
+and may require by name only arguments the env passes; :func:`check_reward_function` says so when the env is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+import os
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+from grpo_gym.validation import ArgumentError
+
+PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+"""The keyword arguments every call passes besides the problem columns."""
+
+RewardFunc = Callable[..., Any]
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def is_async(fn: Any) -> bool:
+    """Whether calling ``fn`` returns a coroutine by definition (``async def``, or an async ``__call__``)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
+
+
+def check_reward_function(name: str, fn: Any, column_names: Callable[[], Collection[str] | None] | None = None) -> None:
+    """Refuse, naming ``name`` and the fix, a function the env cannot call with TRL's arguments.
+
+    :param name: the function's name in ``reward_funcs``
+    :param fn: the function
+    :param column_names: called (only when ``fn`` requires a named argument) for the problem columns the task gives
+    :raises ArgumentError: when ``fn`` is not callable, takes no ``**kwargs``, takes a required argument positionally
+        only, or requires an argument that is neither passed nor a column of the task
+    """
+    if not callable(fn):
+        raise ArgumentError(
+            f"reward_funcs[{name!r}] must be a function fn(prompts, completions, **kwargs) -> list[float | None] "
+            f"(TRL's signature), got {type(fn).__name__}"
+        )
+    try:
+        parameters = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (some builtins): checked at the first call
+        return
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        raise ArgumentError(
+            f"reward function {name!r} must accept **kwargs: the env calls it as TRL does, with prompts, "
+            "completions, completion_ids, trainer_state, log_extra, log_metric and every problem column by keyword; "
+            "define it as def fn(prompts, completions, **kwargs)"
+        )
+    for p in parameters:
+        if p.kind is p.POSITIONAL_ONLY and p.default is p.empty:
+            raise ArgumentError(f"reward function {name!r} takes {p.name!r} positionally only; the env passes keywords")
+    required = [
+        p.name
+        for p in parameters
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and p.name not in PASSED
+    ]
+    known = column_names() if required and column_names is not None else None
+    missing = [argument for argument in required if known is not None and argument not in known]
+    if missing:
+        raise ArgumentError(
+            f"reward function {name!r} requires {', '.join(map(repr, missing))}, which the task does not provide; "
+            f"its columns: {', '.join(sorted(known or ()))} (give the argument a default, or rename it)"
+        )
+
+
+def check_reward_funcs(
+    reward_funcs: Any, reserved: Collection[str], column_names: Callable[[], Collection[str] | None] | None = None
+) -> dict[str, RewardFunc]:
+    """``reward_funcs`` as a ``{name: function}`` dict, every function checked (:func:`check_reward_function`).
+
+    :param reward_funcs: ``None`` or a mapping of names to functions
+    :param reserved: names taken by the built-in components
+    :param column_names: see :func:`check_reward_function`
+    """
+    if reward_funcs is None:
+        return {}
+    if not isinstance(reward_funcs, Mapping):
+        raise ArgumentError(
+            f"reward_funcs must be a dict {{name: function}} (names label the components), got {type(reward_funcs)}"
+        )
+    checked: dict[str, RewardFunc] = {}
+    for name, fn in reward_funcs.items():
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ArgumentError(f"reward_funcs: names must be non-empty strings without '/', got {name!r}")
+        if name in reserved:
+            raise ArgumentError(
+                f"reward_funcs: {name!r} is a built-in component ({', '.join(reserved)}); choose another name "
+                "(set a built-in's weight to 0 in reward_weights to turn it off)"
+            )
+        check_reward_function(name, fn, column_names)
+        checked[name] = fn
+    return checked
+
+
+class RewardLogs:
+    """What the functions of one batch logged through ``log_metric`` and ``log_extra``."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.metrics: dict[str, float] = {}
+        self.extra: dict[str, list[Any]] = {}
+
+    def log_metric(self, name: str, value: float) -> None:
+        """TRL's ``log_metric``: one number for the batch (shown per completion in ``info["reward_metrics"]``)."""
+        self.metrics[str(name)] = float(value)
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """TRL's ``log_extra``: one value per completion (``info["reward_extra"][column]``)."""
+        values = list(values)
+        if len(values) != self.n:
+            raise ValueError(f"log_extra({column!r}, ...) got {len(values)} values for {self.n} completions")
+        self.extra[str(column)] = values
+
+
+def _values(name: str, output: Any, n: int) -> list[float | BaseException | None]:
+    """A function's output as one value per completion: a float, ``None``, or the error that value is."""
+    if isinstance(output, (str, bytes)) or (not isinstance(output, Sequence) and not hasattr(output, "tolist")):
+        raise TypeError(f"reward function {name!r} returned {type(output).__name__}, not a list of floats")
+    output = output.tolist() if hasattr(output, "tolist") else list(output)
+    if len(output) != n:
+        raise ValueError(f"reward function {name!r} returned {len(output)} rewards for {n} completions")
+    values: list[float | BaseException | None] = []
+    for value in output:
+        try:
+            number = None if value is None else float(value)
+        except (TypeError, ValueError):
+            values.append(TypeError(f"reward function {name!r} returned {value!r}, not a number or None"))
+            continue
+        if number is not None and not math.isfinite(number):
+            values.append(ValueError(f"reward function {name!r} returned a non-finite reward ({number})"))
+        else:
+            values.append(number)
+    return values
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This process's reward event loop, running in a daemon thread (started on first use, again after a fork)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="grpo-gym-reward-loop", daemon=True).start()
+            _LOOP = (os.getpid(), loop)
+        return _LOOP[1]
+
+
+async def _gather(calls: dict[str, Any]) -> list[Any]:
+    return await asyncio.gather(*calls.values(), return_exceptions=True)
+
+
+def call_reward_funcs(
+    funcs: Mapping[str, RewardFunc], kwargs: dict[str, Any], n: int
+) -> dict[str, list[float | BaseException | None]]:
+    """Call every function once with ``kwargs`` (sync ones in order, async ones gathered); per function, one value
+    per completion (a float, ``None``, or the exception that stands for it: all of them when the call raised)."""
+    results: dict[str, list[float | BaseException | None]] = {}
+    pending: dict[str, Any] = {}
+    for name, fn in funcs.items():
+        try:
+            output = fn(**kwargs)
+            if inspect.isawaitable(output):
+                pending[name] = output
+                continue
+            results[name] = _values(name, output, n)
+        except Exception as exc:
+            results[name] = [exc] * n
+    if pending:
+        outputs = asyncio.run_coroutine_threadsafe(_gather(pending), _event_loop()).result()
+        for name, output in zip(pending, outputs, strict=True):
+            try:
+                if isinstance(output, BaseException):
+                    raise output
+                results[name] = _values(name, output, n)
+            except Exception as exc:
+                results[name] = [exc] * n
+    return {name: results[name] for name in funcs}

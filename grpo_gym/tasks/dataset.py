@@ -1,0 +1,210 @@
+"""The ``dataset`` task: problems from your own data, with the column names you use.
+
+``task="dataset"`` with ``task_kwargs={"data": ..., "prompt": "question", "answer": "answer"}``. ``data`` (and
+``eval_data``, the held-out split) is any of:
+
+- a Hugging Face ``datasets.Dataset`` (one split: ``ds["train"]``, not a ``DatasetDict``);
+- a list of dicts (one per row);
+- the path of a ``.jsonl`` file (one JSON object per line), a ``.json`` file (an array of objects, or JSON lines
+  as ``Dataset.to_json`` writes them), a ``.csv`` file (a header row; UTF-8) or a ``.parquet`` file (needs
+  ``pyarrow``: ``pip install grpo-gym[datasets]``).
+
+Columns: ``prompt`` (the question, a non-empty string) and ``answer`` (a string or a number) are required;
+``solution`` (gold reasoning for the cold start) and ``difficulty`` (a number in [0.1, 1.0], every row) are
+optional. Every column of a row — these and all the others — reaches reward functions by its own name, as TRL
+passes a dataset's columns (:meth:`RowTask.reward_columns`); values are kept as plain JSON data (numbers, strings,
+lists, dicts; numpy values as Python ones, anything else as its ``str``). Sampling, verifying and the held-out split
+are :mod:`grpo_gym.tasks.rows`'. Nothing here imports ``datasets``; a ``Dataset`` is read by iterating its rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from grpo_gym.tasks.base import check_difficulty
+from grpo_gym.tasks.rows import Row, RowTask, plain
+from grpo_gym.validation import MAX_LINE_BYTES, ArgumentError, check_int, read_lines
+
+DATA_FORMS = "a datasets.Dataset, a list of dicts, or the path of a .jsonl, .json, .csv or .parquet file"
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+def _is_hf(data: Any, *names: str) -> bool:
+    """Whether ``data`` is one of the ``datasets`` library's classes ``names`` (checked without importing it)."""
+    return type(data).__module__.split(".")[0] == "datasets" and type(data).__name__ in names
+
+
+def _json_records(where: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
+    """A ``.json`` file: an array of objects, or JSON lines (what ``Dataset.to_json`` writes)."""
+    with open(where, encoding="utf-8-sig") as handle:
+        text = handle.read()
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        if error.msg != "Extra data":
+            raise ValueError(f"{where}: not valid JSON ({error.msg} at line {error.lineno})") from None
+        yield from _jsonl_records(where, max_line_bytes)
+        return
+    if isinstance(value, dict):
+        value = [value]
+    if not isinstance(value, list):
+        raise ValueError(f"{where}: a .json data file holds an array of objects (one per row)")
+    yield from enumerate(value, start=1)
+
+
+def _jsonl_records(where: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
+    for line, text in read_lines(where, max_line_bytes=max_line_bytes, what="data file"):
+        if text.strip():
+            try:
+                yield line, json.loads(text)
+            except (json.JSONDecodeError, RecursionError) as error:
+                raise ValueError(f"{where}:{line}: not a JSON object ({error}); write one object per line") from None
+
+
+def _parquet_records(where: str) -> Iterator[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"reading {where!r} (parquet) needs pyarrow: pip install 'grpo-gym[datasets]'") from None
+    yield from enumerate(pq.read_table(where).to_pylist(), start=1)
+
+
+def _file_records(path: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in SUFFIXES:
+        raise ArgumentError(f"data file {path!r}: unknown format {suffix or '(no suffix)'!r}; use {DATA_FORMS}")
+    if not os.path.isfile(path):
+        raise ValueError(f"dataset task: no file at {path!r}; pass {DATA_FORMS}")
+    if suffix == ".jsonl":
+        return _jsonl_records(path, max_line_bytes)
+    if suffix == ".json":
+        return _json_records(path, max_line_bytes)
+    if suffix == ".parquet":
+        return _parquet_records(path)
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        reader = csv.DictReader(handle)
+        return iter([(reader.line_num, row) for row in reader])
+
+
+def load_records(
+    data: Any, name: str = "data", max_line_bytes: int = MAX_LINE_BYTES
+) -> tuple[list[tuple[int, Any]], str]:
+    """The rows of ``data`` as ``(line or 1-based index, record)`` pairs, and the prefix messages put before that
+    number (``"rows.csv:"``, ``"data row "``).
+
+    :param data: see the module docstring for the accepted forms
+    :param name: the argument's name, for messages (``"data"``, ``"eval_data"``)
+    :param max_line_bytes: the longest line of a ``.jsonl`` file
+    """
+    if isinstance(data, (str, os.PathLike)):
+        where = os.fspath(data)
+        return list(_file_records(where, max_line_bytes)), f"{where}:"
+    if _is_hf(data, "DatasetDict", "IterableDatasetDict"):
+        splits = ", ".join(map(repr, data.keys()))
+        raise ArgumentError(f"{name} is a DatasetDict (splits {splits}); pass one split: {name}=ds['train']")
+    if _is_hf(data, "IterableDataset"):
+        raise ArgumentError(f"{name} is an IterableDataset; pass a Dataset (e.g. Dataset.from_list(list(it)))")
+    if _is_hf(data, "Dataset") or (isinstance(data, Sequence) and not isinstance(data, (bytes, bytearray))):
+        return list(enumerate(data, start=1)), f"{name} row "
+    raise ArgumentError(f"{name} must be {DATA_FORMS}, got {type(data).__name__}")
+
+
+class Columns:
+    """Which columns hold the prompt, the answer, the solution and the difficulty (checked names)."""
+
+    def __init__(self, prompt: str, answer: str, solution: str | None, difficulty: str | None) -> None:
+        for argument, value, required in (
+            ("prompt", prompt, True),
+            ("answer", answer, True),
+            ("solution", solution, False),
+            ("difficulty", difficulty, False),
+        ):
+            if not (isinstance(value, str) and value) and not (value is None and not required):
+                wanted = "a column name" + ("" if required else " or None")
+                raise ArgumentError(f"{argument} must be {wanted} (task_kwargs of the dataset task), got {value!r}")
+        self.prompt, self.answer, self.solution, self.difficulty = prompt, answer, solution, difficulty
+
+    def row(self, record: Any, line: int, where: str) -> Row:
+        """One record as a :class:`Row`; ``ValueError`` naming the row, the column and the fix otherwise."""
+        at = f"{where}{line}"
+        if not isinstance(record, Mapping):
+            raise ValueError(f"{at}: each row must be a dict of columns, got {type(record).__name__}")
+        for argument in ("prompt", "answer", "solution", "difficulty"):
+            column = getattr(self, argument)
+            if column is not None and column not in record:
+                shown = ", ".join(map(str, list(record)[:20]))
+                raise ValueError(f"{at}: no column {column!r} (the {argument}= column); its columns: {shown}")
+        prompt, answer = record[self.prompt], record[self.answer]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{at}: the prompt column {self.prompt!r} must hold a non-empty string")
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValueError(f"{at}: the answer column {self.answer!r} must hold a non-empty string or a number")
+        solution = record[self.solution] if self.solution is not None else None
+        if solution is not None and not isinstance(solution, str):
+            raise ValueError(f"{at}: the solution column {self.solution!r} must hold text (gold reasoning) or null")
+        difficulty = None
+        if self.difficulty is not None:
+            difficulty = self._difficulty(record[self.difficulty], at)
+        columns = plain(dict(record))
+        return Row(prompt, answer.strip(), solution or None, difficulty, line, columns)
+
+    def _difficulty(self, value: Any, at: str) -> float:
+        if isinstance(value, str):  # a .csv file's values are text
+            try:
+                value = float(value)
+            except ValueError:
+                raise ValueError(f"{at}: the difficulty column {self.difficulty!r} must hold numbers") from None
+        try:
+            return check_difficulty(value, name=f"the difficulty column {self.difficulty!r}")
+        except ArgumentError as error:
+            raise ValueError(f"{at}: {error}") from None
+
+
+class DatasetTask(RowTask):
+    """Problems from your own data (see the module docstring for the forms of ``data`` and the columns).
+
+    :param data: the training rows: a ``datasets.Dataset``, a list of dicts, or a .jsonl/.json/.csv/.parquet path
+    :param prompt: the column of the question
+    :param answer: the column of the reference answer
+    :param solution: the column of gold reasoning text (for the cold start), or ``None``
+    :param difficulty: the column of row difficulties in [0.1, 1.0], or ``None`` (rows drawn uniformly)
+    :param eval_data: the held-out split, in the same forms and with the same columns, or ``None``
+    :param max_line_bytes: the longest line of a .jsonl file, in bytes (16 MiB by default)
+    """
+
+    name = "dataset"
+
+    def __init__(
+        self,
+        data: Any,
+        prompt: str = "prompt",
+        answer: str = "answer",
+        solution: str | None = None,
+        difficulty: str | None = None,
+        eval_data: Any = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
+    ) -> None:
+        self.columns = Columns(prompt, answer, solution, difficulty)
+        self.max_line_bytes = check_int("max_line_bytes", max_line_bytes, low=1)
+        rows = self._load(data, "data")
+        super().__init__(rows, None if eval_data is None else self._load(eval_data, "eval_data"))
+
+    def _load(self, data: Any, name: str) -> list[Row]:
+        if data is None and name == "data":
+            raise ArgumentError(f"the dataset task needs {name}=: {DATA_FORMS}")
+        records, where = load_records(data, name, self.max_line_bytes)  # type: ignore[arg-type]
+        rows = [self.columns.row(record, line, where) for line, record in records]
+        if not rows:
+            raise ValueError(f"{name}: no rows; give at least one row with a {self.columns.prompt!r} column")
+        return rows
+
+    @property
+    def missing_solutions(self) -> int:
+        """How many training rows have no gold reasoning (the cold start gives them a stand-in)."""
+        return sum(1 for row in self.rows if not row.solution)
