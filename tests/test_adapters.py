@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import grpo_gym
 from algorithms import GRPO
-from algorithms.common.adapters import LORA_KEYS, apply_lora, lora_config
+from algorithms.common.adapters import DEFAULTS, LORA_KEYS, apply_lora, lora_config
 from algorithms.common.checkpointing import checkpoint_every
 from algorithms.common.decoders import HFDecoder, LlamaDecoder, make_decoder
 from algorithms.common.generation import completion_log_probs, sample
@@ -212,10 +212,10 @@ SETUPS = {
 
 @pytest.fixture
 def one_thread():
-    """One torch thread for a bit-exact comparison of two LoRA runs: their gradients are small sums of terms that
-    cancel (B starts at 0), AdamW turns a last-bit difference into a full step, and a multithreaded CPU kernel of
-    their backward is not bitwise reproducible (two fresh runs in one process differ the same way with 2 threads;
-    with 1 thread they agree), so the thread count is pinned here, not in the library."""
+    """One torch thread for a bit-exact comparison of two runs. With 2 threads on a busy machine the CPU kernels of
+    the backward are not bitwise reproducible (two fresh LoRA runs in one process already differ in the last bits,
+    and AdamW turns a last-bit difference of a near-zero gradient into a full step; LoRA's gradients are such small
+    sums, B starting at 0); with 1 thread they agree. Save and load themselves are exact either way."""
     threads = th.get_num_threads()
     th.set_num_threads(1)
     yield
@@ -246,7 +246,7 @@ def test_lora_run_saves_loads_and_resumes_exactly(setup: str, qwen2_folder: Path
     assert_same_training_state(whole, second)
     with zipfile.ZipFile(tmp_path / "half.zip") as archive:
         arguments = json.loads(archive.read("data"))["arguments"]["policy_kwargs"]
-    assert arguments["lora"] == LORA and arguments["model"] == policy_kwargs["model"]
+    assert arguments["lora"] == {**DEFAULTS, **LORA} and arguments["model"] == policy_kwargs["model"]
 
 
 def test_a_folder_base_is_saved_as_adapters_only(qwen2_folder: Path, tmp_path: Path) -> None:

@@ -193,8 +193,8 @@ def is_lora_linear(module: nn.Module) -> bool:
 def plain_lora(module: nn.Module) -> bool:
     """Whether :func:`effective_linear` computes ``module``'s output: a plain ``nn.Linear``-like module, or a LoRA
     layer whose active adapters are vanilla LoRA (no DoRA or other variant) and not mixed per row."""
-    if not hasattr(module, "lora_A"):
-        return hasattr(module, "weight")
+    if not hasattr(module, "lora_A"):  # a plain layer; peft's other wrappers (modules_to_save, ...) are not read
+        return hasattr(module, "weight") and not type(module).__module__.startswith("peft.")
     variants, dora = getattr(module, "lora_variant", {}), getattr(module, "use_dora", {})  # (older peft: use_dora)
     return is_lora_linear(module) and not any(name in variants or dora.get(name) for name in module.active_adapters)
 

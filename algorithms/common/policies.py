@@ -12,6 +12,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from algorithms.common.adapters import DEFAULTS as LORA_DEFAULTS
 from algorithms.common.adapters import apply_lora, frozen_base_names, is_peft_model, lora_record
 from algorithms.common.checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.files import atomic_directory
@@ -176,7 +177,7 @@ class TransformerPolicy(BasePolicy):
         if lora is None:
             return base
         network = apply_lora(base, lora, self.seed)
-        self.lora = dict(lora)
+        self.lora = {**LORA_DEFAULTS, **lora}  # recorded with the defaults, so a file keeps its meaning
         self._base_names = frozen_base_names(network) if from_folder else set()
         return network
 
