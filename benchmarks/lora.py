@@ -22,7 +22,8 @@ into its weights once per call (``W + s * B @ A``), so a decoding step costs the
 The machine's other processes are measured (their share of the CPUs during each row) and stated: on a shared
 2-core machine, they slow every row, so compare rows of one run, not across runs.
 
-Command (what ``benchmarks/RESULTS.md`` records; about 8 minutes on a shared 2-core machine)::
+Command (what ``benchmarks/RESULTS.md`` records; about 10 minutes on an idle 2-core machine, several times that
+when other workers keep it busy)::
 
     python benchmarks/lora.py --results benchmarks/RESULTS.md
 """
@@ -137,7 +138,8 @@ def run_worker(*extra: str) -> dict[str, float]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def table(args: argparse.Namespace, training: dict, generation: dict, load: str) -> str:
+def table(args: argparse.Namespace, size: str, training: dict, generation: dict, load: str) -> str:
+    """The RESULTS.md subsection of one model size."""
     batch = f"K={args.groups} x G={args.group_size}"
     lines = [
         f"Command: `python benchmarks/lora.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
@@ -145,25 +147,24 @@ def table(args: argparse.Namespace, training: dict, generation: dict, load: str)
         f"Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no GPU, shared with other workers "
         f"(`uptime` before the run: {load}); {args.threads} torch threads. GRPO on R1Zero-v0 (compact template), "
         f"{batch} completions of up to {args.new_tokens} tokens per iteration, beta 0.04, fp32; LoRA r=16, alpha=32, "
-        f"all linear layers. Seconds: mean of {args.iterations} iterations after a warm-up one; memory: peak RSS "
-        'minus RSS after the imports; each row a fresh process. "Others": the share of the CPUs other processes '
-        "used during the row.",
+        f"all linear layers. Seconds: the mean of {args.iterations} timed iteration(s) after a warm-up one; "
+        'memory: peak RSS minus RSS after the imports; each row a fresh process. "Others": the share of the CPUs '
+        "other processes used during the row.",
         "",
         "| model | fine-tuning | trainable parameters | reference copy | training memory | s / iteration | others |",
         "|---|---|---|---|---|---|---|",
     ]
-    for (size, mode), r in training.items():
+    for mode, r in training.items():
         lines.append(
             f"| {size} ({r['parameters'] / 1e6:.1f}M) | {mode} | {r['trainable'] / 1e6:.2f}M "
             f"({r['trainable'] / r['parameters']:.1%}) | {'yes' if r['reference_copy'] else 'no'} | "
             f"{r['training_mib']:.0f} MiB | {r['seconds']:.1f} | {r['others']:.0%} |"
         )
-    for size in args.sizes:
-        full, lora = training[(size, "full")], training[(size, "LoRA")]
-        lines.append(
-            f"\n{size}: LoRA uses {lora['training_mib'] / full['training_mib']:.2f}x the memory and "
-            f"{lora['seconds'] / full['seconds']:.2f}x the time per iteration of full fine-tuning."
-        )
+    full, lora = training["full"], training["LoRA"]
+    lines.append(
+        f"\nLoRA uses {lora['training_mib'] / full['training_mib']:.2f}x the training memory and "
+        f"{lora['seconds'] / full['seconds']:.2f}x the time per iteration of full fine-tuning."
+    )
     lines += [
         "",
         f"Generation (`sample()`, K=4 x G=8 rows, {args.gen_tokens} new tokens, no EOS, median of {args.repeats} "
@@ -172,8 +173,8 @@ def table(args: argparse.Namespace, training: dict, generation: dict, load: str)
         "| model | plain s / call | LoRA s / call | LoRA / plain | others |",
         "|---|---|---|---|---|",
     ]
-    for size, r in generation.items():
-        lines.append(f"| {size} | {r['plain_s']:.2f} | {r['lora_s']:.2f} | {r['ratio']:.2f}x | {r['others']:.0%} |")
+    r = generation
+    lines.append(f"| {size} | {r['plain_s']:.2f} | {r['lora_s']:.2f} | {r['ratio']:.2f}x | {r['others']:.0%} |")
     return "\n".join(lines)
 
 
@@ -183,9 +184,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=2, help="K: prompts per iteration")
     parser.add_argument("--group-size", type=int, default=4, help="G: completions per prompt")
     parser.add_argument("--new-tokens", type=int, default=32, help="the most tokens of a training completion")
-    parser.add_argument("--iterations", type=int, default=2, help="timed iterations per training row")
+    parser.add_argument("--iterations", type=int, default=1, help="timed iterations per training row")
     parser.add_argument("--gen-tokens", type=int, default=64, help="new tokens per generation call")
-    parser.add_argument("--repeats", type=int, default=3, help="timed generation calls per model")
+    parser.add_argument("--repeats", type=int, default=2, help="timed generation calls per model")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--results", type=Path, help="write the tables into this RESULTS.md")
     parser.add_argument("--train-worker", nargs=2, help=argparse.SUPPRESS)
@@ -198,20 +199,20 @@ def main() -> None:
         print(json.dumps(generation_worker(args.generation_worker, args)))
         return
 
-    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    print(load, flush=True)
-    training, generation = {}, {}
-    for size in args.sizes:
+    for size in args.sizes:  # one subsection per size, written as soon as it is measured
+        load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+        print(load, flush=True)
+        training = {}
         for mode in ("full", "LoRA"):
-            training[(size, mode)] = run_worker("--train-worker", size, mode)
-            print(size, mode, training[(size, mode)], flush=True)
-        generation[size] = run_worker("--generation-worker", size)
-        print(size, "generation", generation[size], flush=True)
-    body = table(args, training, generation, load.split("load average:")[-1].strip())
-    print(body)
-    if args.results:
-        update_results(args.results, SECTION, f"`--sizes {' '.join(args.sizes)}`", body)
-        print(f"written to {args.results}")
+            training[mode] = run_worker("--train-worker", size, mode)
+            print(size, mode, training[mode], flush=True)
+        generation = run_worker("--generation-worker", size)
+        print(size, "generation", generation, flush=True)
+        body = table(args, size, training, generation, load.split("load average:")[-1].strip())
+        print(body)
+        if args.results:
+            update_results(args.results, SECTION, f"`{size}`", body)
+            print(f"written to {args.results}")
 
 
 if __name__ == "__main__":

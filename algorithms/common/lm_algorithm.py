@@ -171,7 +171,7 @@ class LMAlgorithm(BaseAlgorithm):
             **self.policy_kwargs,
             "model_config": config,
             "frozen_parameters": self.policy.frozen_parameters,
-            **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # a ready PeftModel's adapter
+            **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
         }
         if self._needs_reference():
             self.ref_model = self._frozen_copy()
