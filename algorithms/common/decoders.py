@@ -11,7 +11,11 @@ and drops finished rows. Two implementations:
   milliseconds per step than the model's ``forward`` at the built-in tiny size, where overheads dominate.
 - :class:`HFDecoder`: any other causal LM, through its own ``forward`` and ``DynamicCache``.
 
-:func:`make_decoder` picks the first that applies. Both give the same logits up to float rounding.
+:func:`make_decoder` picks the first that applies. Both give the same logits up to float rounding. A peft
+``PeftModel`` runs as the model inside it, whose LoRA layers are injected in place: :class:`LlamaDecoder` then
+uses each projection's effective weights ``W + scaling * B @ A`` (of the active adapters; the base's alone while
+they are disabled, see :func:`~algorithms.common.adapters.effective_linear`), computed once per decoder, i.e. once
+per :func:`~algorithms.common.generation.sample` call, so a decoding step costs what it costs without adapters.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from algorithms.common.adapters import base_network, effective_linear, plain_lora
 
 #: ``config.model_type`` values :class:`LlamaDecoder` runs (same layer layout, RoPE, RMSNorm, gated MLP)
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
@@ -43,7 +49,7 @@ class HFDecoder:
     """Any Hugging Face causal LM, stepped through its own ``forward`` with a dynamic KV cache."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
+        self.model = model = base_network(model)
         parameters = forward_parameters(model)
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
         self._cache_name = "cache" if "cache" in parameters else "past_key_values"  # renamed in transformers 5.2x
@@ -77,6 +83,7 @@ class LlamaDecoder:
     """
 
     def __init__(self, model: nn.Module, capacity: int) -> None:
+        model = base_network(model)
         config = model.config
         self.model, self.inner, self.capacity = model, model.model, capacity
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -151,7 +158,8 @@ class LlamaDecoder:
 class _LayerWeights:
     """One decoder layer's weights as :class:`LlamaDecoder` uses them: ``(weight, bias)`` pairs for
     ``F.linear`` (no module-call overhead), the q/k/v and gate/up projections fused into one matmul each when
-    ``fuse`` (a concatenated copy, made once per :func:`~algorithms.common.generation.sample` call)."""
+    ``fuse`` (a concatenated copy, made once per :func:`~algorithms.common.generation.sample` call). A LoRA
+    projection contributes its effective weights (:func:`~algorithms.common.adapters.effective_linear`)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -165,17 +173,17 @@ class _LayerWeights:
     @classmethod
     def of(cls, layer: nn.Module, fuse: bool) -> _LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
-        qkv = [(m.weight, m.bias) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
-        gate_up = [(m.weight, m.bias) for m in (mlp.gate_proj, mlp.up_proj)]
+        qkv = [effective_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
+        gate_up = [effective_linear(m) for m in (mlp.gate_proj, mlp.up_proj)]
         if fuse:
             qkv, gate_up = [_concatenated(qkv)], [_concatenated(gate_up)]
         return cls(
             input_norm=layer.input_layernorm.weight,
             post_norm=layer.post_attention_layernorm.weight,
             projections=qkv,
-            out=(attn.o_proj.weight, attn.o_proj.bias),
+            out=effective_linear(attn.o_proj),
             gate_up=gate_up,
-            down=(mlp.down_proj.weight, mlp.down_proj.bias),
+            down=effective_linear(mlp.down_proj),
             act=mlp.act_fn,
             scaling=attn.scaling,
         )
@@ -206,7 +214,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def supports_llama_decoder(model: nn.Module) -> bool:
-    """Whether :class:`LlamaDecoder` runs ``model``: a Llama-family type with the standard module layout."""
+    """Whether :class:`LlamaDecoder` runs ``model``: a Llama-family type with the standard module layout (inside a
+    PeftModel too, with plain LoRA projections)."""
+    model = base_network(model)
     config = getattr(model, "config", None)
     if getattr(config, "model_type", None) not in LLAMA_FAMILY:
         return False
@@ -219,9 +229,12 @@ def supports_llama_decoder(model: nn.Module) -> bool:
     layer = layers[0]
     attention = getattr(layer, "self_attn", None)
     mlp = getattr(layer, "mlp", None)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj")
     return (
-        all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling"))
+        all(hasattr(attention, name) for name in (*projections, "scaling"))
         and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        and all(plain_lora(getattr(attention, name)) for name in projections)
+        and all(plain_lora(getattr(mlp, name)) for name in ("gate_proj", "up_proj", "down_proj"))
         and all(
             hasattr(getattr(layer, name, None), "weight") for name in ("input_layernorm", "post_attention_layernorm")
         )

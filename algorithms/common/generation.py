@@ -14,8 +14,8 @@ tokenizer does not use) have probability zero: they are dropped from the softmax
 Prompts are left-padded ``(B, T)`` batches with an attention mask (the env's observation layout). Position
 ids are ``cumsum(mask) - 1`` clamped at 0, in sampling and in :func:`completion_log_probs` alike, so a
 prompt's padding does not change what is sampled nor its log-probs. Both functions take any Hugging Face
-causal LM (Llama, Qwen2, GPT-2, ...). Put the model in ``eval()`` mode (no dropout) for both, or the
-recomputed log-probs will not match.
+causal LM (Llama, Qwen2, GPT-2, ...) or a peft ``PeftModel`` with LoRA adapters. Put the model in ``eval()``
+mode (no dropout) for both, or the recomputed log-probs will not match.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from algorithms.common.adapters import base_network
 from algorithms.common.decoders import forward_parameters, make_decoder
 from algorithms.common.packing import distinct_rows, pack_rows
 
@@ -251,6 +252,7 @@ def completion_log_probs(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if layout not in ("auto", "packed", "padded"):
         raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
+    model = base_network(model)  # a PeftModel's own model, LoRA layers included: the same logits, fewer wrappers
     mask = completion_mask.bool()  # (B, C)
     attention_kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if layout == "auto":

@@ -9,12 +9,17 @@ a loss. One iteration::
           ─► train (the subclass: minibatches, loss, _optimizer_step) ─► dump_logs
 
 Subclasses implement ``_build_batch(rows, generation_seconds)`` and ``train()``, and may override
-``_before_rollout(env)`` and ``_sampling_model()``. The cold start, the frozen reference, mixed precision,
+``_before_rollout(env)`` and ``_samples_from_reference()``. The cold start, the frozen reference, mixed precision,
 several processes (S17), the guarded optimizer step and the reference's log-probs live here.
+
+The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
+network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
+:mod:`algorithms.common.adapters`); :meth:`LMAlgorithm._reference` gives whichever it is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import io
@@ -46,6 +51,7 @@ from algorithms.common.generation import Completions
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.precision import ProbeShape, choose_precision
 from algorithms.common.rollout import TEXT_ONLY, Rows, contexts_from_obs
+from algorithms.common.serialization import read_model_file
 from algorithms.common.vocabulary import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from grpo_gym.validation import check_mapping
 
@@ -172,6 +178,7 @@ class LMAlgorithm(BaseAlgorithm):
             **self.policy_kwargs,
             "model_config": config,
             "frozen_parameters": self.policy.frozen_parameters,
+            **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
         }
         if self._needs_reference():
             self.ref_model = self._frozen_copy()
@@ -200,10 +207,24 @@ class LMAlgorithm(BaseAlgorithm):
         codec = env.get_attr("codec", indices=[0])[0]
         self._token_info = {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}
 
-    def _frozen_copy(self) -> th.nn.Module:
+    def _frozen_copy(self) -> th.nn.Module | None:
+        """A frozen copy of the policy's network; None with LoRA, whose reference is the base model (see
+        :meth:`_reference`)."""
+        if self.policy.lora is not None:
+            return None
         reference = copy.deepcopy(self.policy.model).eval()
         reference.requires_grad_(False)
         return reference
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The frozen reference network for the duration of the block: ``ref_model``, or with LoRA the policy's own
+        network with its adapters disabled (the base model, no copy)."""
+        if self.policy.lora is None or self.ref_model is not None:
+            yield self.ref_model
+            return
+        with self.policy.model.disable_adapter():
+            yield self.policy.model
 
     @property
     def _local_groups(self) -> int:
@@ -267,10 +288,14 @@ class LMAlgorithm(BaseAlgorithm):
 
     def set_parameters(self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device="auto") -> None:
         """SB3's ``set_parameters``, tolerant of a changed ``beta``: a saved reference is dropped when ``beta``
-        is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0."""
+        is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0. A model file is read
+        safely (:func:`~algorithms.common.serialization.read_model_file`); one that holds LoRA adapters only gets
+        the base weights this policy read from the base model's folder."""
         if not isinstance(load_path_or_dict, dict):
-            return super().set_parameters(load_path_or_dict, exact_match, device)
+            load_path_or_dict = read_model_file(load_path_or_dict)[1]
         params = dict(load_path_or_dict)
+        if "policy" in params:  # a file of adapters only: the base weights are those read from the base's folder
+            params["policy"] = self.policy.completed_state_dict(params["policy"])
         saved_reference = params.pop("ref_model", None)
         wants_reference = self.ref_model is not None
         self.ref_model = None  # load the policy and optimizer alone, then deal with the reference
@@ -280,10 +305,11 @@ class LMAlgorithm(BaseAlgorithm):
             if saved_reference is not None:
                 self.ref_model.load_state_dict(saved_reference)
 
-    def save_pretrained(self, directory: str) -> None:
-        """Export the policy as a standard Hugging Face folder (model + the env's tokenizer)."""
+    def save_pretrained(self, directory: str, merge: bool = False) -> None:
+        """Export the policy as a standard Hugging Face folder (model + the env's tokenizer); with LoRA a peft
+        adapter folder, or the merged model with ``merge=True`` (see :meth:`TransformerPolicy.save_pretrained`)."""
         tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
-        self.policy.save_pretrained(directory, tokenizer=tokenizer)
+        self.policy.save_pretrained(directory, tokenizer=tokenizer, merge=merge)
 
     # ------------------------------------------------------------------ learning loop
     def learn(
@@ -446,20 +472,22 @@ class LMAlgorithm(BaseAlgorithm):
         self._generator.manual_seed(self._sampling_seed + 1 + self._iteration)
         return problems
 
-    def _sampling_model(self) -> th.nn.Module | None:
-        """The network that samples this rollout (None: the policy's own)."""
-        return None
+    def _samples_from_reference(self) -> bool:
+        """Whether the frozen reference (:meth:`_reference`) samples this rollout instead of the policy."""
+        return False
 
     def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
-        return self.policy.generate(
-            ids.to(self.device),
-            mask.to(self.device),
-            generator=self._generator,
-            model=self._sampling_model(),
-            noise_offset=noise_offset,
-            noise_rows=noise_rows,
-        )
+        sampler = self._reference() if self._samples_from_reference() else contextlib.nullcontext(None)
+        with sampler as model:
+            return self.policy.generate(
+                ids.to(self.device),
+                mask.to(self.device),
+                generator=self._generator,
+                model=model,
+                noise_offset=noise_offset,
+                noise_rows=noise_rows,
+            )
 
     def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
         """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
@@ -531,9 +559,9 @@ class LMAlgorithm(BaseAlgorithm):
 
     def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
         """``(N, C)`` log-probs of the batch's completions under the frozen reference."""
-        with th.no_grad():
+        with th.no_grad(), self._reference() as reference:
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-            return self.policy.log_probs(*args, model=self.ref_model)[0]
+            return self.policy.log_probs(*args, model=reference)[0]
 
     # ------------------------------------------------------------------ logging
     def dump_logs(self) -> None:

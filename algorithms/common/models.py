@@ -119,7 +119,7 @@ def load_model(
       Llama-style model, deterministic for a given ``seed``; ``overrides`` change its config fields;
     - a local folder with a ``config.json`` (e.g. written by ``save_pretrained``) or a hub name available
       offline: loaded with ``AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **overrides)``;
-    - a ``PreTrainedModel`` instance: returned as is.
+    - a ``PreTrainedModel`` instance or a ``peft.PeftModel``: returned as is.
 
     :param model: built-in name, folder / hub name, or model instance
     :param vocab_size: built-ins: embedding rows (default: the built-in tokenizer's 359). Loaded models:
@@ -132,13 +132,17 @@ def load_model(
     """
     from transformers import PreTrainedModel
 
-    if isinstance(model, PreTrainedModel):
+    from algorithms.common.adapters import is_peft_model
+
+    if isinstance(model, PreTrainedModel) or is_peft_model(model):
         return model
     if is_builtin_model(model):
         built = build_builtin_model(model, vocab_size=vocab_size, seed=seed, **overrides)
         return built.to(dtype=_as_dtype(dtype)) if dtype is not None else built
     if not isinstance(model, (str, os.PathLike)):
-        raise TypeError(f"model must be a name, a folder or a PreTrainedModel, not {type(model).__name__}")
+        raise TypeError(
+            f"model must be a name, a folder, a PreTrainedModel or a peft PeftModel, not {type(model).__name__}"
+        )
     loaded = _from_pretrained(os.fspath(model), dtype, overrides)
     rows = loaded.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -11,6 +12,8 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from algorithms.common.adapters import DEFAULTS as LORA_DEFAULTS
+from algorithms.common.adapters import apply_lora, frozen_base_names, is_peft_model, lora_record
 from algorithms.common.checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.files import atomic_directory
 from algorithms.common.generation import Completions, completion_log_probs, sample
@@ -31,10 +34,17 @@ class TransformerPolicy(BasePolicy):
     :param action_space: ``MultiDiscrete([vocab] * max_new_tokens)`` (sequence mode) or ``Discrete(vocab)``
     :param lr_schedule: the learning-rate schedule (the optimizer starts at ``lr_schedule(1)``)
     :param model: a built-in name (``"tiny"``, ``"small"``, ``"medium"``, ``"base"``), a local folder or hub
-        name of any ``AutoModelForCausalLM``, or a model object
+        name of any ``AutoModelForCausalLM``, or a model object (a ``transformers`` model, or a ``peft.PeftModel``
+        with one trainable LoRA adapter)
     :param model_kwargs: config overrides for built-ins (e.g. ``{"num_hidden_layers": 2}``)
     :param model_config: a config dict to build the architecture from without loading weights (what
         ``GRPO.load`` uses, so a saved model loads offline; the weights come from the saved state dict)
+    :param lora: train LoRA adapters instead of the whole model (needs ``grpo-gym[peft]``): a dict with keys ``r``
+        (16), ``alpha`` (32), ``target_modules`` (``"all-linear"``), ``dropout`` (0.0, the only value: no
+        dropout runs), ``adapter_name`` and some of ``peft.LoraConfig``'s own fields (see
+        :data:`~algorithms.common.adapters.LORA_KEYS`). The reference is then the base model (the adapters
+        disabled, no copy), and a model from a folder or hub name saves its adapters only: see
+        :mod:`algorithms.common.adapters`. Recorded by the algorithm for a ready ``PeftModel``.
     :param eos_token_id: the env tokenizer's EOS id (a completion ends there)
     :param pad_token_id: the env tokenizer's pad id
     :param temperature: sampling temperature (log-probs use the same scaling)
@@ -60,6 +70,7 @@ class TransformerPolicy(BasePolicy):
         model: str | os.PathLike | nn.Module = "tiny",
         model_kwargs: dict[str, Any] | None = None,
         model_config: dict[str, Any] | None = None,
+        lora: dict[str, Any] | None = None,
         eos_token_id: int = 1,
         pad_token_id: int = 0,
         temperature: float = 1.0,
@@ -95,7 +106,7 @@ class TransformerPolicy(BasePolicy):
         self.model_name = model if isinstance(model, (str, os.PathLike)) else None
         self.model_kwargs = dict(model_kwargs or {})
         self.seed = seed
-        self.model = self._build_model(model, model_config)
+        self.model = self._build_model(model, model_config, lora)
         positions = getattr(self.model.config, "max_position_embeddings", None) or getattr(
             self.model.config, "n_positions", None
         )
@@ -139,15 +150,57 @@ class TransformerPolicy(BasePolicy):
         """The names of the model's parameters that do not train."""
         return [name for name, p in self.model.named_parameters() if not p.requires_grad]
 
-    def _build_model(self, model: Any, model_config: dict[str, Any] | None) -> nn.Module:
-        if model_config is not None:
+    def _build_model(self, model: Any, model_config: dict[str, Any] | None, lora: dict[str, Any] | None) -> nn.Module:
+        """The network: the base model (built-in, folder, object, or rebuilt from ``model_config``), with LoRA
+        adapters when ``lora`` is given (a ready PeftModel is kept as it is, its adapter recorded in ``lora``)."""
+        #: the LoRA adapter's description (``policy_kwargs["lora"]``), None without adapters
+        self.lora: dict[str, Any] | None = None
+        self._base_names: set[str] = set()  # the frozen base weights a file of adapters only leaves out
+        if is_peft_model(model):
+            record = lora_record(model)
+            if lora is not None and dict(lora) != record:
+                raise ValueError(
+                    "policy_kwargs: 'model' is a PeftModel already (adapter "
+                    f"{record}); leave 'lora' out, or pass the base model with 'lora'"
+                )
+            self.lora = record
+            return model
+        # adapters only in the file: the base is read from its folder or hub name again (not rebuilt empty)
+        from_folder = lora is not None and self.model_name is not None and not is_builtin_model(self.model_name)
+        if model_config is not None and not from_folder:
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            config = AutoConfig.for_model(**model_config)
-            return AutoModelForCausalLM.from_config(config)
-        if isinstance(model, str) and is_builtin_model(model):
-            return load_model(model, vocab_size=self.vocab_size, seed=self.seed, **self.model_kwargs)
-        return load_model(model)
+            base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model_config))
+        elif isinstance(model, str) and is_builtin_model(model):
+            base = load_model(model, vocab_size=self.vocab_size, seed=self.seed, **self.model_kwargs)
+        else:
+            base = load_model(model)
+        if lora is None:
+            return base
+        network = apply_lora(base, lora, self.seed)
+        self.lora = {**LORA_DEFAULTS, **lora}  # recorded with the defaults, so a file keeps its meaning
+        self._base_names = frozen_base_names(network) if from_folder else set()
+        return network
+
+    @property
+    def saves_adapters_only(self) -> bool:
+        """Whether the model file leaves the base weights out: LoRA on a base from a folder or hub name, which
+        ``load`` reads again (a built-in's random initialisation or a model object is saved whole)."""
+        return bool(self._base_names)
+
+    def file_state_dict(self, state: dict[str, th.Tensor]) -> dict[str, th.Tensor]:
+        """``state`` (this policy's ``state_dict()``) as the model file stores it: without the frozen base weights
+        when :attr:`saves_adapters_only`."""
+        return {key: value for key, value in state.items() if key.removeprefix("model.") not in self._base_names}
+
+    def completed_state_dict(self, state: dict[str, th.Tensor]) -> dict[str, th.Tensor]:
+        """A state dict read from a model file, with the base weights it left out (:meth:`file_state_dict`) taken
+        from this policy, which read them from the base model's folder; any other missing key stays missing."""
+        if not self._base_names:
+            return state
+        own = self.state_dict()
+        base = {key: own[key] for key in own if key.removeprefix("model.") in self._base_names and key not in state}
+        return {**state, **base}
 
     @property
     def is_builtin(self) -> bool:
@@ -165,6 +218,7 @@ class TransformerPolicy(BasePolicy):
             model=self.model_name,
             model_kwargs=self.model_kwargs,
             model_config=self.model.config.to_dict(),
+            lora=self.lora,
             eos_token_id=self.eos_token_id,
             pad_token_id=self.pad_token_id,
             temperature=self.temperature,
@@ -284,11 +338,25 @@ class TransformerPolicy(BasePolicy):
         tokens = self.generate(prompt_ids, prompt_mask, greedy=deterministic).tokens  # (B, max_new_tokens)
         return tokens if isinstance(self.action_space, spaces.MultiDiscrete) else tokens[:, 0]
 
-    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None, merge: bool = False) -> None:
         """Write a standard Hugging Face folder (model, and the tokenizer when given) that
         ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load; atomically: a kill at any
-        instant leaves the old complete folder or the new one (:func:`~algorithms.common.files.atomic_directory`)."""
+        instant leaves the old complete folder or the new one (:func:`~algorithms.common.files.atomic_directory`).
+
+        With LoRA: a peft adapter folder (``adapter_config.json`` and the adapter weights, which
+        ``peft.PeftModel.from_pretrained(base, directory)`` loads), or with ``merge=True`` a standard model folder
+        with the adapters merged into the weights of a copy (the policy keeps its adapters; the copy needs the
+        model's memory once more while it is written). Without LoRA ``merge`` changes nothing.
+
+        :param directory: the folder to write (replaced when it exists)
+        :param tokenizer: a Hugging Face tokenizer to write beside the model (e.g. the env's)
+        :param merge: write the merged model instead of the adapters (LoRA only)
+        """
+        check_bool("merge", merge)
         with atomic_directory(directory) as folder:
-            self.model.save_pretrained(folder)
+            if self.lora is not None and merge:
+                copy.deepcopy(self.model).merge_and_unload().save_pretrained(folder)
+            else:
+                self.model.save_pretrained(folder)
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)

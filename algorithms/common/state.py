@@ -3,7 +3,8 @@
 What a saved model holds (the file format is :mod:`algorithms.common.serialization`):
 
 - the constructor's arguments, by name (so ``load`` builds the same algorithm and validates them again);
-- the weights: the policy, its optimizer state, the frozen reference when there is one;
+- the weights: the policy, its optimizer state, the frozen reference when there is one (with LoRA on a base
+  model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again);
 - the run state: ``num_timesteps``, the update and iteration counters, skipped steps and the algorithm's own
   counters; the RNG states of torch, numpy, Python, the sampler's generator and the problem sampler; each env's
   :meth:`~grpo_gym.R1ZeroEnv.get_state` (reached through the VecEnv); the curriculum's level; the episode
@@ -118,7 +119,9 @@ def save(algorithm: LMAlgorithm, path: str | os.PathLike) -> None:
         "arguments": encode(constructor_arguments(algorithm)),
         "state": state,
     }
-    write_model_file(path, data, algorithm.get_parameters(), {"rng": rng})
+    parameters = algorithm.get_parameters()
+    parameters["policy"] = algorithm.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
+    write_model_file(path, data, parameters, {"rng": rng})
 
 
 def load(

@@ -57,7 +57,8 @@ class GRPO(LMAlgorithm):
     :param clip_range: the lower clip epsilon of the importance ratio (0.2), constant or schedule
     :param clip_range_high: the upper clip epsilon (``None``: same as ``clip_range``; DAPO's clip-higher: 0.28)
     :param beta: weight of the k3 KL penalty to the reference model (DeepSeekMath: 0.04; TRL defaults to 0).
-        The reference (a frozen copy of the policy after the cold start) is only built when ``beta > 0``
+        The reference (a frozen copy of the policy after the cold start) is only built when ``beta > 0``; with
+        LoRA adapters (``policy_kwargs={"lora": ...}``) it is the base model, the adapters disabled, with no copy
     :param ent_coef: entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default S23:
         0.01 decaying to 0.001 over 10,000 updates)
     :param max_grad_norm: global gradient-norm clip (S13: 0.5)
@@ -84,7 +85,7 @@ class GRPO(LMAlgorithm):
     :param protected_rollouts: S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed
         says "the first 3 groups"; read as the first 3 rollouts, since the first rollout's groups come from the
         cold-start weights anyway); their sampling log-probs are the frozen policy's, so the importance ratio
-        corrects for it
+        corrects for it. With LoRA the frozen policy is the base model (the reference, see ``beta``)
     :param curriculum: S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of
         every env from the rolling success rate (``curriculum/difficulty``)
     :param diagnostics: S24: per-group reward histograms, per-group gradient norms and their spread (warning
@@ -259,13 +260,14 @@ class GRPO(LMAlgorithm):
         env.env_method("set_reward_weights", {"consistency": weight})
         self.logger.record("train/reward_model_weight", weight)
 
-    def _sampling_model(self) -> th.nn.Module | None:
-        """S20.3: the frozen cold-start policy samples the first ``protected_rollouts`` rollouts."""
+    def _samples_from_reference(self) -> bool:
+        """S20.3: the frozen cold-start policy (the reference; with LoRA the base model) samples the first
+        ``protected_rollouts`` rollouts."""
         if not self.protected_rollouts:
-            return None
+            return False
         protected = self._iteration < self.protected_rollouts
         self.logger.record("rollout/protected", float(protected))
-        return self.ref_model if protected else None
+        return protected
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
