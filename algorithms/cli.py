@@ -1,4 +1,4 @@
-"""The ``grpo-gym`` command line: ``train``, ``sft``, ``eval`` and ``env-demo``."""
+"""The ``grpo-gym`` command line: ``train``, ``sft``, ``eval``, ``env-demo``, ``distill`` and ``serve``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.common.hyperparams import DEFAULT_CONFIG, load_hyperparams, parse_overrides
+from algorithms.deploy.commands import add_deploy_commands
 
 
 def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | None) -> Any:
@@ -197,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--difficulty", type=float, default=0.3)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=env_demo)
+    add_deploy_commands(commands, _add_config_arguments)  # distill and serve (S25-S27)
     return parser
 
 
