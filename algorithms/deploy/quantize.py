@@ -24,7 +24,9 @@ stay float32.
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -93,6 +95,7 @@ def _share_parameters(cls: type[nn.Linear], linear: nn.Linear) -> nn.Linear:
 
 
 # ---------------------------------------------------------------------------------------------- the INT8 layer
+@functools.cache
 def _fbgemm_available() -> bool:
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
 
@@ -122,6 +125,9 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_int8", torch.zeros((out_features, in_features), dtype=torch.int8))
         self.register_buffer("weight_scale", torch.ones(out_features))
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
+        anchor = torch.zeros((1, in_features))
+        anchor[0, :2] = torch.tensor([-1.0, 1.0])
+        self.register_buffer("anchor", anchor, persistent=False)  # the row that pins fbgemm's range to [-1, 1]
         self._packed: Any = None  # fbgemm's packed weights, made at the first forward after a change
 
     @classmethod
@@ -166,20 +172,16 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).float()  # (M, in)
-        absmax = flat.abs().amax(dim=1, keepdim=True).clamp(min=_TINY)  # (M, 1): each token's own scale
-        unit = flat / absmax  # (M, in), every token within [-1, 1]
+        absmax = torch.linalg.vector_norm(flat, ord=math.inf, dim=1, keepdim=True).clamp_(min=_TINY)  # (M, 1)
         if self.uses_fbgemm(flat.device):
             if self._packed is None:
                 self._packed = self._pack()
-            anchor = torch.zeros((1, self.in_features), device=flat.device)
-            anchor[0, 0], anchor[0, 1] = -1.0, 1.0  # pins fbgemm's per-call range to [-1, 1]
-            out = torch.ops.quantized.linear_dynamic(torch.cat([unit, anchor]), self._packed, True)[:-1]  # (M, out)
+            unit = torch.cat([flat / absmax, self.anchor])  # (M + 1, in): every token within [-1, 1], and the anchor
+            out = torch.ops.quantized.linear_dynamic(unit, self._packed, True)[:-1]  # (M, out)
         else:
-            q = torch.round(unit * ACT_STEPS).clamp_(-ACT_QMAX, ACT_QMAX)  # (M, in) integers
+            q = torch.round(flat / absmax * ACT_STEPS).clamp_(-ACT_QMAX, ACT_QMAX)  # (M, in) integers
             out = F.linear(q, self.weight_int8.float()) * (self.weight_scale / ACT_STEPS)  # (M, out)
-        out = out * absmax
-        if self.bias is not None:
-            out = out + self.bias
+        out = torch.addcmul(self.bias, out, absmax) if self.bias is not None else out * absmax
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
 
