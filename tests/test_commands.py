@@ -44,7 +44,7 @@ def test_distill_saves_the_student_and_prints_the_table(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["distill", "--teacher", "missing.zip", "--steps", "1"], "does not exist"),
+        (["distill", "--teacher", "missing.zip", "--student", "tiny", "--steps", "1"], "does not exist"),
         (["distill", "--teacher", "t.zip", "--student", "{oops"], "is not valid JSON"),
         (["serve", "missing-model"], "does not exist"),
     ],

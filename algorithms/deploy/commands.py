@@ -102,7 +102,7 @@ def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.
     """Add ``distill`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
     d = commands.add_parser("distill", help="distil a trained model into a smaller student (S25), --int8-qat (S26)")
     d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
-    d.add_argument("--student", default="tiny",
+    d.add_argument("--student", required=True,
                    help="a built-in size, a model folder, a JSON file or an inline JSON object of config fields "
                         "over the tiny model, e.g. '{\"hidden_size\": 64, \"num_hidden_layers\": 2}'")  # fmt: skip
     d.add_argument("--steps", type=int, default=1000, help="gradient steps")

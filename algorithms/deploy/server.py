@@ -88,7 +88,7 @@ def error_body(message: str, param: str | None, kind: str = "invalid_request_err
     return {"error": {"message": message, "type": kind, "param": param, "code": None}}
 
 
-class Generator:
+class CompletionRunner:
     """Runs a batch of jobs through the policy (in the batcher's worker thread) and turns tokens into text."""
 
     def __init__(self, policy: TransformerPolicy, tokenizer: Any, seed: int = 0) -> None:
@@ -181,9 +181,9 @@ def create_app(
     """The FastAPI app serving ``policy`` with ``tokenizer`` under ``model_name`` (see the module docstring)."""
     settings = settings or ServerSettings()
     policy.set_training_mode(False)
-    generator = Generator(policy, tokenizer, settings.seed)
+    runner = CompletionRunner(policy, tokenizer, settings.seed)
     batcher = DynamicBatcher(
-        generator,
+        runner,
         settings.max_wait_ms,
         settings.max_batch_tokens,
         settings.max_batch_size,
@@ -198,7 +198,7 @@ def create_app(
         await batcher.drain()  # uvicorn has let the received requests finish; nothing is left but to stop
 
     app = FastAPI(title="grpo-gym", lifespan=lifespan)
-    app.state.batcher, app.state.generator, app.state.settings = batcher, generator, settings
+    app.state.batcher, app.state.runner, app.state.settings = batcher, runner, settings
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -237,7 +237,7 @@ def create_app(
         results = await _wait_or_disconnect(request, futures, jobs, batcher)
         if results is None:  # the client left; nobody reads this
             return JSONResponse(error_body("client disconnected", None), status_code=499)
-        return _response(body, jobs, results, generator, model_name)
+        return _response(body, jobs, results, runner, model_name)
 
     return app
 
@@ -261,12 +261,12 @@ async def _wait_or_disconnect(request: Any, futures: list[asyncio.Future], jobs:
     return None
 
 
-def _response(body: Any, jobs: list[Job], results: list[Any], generator: Generator, model_name: str) -> dict:
+def _response(body: Any, jobs: list[Job], results: list[Any], runner: CompletionRunner, model_name: str) -> dict:
     stops = _stops(body.stop)
     choices, completion_tokens = [], 0
     for rows in results:
         for tokens, ended in rows:
-            text, used, stopped = generator.text(tokens, stops)
+            text, used, stopped = runner.text(tokens, stops)
             completion_tokens += used
             reason = "stop" if ended or stopped else "length"
             choices.append({"text": text, "index": len(choices), "logprobs": None, "finish_reason": reason})
