@@ -92,11 +92,21 @@ class CompletionRunner:
     """Runs a batch of jobs through the policy (in the batcher's worker thread) and turns tokens into text."""
 
     def __init__(self, policy: TransformerPolicy, tokenizer: Any, seed: int = 0) -> None:
-        self.policy, self.tokenizer = policy, tokenizer
+        from grpo_gym.tokenizer import TokenCodec
+
+        self.policy, self.codec = policy, TokenCodec(tokenizer)
         self.generator = th.Generator(device=policy.device).manual_seed(seed)
 
-    def __call__(self, jobs: list[Job]) -> list[list[tuple[list[int], bool]]]:
-        """``jobs`` sharing sampling settings -> per job, per completion: ``(tokens, ended_by_eos)``."""
+    def encode(self, text: str) -> list[int]:
+        """The prompt's token ids (no special tokens added)."""
+        return self.codec.encode(text).tolist()
+
+    def decode(self, tokens: list[int]) -> str:
+        """The text of ``tokens``, special tokens skipped."""
+        return self.codec.decode(tokens)
+
+    def __call__(self, jobs: list[Job]) -> list[list[tuple[list[int], str, bool]]]:
+        """``jobs`` sharing sampling settings -> per job, per completion: ``(tokens, text, ended_by_eos)``."""
         greedy, temperature, top_p = jobs[0].sampling
         prompts = [th.as_tensor(job.prompt, dtype=th.long) for job in jobs for _ in range(job.n)]
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
@@ -117,23 +127,20 @@ class CompletionRunner:
             for _ in range(job.n):
                 kept = tokens[row][: min(lengths[row], job.max_tokens)]
                 ended = bool(kept) and kept[-1] == self.policy.eos_token_id
-                rows.append((kept[:-1] if ended else kept, ended))
+                kept = kept[:-1] if ended else kept
+                rows.append((kept, self.decode(kept), ended))
                 row += 1
             results.append(rows)
         return results
 
-    def text(self, tokens: list[int], stop: list[str]) -> tuple[str, int, bool]:
-        """``(text, tokens used, stopped)``: the decoded completion cut before the first stop string."""
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-        cuts = [text.find(s) for s in stop if s and s in text]
+    def cut_at_stop(self, tokens: list[int], text: str, stop: list[str]) -> tuple[str, int, bool]:
+        """``(text, tokens used, stopped)``: the completion cut before the first stop string."""
+        cuts = [text.find(s) for s in stop if s in text]
         if not cuts:
             return text, len(tokens), False
         cut = min(cuts)
         used = next((k for k in range(1, len(tokens) + 1) if len(self.decode(tokens[:k])) > cut), len(tokens))
         return text[:cut], used, True
-
-    def decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 def _prompts(body: Any) -> list[str]:
@@ -151,7 +158,7 @@ def _stops(stop: str | list[str] | None) -> list[str]:
 
 
 def make_jobs(
-    body: CompletionRequest, policy: TransformerPolicy, tokenizer: Any, settings: ServerSettings
+    body: CompletionRequest, policy: TransformerPolicy, runner: CompletionRunner, settings: ServerSettings
 ) -> list[Job]:
     """One :class:`Job` per prompt of a validated request body; :class:`BadRequest` names a bad field."""
     for name in ("stream", "echo"):
@@ -164,7 +171,7 @@ def make_jobs(
     _stops(body.stop)
     jobs = []
     for prompt in _prompts(body):
-        ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = runner.encode(prompt)
         if len(ids) + body.max_tokens > policy.memory_length:
             raise BadRequest(
                 "prompt",
@@ -220,7 +227,7 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
         try:
-            jobs = make_jobs(body, policy, tokenizer, settings)
+            jobs = make_jobs(body, policy, runner, settings)
             for job in jobs:
                 batcher.check(job)
         except BadRequest as error:
@@ -237,7 +244,7 @@ def create_app(
         results = await _wait_or_disconnect(request, futures, jobs, batcher)
         if results is None:  # the client left; nobody reads this
             return JSONResponse(error_body("client disconnected", None), status_code=499)
-        return _response(body, jobs, results, runner, model_name)
+        return JSONResponse(_response(body, jobs, results, runner, model_name))
 
     return app
 
@@ -265,8 +272,8 @@ def _response(body: Any, jobs: list[Job], results: list[Any], runner: Completion
     stops = _stops(body.stop)
     choices, completion_tokens = [], 0
     for rows in results:
-        for tokens, ended in rows:
-            text, used, stopped = runner.text(tokens, stops)
+        for tokens, full_text, ended in rows:
+            text, used, stopped = runner.cut_at_stop(tokens, full_text, stops)
             completion_tokens += used
             reason = "stop" if ended or stopped else "length"
             choices.append({"text": text, "index": len(choices), "logprobs": None, "finish_reason": reason})
