@@ -258,14 +258,18 @@ async def _wait_or_disconnect(request: Any, futures: list[asyncio.Future], jobs:
 
     results = asyncio.gather(*futures)
     watcher = asyncio.ensure_future(disconnected())
-    done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    if results in done:
+    try:
+        done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # the server gave up on this request (the drain timeout ran out)
+        done = set()
+        raise
+    finally:
+        if results not in done:
+            for job in jobs:
+                batcher.cancel(job)
+            results.cancel()
         watcher.cancel()
-        return results.result()
-    for job in jobs:
-        batcher.cancel(job)
-    results.cancel()
-    return None
+    return results.result() if results in done else None
 
 
 def _response(body: Any, jobs: list[Job], results: list[Any], runner: CompletionRunner, model_name: str) -> dict:
