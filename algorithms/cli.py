@@ -1,4 +1,4 @@
-"""The ``grpo-gym`` command line: ``train``, ``sft``, ``eval``, ``env-demo``, ``distill`` and ``serve``."""
+"""The ``grpo-gym`` command line: ``train``, ``sft``, ``eval``, ``env-demo``, ``distill``, ``quantize``, ``serve``."""
 
 from __future__ import annotations
 
@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--difficulty", type=float, default=0.3)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=env_demo)
-    add_deploy_commands(commands, _add_config_arguments)  # distill and serve (S25-S27)
+    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve (S25-S27)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""``grpo-gym distill`` and ``grpo-gym serve`` on the command line (the server itself: tests/test_server.py)."""
+"""``grpo-gym distill``, ``quantize`` and ``serve`` on the command line (the server itself: tests/test_server.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import grpo_gym  # noqa: F401
 from algorithms import GRPO
 from algorithms.cli import main
 from algorithms.deploy.commands import size_on_disk
+from algorithms.deploy.loading import load_policy
+from algorithms.deploy.quantize import int8_layers
 from tests.sizes import ENV_KWARGS, TINY
 from tests.test_cli import table_rows, write_config
 
@@ -39,6 +41,17 @@ def test_distill_saves_the_student_and_prints_the_table(
         assert path.exists() and f"MiB  {path}" in out
     assert size_on_disk(tmp_path / "out" / "student-int8") < size_on_disk(save.with_suffix(""))
     assert GRPO.load(save).policy.model.config.hidden_size == 24
+
+
+def test_quantize_writes_the_int8_export(teacher: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["quantize", str(teacher), "--save-path", str(tmp_path / "int8")]) == 0
+    policy, tokenizer = load_policy(tmp_path / "int8")
+    assert int8_layers(policy.model) and len(tokenizer) == 103
+    out = capsys.readouterr().out
+    assert f"MiB  {tmp_path / 'int8'} ({len(int8_layers(policy.model))} INT8 layers)" in out
+    with pytest.raises(SystemExit):  # an INT8 export is not quantised twice
+        main(["quantize", str(tmp_path / "int8"), "--save-path", str(tmp_path / "again")])
+    assert "INT8 export already" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

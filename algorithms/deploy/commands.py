@@ -1,4 +1,4 @@
-"""``grpo-gym distill`` and ``grpo-gym serve``: the deployment commands of the command line."""
+"""``grpo-gym distill``, ``grpo-gym quantize`` and ``grpo-gym serve``: the deployment commands of the command line."""
 
 from __future__ import annotations
 
@@ -75,6 +75,23 @@ def distill_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def quantize_command(args: argparse.Namespace) -> int:
+    """Write the INT8 export of a float model (post-training quantisation, or a QAT-trained student's export)."""
+    from algorithms.deploy.loading import load_policy
+    from algorithms.deploy.quantize import int8_layers, quantize_int8, save_int8
+
+    policy, tokenizer = load_policy(args.model, tokenizer=args.tokenizer)
+    if int8_layers(policy.model):
+        raise ValueError(
+            f"{args.model} is an INT8 export already; pass a float model (a zip or a save_pretrained folder)"
+        )
+    quantized = quantize_int8(policy.model)
+    folder = save_int8(quantized, args.save_path, tokenizer)
+    print(f"{size_on_disk(args.model) / 2**20:8.2f} MiB  {args.model}")
+    print(f"{size_on_disk(folder) / 2**20:8.2f} MiB  {folder} ({len(int8_layers(quantized))} INT8 layers)")
+    return 0
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """Serve a saved model over HTTP until SIGTERM or Ctrl-C."""
     try:
@@ -99,7 +116,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Add ``distill`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
+    """Add ``distill``, ``quantize`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
     d = commands.add_parser("distill", help="distil a trained model into a smaller student (S25), --int8-qat (S26)")
     d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
     d.add_argument("--student", required=True,
@@ -122,6 +139,12 @@ def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.
     d.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
     add_config_arguments(d)
     d.set_defaults(func=distill_command)
+
+    q = commands.add_parser("quantize", help="write the INT8 export of a float model (PTQ, or after --int8-qat)")
+    q.add_argument("model", help="a GRPO zip or a save_pretrained folder")
+    q.add_argument("--save-path", required=True, help="the INT8 export folder to write")
+    q.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
+    q.set_defaults(func=quantize_command)
 
     s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with dynamic batching")
     s.add_argument("model", help="a GRPO zip, a save_pretrained folder or an INT8 export folder")
