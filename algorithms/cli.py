@@ -1,4 +1,5 @@
-"""The grpo-gym command line: train, sft, eval, env-demo, tasks and zoo (rl-baselines3-zoo with GRPO registered)."""
+"""The grpo-gym command line: train, sft, eval, env-demo, tasks, zoo (rl-baselines3-zoo with GRPO registered),
+distill, quantize and serve."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from algorithms.common.hyperparams import (
     parse_overrides,
     preset_key,
 )
+from algorithms.deploy.commands import add_deploy_commands
 
 
 def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | None) -> Any:
@@ -340,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
+    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve (S25-S27)
     return parser
 
 

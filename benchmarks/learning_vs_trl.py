@@ -252,6 +252,7 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     def reward(completion_ids: list[list[int]], problem_id: list[int], **kwargs: Any) -> list[float]:
         first.extend([] if first else problem_id[:: ours["G"]])
         return composite_reward(completion_ids, problem_id, **kwargs)
+
     config = {
         "output_dir": os.path.join(settings.out, f"trl_seed{settings.seed}"),
         "seed": settings.seed,

@@ -238,7 +238,17 @@ def supports_llama_decoder(model: nn.Module) -> bool:
         and all(
             hasattr(getattr(layer, name, None), "weight") for name in ("input_layernorm", "post_attention_layernorm")
         )
+        and all(_is_plain_linear(each) for each in layers)
     )
+
+
+def _is_plain_linear(layer: nn.Module) -> bool:
+    """Whether every projection of a decoder layer computes ``F.linear(x, weight, bias)``, which the decoder calls
+    directly; other modules (fake-quantised, INT8, adapters) run through the model's own forward."""
+    attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    modules = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    modules += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
+    return all(isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward for m in modules)
 
 
 def make_decoder(model: nn.Module, capacity: int, kind: str = "auto") -> HFDecoder | LlamaDecoder:

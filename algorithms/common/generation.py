@@ -250,17 +250,8 @@ def completion_log_probs(
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if layout not in ("auto", "packed", "padded"):
-        raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
-    model = base_network(model)  # a PeftModel's own model, LoRA layers included: the same logits, fewer wrappers
     mask = completion_mask.bool()  # (B, C)
-    attention_kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if layout == "auto":
-        layout = "packed" if attention_kind in ("sdpa", "eager") else "padded"
-    if layout == "packed":
-        logits = _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind)
-    else:
-        logits = _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask)[mask]  # (N, V)
+    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, mask, layout=layout, pad_id=pad_id)
     scaled = _scaled_logits(logits, temperature, vocab_size)  # (N, V): one row per real completion token
     log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     log_probs = log_probs.masked_scatter(mask, _token_log_probs(scaled, completion_ids[mask]))  # (B, C)
@@ -269,6 +260,41 @@ def completion_log_probs(
         log_p = F.log_softmax(scaled, dim=-1)  # (N, V)
         entropy = torch.zeros_like(log_probs).masked_scatter(mask, -(log_p.exp() * log_p).sum(-1))  # (B, C)
     return log_probs, entropy
+
+
+def completion_logits(
+    model: torch.nn.Module,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    layout: str = "auto",
+    pad_id: int = 0,
+) -> torch.Tensor:
+    """``(N, V)`` raw logits predicting each real completion token (row-major order), in one forward pass.
+
+    The forward pass of :func:`completion_log_probs` (same layouts, same positions), for callers that need the
+    whole distribution at each token, e.g. distillation's KL between two models over the same completions.
+
+    :param model: a Hugging Face causal LM
+    :param prompt_ids: ``(B, T)`` left-padded prompt ids
+    :param prompt_mask: ``(B, T)`` 1 for prompt tokens, 0 for padding
+    :param completion_ids: ``(B, C)`` completion ids
+    :param completion_mask: ``(B, C)`` True for real completion tokens; ``N`` is its number of True entries
+    :param layout: ``"auto"``, ``"packed"`` or ``"padded"`` (see :func:`completion_log_probs`)
+    :param pad_id: the id written in the packed layout's padding
+    """
+    if layout not in ("auto", "packed", "padded"):
+        raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
+    model = base_network(model)  # a PeftModel's own model, LoRA layers included: the same logits, fewer wrappers
+    mask = completion_mask.bool()  # (B, C)
+    attention_kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if layout == "auto":
+        layout = "packed" if attention_kind in ("sdpa", "eager") else "padded"
+    if layout == "packed":
+        return _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind)
+    return _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask)[mask]  # (N, V)
 
 
 def _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask) -> torch.Tensor:

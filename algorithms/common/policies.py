@@ -261,11 +261,14 @@ class TransformerPolicy(BasePolicy):
         model: nn.Module | None = None,
         noise_offset: int = 0,
         noise_rows: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
     ) -> Completions:
         """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs.
 
         ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings;
-        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sample`."""
+        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sample`; ``temperature`` and
+        ``top_p`` replace the policy's for this call (the server's per-request settings)."""
         with th.no_grad(), self.autocast("sampling"):
             return sample(
                 model if model is not None else self.model,
@@ -274,8 +277,8 @@ class TransformerPolicy(BasePolicy):
                 max_new_tokens=max_new_tokens or self.max_new_tokens,
                 eos_token_id=self.eos_token_id,
                 pad_token_id=self.pad_token_id,
-                temperature=self.temperature,
-                top_p=self.top_p,
+                temperature=self.temperature if temperature is None else temperature,
+                top_p=self.top_p if top_p is None else top_p,
                 top_k=self.top_k,
                 vocab_size=self.vocab_size,
                 generator=generator,

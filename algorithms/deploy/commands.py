@@ -1,0 +1,165 @@
+"""``grpo-gym distill``, ``grpo-gym quantize`` and ``grpo-gym serve``: the deployment commands of the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def size_on_disk(path: str | os.PathLike) -> int:
+    """Bytes of a file, or of every file under a folder."""
+    location = Path(path)
+    if location.is_file():
+        return location.stat().st_size
+    return sum(p.stat().st_size for p in location.rglob("*") if p.is_file())
+
+
+def _student(text: str) -> Any:
+    """``--student``: an inline JSON object of config fields, else a name, folder or JSON file."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"--student {text!r} is not valid JSON ({error})") from None
+    return text
+
+
+def distill_command(args: argparse.Namespace) -> int:
+    """Distil ``--teacher`` into ``--student`` on the config's env, then print held-out success and sizes."""
+    from algorithms.cli import _make_env
+    from algorithms.common.evaluation import evaluate_problems, format_table, held_out_problems
+    from algorithms.common.hyperparams import load_hyperparams
+    from algorithms.deploy.distill import distill
+    from algorithms.deploy.loading import has_tokenizer, load_policy
+
+    config = load_hyperparams(args.config, args.env, args.preset, {})
+    env_kwargs = dict(config.get("env_kwargs", {}))
+    if has_tokenizer(args.teacher):  # a Hugging Face teacher brings its tokenizer; the env must use it
+        env_kwargs.setdefault("tokenizer", args.teacher)
+    env = _make_env(args.env, 1, env_kwargs, args.seed)
+    student = distill(
+        args.teacher,
+        _student(args.student),
+        env,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        temperature=args.temperature,
+        reverse_kl=args.reverse_kl,
+        on_policy=args.on_policy,
+        sft_coef=args.sft_coef,
+        int8_qat=args.int8_qat,
+        qat_start=args.qat_start,
+        save_path=args.save_path,
+        tensorboard_log=args.tensorboard_log,
+        progress_bar=args.progress_bar,
+        verbose=args.verbose,
+        seed=args.seed,
+    )
+    n = args.n or int(config.get("eval_problems", 100))
+    problems = held_out_problems(env, n, float(env.get_attr("difficulty", indices=[0])[0]), args.eval_seed)
+    budget = student.policy.max_new_tokens  # the env's completion length, for the folders' policies
+    policies = {"teacher": load_policy(args.teacher, max_new_tokens=budget)[0], "student": student.policy}
+    stem = Path(args.save_path).with_suffix("") if args.save_path else None
+    if stem is not None and args.int8_qat:
+        policies["student int8"] = load_policy(stem.with_name(stem.name + "-int8"), max_new_tokens=budget)[0]
+    print(format_table({name: [evaluate_problems(p, env, problems, args.eval_seed)] for name, p in policies.items()}))
+    if stem is not None:
+        for path in (args.teacher, stem.with_suffix(".zip"), stem, stem.with_name(stem.name + "-int8")):
+            if Path(path).exists():
+                print(f"{size_on_disk(path) / 2**20:8.2f} MiB  {path}")
+    return 0
+
+
+def quantize_command(args: argparse.Namespace) -> int:
+    """Write the INT8 export of a float model (post-training quantisation, or a QAT-trained student's export)."""
+    from algorithms.deploy.loading import load_policy
+    from algorithms.deploy.quantize import int8_layers, quantize_int8, save_int8
+
+    policy, tokenizer = load_policy(args.model, tokenizer=args.tokenizer)
+    if int8_layers(policy.model):
+        raise ValueError(
+            f"{args.model} is an INT8 export already; pass a float model (a zip or a save_pretrained folder)"
+        )
+    quantized = quantize_int8(policy.model)
+    folder = save_int8(quantized, args.save_path, tokenizer)
+    print(f"{size_on_disk(args.model) / 2**20:8.2f} MiB  {args.model}")
+    print(f"{size_on_disk(folder) / 2**20:8.2f} MiB  {folder} ({len(int8_layers(quantized))} INT8 layers)")
+    return 0
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Serve a saved model over HTTP until SIGTERM or Ctrl-C."""
+    try:
+        from algorithms.deploy.server import ServerSettings, serve
+    except ImportError as error:
+        raise ValueError(f"serving needs FastAPI and uvicorn ({error}): pip install 'grpo-gym[serve]'") from None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    settings = ServerSettings(
+        max_wait_ms=args.max_wait_ms,
+        max_batch_tokens=args.max_batch_tokens,
+        max_batch_size=args.max_batch_size,
+        max_queue=args.max_queue,
+        bucket_width=args.bucket_width,
+        max_tokens_limit=args.max_tokens_limit,
+        seed=args.seed,
+    )
+    serve(args.model, args.host, args.port, settings, args.tokenizer, args.device, args.drain_timeout, args.log_level)
+    return 0
+
+
+def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Add ``distill``, ``quantize`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
+    d = commands.add_parser("distill", help="distil a trained model into a smaller student (S25), --int8-qat (S26)")
+    d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
+    d.add_argument("--student", required=True,
+                   help="a built-in size, a model folder, a JSON file or an inline JSON object of config fields "
+                        "over the tiny model, e.g. '{\"hidden_size\": 64, \"num_hidden_layers\": 2}'")  # fmt: skip
+    d.add_argument("--steps", type=int, default=1000, help="gradient steps")
+    d.add_argument("--batch-size", type=int, default=32, help="prompts per step")
+    d.add_argument("--learning-rate", type=float, default=1e-3)
+    d.add_argument("--temperature", type=float, default=1.0, help="the KL's temperature tau")
+    d.add_argument("--reverse-kl", type=float, default=0.0, help="weight of KL(student||teacher) in the mix")
+    d.add_argument("--on-policy", type=float, default=0.0, help="share of completions sampled by the student")
+    d.add_argument("--sft-coef", type=float, default=0.0, help="weight of the gold solutions' NLL")
+    d.add_argument("--int8-qat", action="store_true", help="train through INT8 rounding; also write the INT8 export")
+    d.add_argument("--qat-start", type=float, default=0.0, help="share of the steps before the INT8 rounding starts")
+    d.add_argument("--save-path", default=None, help="student.zip; also writes student/ and student-int8/")
+    d.add_argument("--n", type=int, default=None, help="held-out problems in the final table (config's eval_problems)")
+    d.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder (tags under distill/)")
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--verbose", type=int, default=0)
+    d.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
+    add_config_arguments(d)
+    d.set_defaults(func=distill_command)
+
+    q = commands.add_parser("quantize", help="write the INT8 export of a float model (PTQ, or after --int8-qat)")
+    q.add_argument("model", help="a GRPO zip or a save_pretrained folder")
+    q.add_argument("--save-path", required=True, help="the INT8 export folder to write")
+    q.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
+    q.set_defaults(func=quantize_command)
+
+    s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with dynamic batching")
+    s.add_argument("model", help="a GRPO zip, a save_pretrained folder or an INT8 export folder")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-wait-ms", type=float, default=5.0, help="the longest a request waits for a batch")
+    s.add_argument("--max-batch-tokens", type=int, default=8192, help="rows x (longest prompt + largest max_tokens)")
+    s.add_argument("--max-batch-size", type=int, default=64, help="the most completions in a batch")
+    s.add_argument("--max-queue", type=int, default=512, help="completions waiting before 503 + Retry-After")
+    s.add_argument("--bucket-width", type=int, default=16, help="prompt-length bucket width, in tokens")
+    s.add_argument("--max-tokens-limit", type=int, default=256, help="the largest max_tokens a request may ask")
+    s.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    s.add_argument("--seed", type=int, default=0, help="seeds the sampler")
+    s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests after SIGTERM")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=serve_command)

@@ -1,0 +1,112 @@
+"""Load a trained model for deployment, whatever form it was saved in, as a :class:`TransformerPolicy` + tokenizer.
+
+Three forms are read: a GRPO zip (``model.save``; the tokenizer is not in the zip: the built-in one unless given),
+a Hugging Face folder (``save_pretrained``; its own tokenizer when it has one) and an INT8 export
+(:func:`~algorithms.deploy.quantize.save_int8`). The server and distillation then sample through the policy, with
+the project's sampler and decoders: one code path for training rollouts and serving.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch as th
+from gymnasium import spaces
+from torch import nn
+
+from algorithms.common.policies import TransformerPolicy
+from algorithms.deploy.quantize import is_int8_folder, load_int8
+
+#: files that mark a folder as holding a tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a saved Hugging Face tokenizer."""
+    return Path(folder).is_dir() and any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
+
+
+def policy_for_model(
+    model: nn.Module,
+    tokenizer: Any,
+    max_new_tokens: int = 256,
+    device: th.device | str = "cpu",
+    **policy_kwargs: Any,
+) -> TransformerPolicy:
+    """A :class:`TransformerPolicy` around a loaded model, with spaces made from the tokenizer.
+
+    :param model: a Hugging Face causal LM (float or INT8)
+    :param tokenizer: its tokenizer (gives the vocabulary, EOS and pad ids)
+    :param max_new_tokens: the policy's default completion budget
+    :param device: where the model runs
+    :param policy_kwargs: other :class:`TransformerPolicy` arguments (``temperature``, ``top_p``, ...)
+    """
+    from grpo_gym.tokenizer import TokenCodec
+
+    codec = TokenCodec(tokenizer)
+    window = spaces.Box(0, codec.vocab_size - 1, shape=(1,), dtype=np.int64)
+    observation_space = spaces.Dict({"input_ids": window, "attention_mask": spaces.Box(0, 1, (1,), np.int64)})
+    action_space = spaces.MultiDiscrete(np.full(max_new_tokens, codec.vocab_size, dtype=np.int64))
+    policy = TransformerPolicy(
+        observation_space,
+        action_space,
+        lambda _: 0.0,
+        model=model,
+        eos_token_id=codec.eos_id,
+        pad_token_id=codec.pad_id,
+        **policy_kwargs,
+    )
+    return policy.to(device)
+
+
+def load_policy(
+    path: str | os.PathLike,
+    tokenizer: Any = None,
+    device: th.device | str = "cpu",
+    max_new_tokens: int = 256,
+) -> tuple[TransformerPolicy, Any]:
+    """Load a saved model as ``(policy, tokenizer)``.
+
+    :param path: a GRPO zip, a ``save_pretrained`` folder or an INT8 export folder
+    :param tokenizer: a tokenizer (object, folder or ``"builtin"``); default: the folder's own, else the built-in
+    :param device: where the model runs (an INT8 export runs its int8 kernel on CPU)
+    :param max_new_tokens: the default completion budget of a folder's policy (a zip keeps its own)
+    """
+    from grpo_gym.tokenizer import load_tokenizer
+
+    location = Path(path)
+    if location.is_dir():
+        tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (path if has_tokenizer(path) else None))
+        if is_int8_folder(location):
+            model = load_int8(location)
+        else:
+            from algorithms.common.models import load_model
+
+            model = load_model(os.fspath(location))
+        return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
+    if not location.is_file():
+        raise ValueError(
+            f"model {os.fspath(path)!r} does not exist: pass a GRPO zip (model.save), a save_pretrained folder, "
+            "or an INT8 export folder"
+        )
+    from algorithms import GRPO
+
+    policy = GRPO.load(location, device=device).policy
+    tokenizer = load_tokenizer(tokenizer)
+    check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
+    return policy, tokenizer
+
+
+def check_tokenizer(policy: TransformerPolicy, tokenizer: Any, what: str = "the model") -> None:
+    """Raise a ``ValueError`` naming the fix when ``tokenizer`` is not the one ``policy`` was trained with (its
+    size, EOS and pad ids)."""
+    size, eos, pad = len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id
+    if (policy.vocab_size, policy.eos_token_id, policy.pad_token_id) != (size, eos, pad):
+        raise ValueError(
+            f"{what} was trained with a tokenizer of {policy.vocab_size} tokens (EOS {policy.eos_token_id}, pad "
+            f"{policy.pad_token_id}), not this one ({size} tokens, EOS {eos}, pad {pad}): pass the run's tokenizer "
+            "(--tokenizer <folder>), or serve its save_pretrained folder, which holds it"
+        )
