@@ -223,12 +223,19 @@ def evaluate(args: argparse.Namespace) -> int:
     """Held-out success of a saved model at each ``--difficulty``, as a table."""
     from algorithms import GRPO
     from algorithms.common.evaluation import evaluate_difficulties, format_table
+    from algorithms.common.state import recorded_env_kwargs
 
-    config = load_hyperparams(args.config, args.env, args.preset, {})
-    env_kwargs = dict(config.get("env_kwargs") or {})
-    if args.eval_data is not None:  # the held-out split of a dataset / jsonl task
-        env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), "eval_data": args.eval_data}
-    env = _make_env(args.env, 1, env_kwargs, args.eval_seed)
+    extra = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
+    if args.config is None and args.preset is None:  # the env the model file records
+        env_id, env_kwargs, _ = recorded_env_kwargs(args.model, **extra)
+    else:
+        env_id = args.env
+        env_kwargs = dict(
+            load_hyperparams(args.config or str(DEFAULT_CONFIG), args.env, args.preset, {}).get("env_kwargs") or {}
+        )
+        if extra:  # the held-out split of a dataset / jsonl task
+            env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra["task_kwargs"]}
+    env = _make_env(env_id, 1, env_kwargs, args.eval_seed)
     model = GRPO.load(args.model, env=env)
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
@@ -288,7 +295,8 @@ def tasks(args: argparse.Namespace) -> int:
 
 
 def _add_config_arguments(parser: argparse.ArgumentParser, config_default: str | None = str(DEFAULT_CONFIG)) -> None:
-    parser.add_argument("--config", default=config_default, help="rl-zoo3 style YAML (default: zoo_configs/grpo.yml)")
+    shown = "zoo_configs/grpo.yml" if config_default else "the env the model file records"
+    parser.add_argument("--config", default=config_default, help=f"rl-zoo3 style YAML (default: {shown})")
     parser.add_argument("--env", default="R1Zero-v0", help="env id, a top-level key of the config")
     parser.add_argument("--preset", default=None, help="a preset of the config: demo, seed (default: published GRPO)")
     parser.add_argument("--eval-seed", type=int, default=0, help="selects the held-out problems and sampler seed")
@@ -326,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     command.set_defaults(func=sft)
     ev = commands.add_parser("eval", help="held-out success of a saved model, per difficulty")
     ev.add_argument("model", help="a model saved by grpo-gym train --save-path")
-    _add_config_arguments(ev)
+    _add_config_arguments(ev, config_default=None)
     ev.add_argument("--difficulty", type=float, nargs="+", default=[0.1, 0.3, 0.5])
     ev.add_argument("--n", type=int, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")

@@ -111,6 +111,17 @@ def test_train_writes_one_run_with_sft_and_grpo(trained: tuple[Path, Path, str])
     assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
 
 
+def test_eval_needs_only_the_model_file(trained: tuple[Path, Path, str], capsys: pytest.CaptureFixture) -> None:
+    """The zip records its env (id and arguments): eval rebuilds it, whatever the default config's env is."""
+    folder, config, _ = trained
+    argv = ["eval", str(folder / "m.zip"), "--difficulty", "0.1", "--n", "4", "--greedy"]
+    assert main(argv) == 0
+    recorded = capsys.readouterr().out
+    assert table_rows(recorded) == [("m", 0.1, 4)]
+    assert main([*argv, "--config", str(config)]) == 0  # the training config gives the same env: the same table
+    assert capsys.readouterr().out == recorded
+
+
 def test_eval_prints_a_row_per_difficulty(trained: tuple[Path, Path, str], capsys: pytest.CaptureFixture) -> None:
     folder, config, _ = trained
     argv = ["eval", str(folder / "m.zip"), "--config", str(config), "--difficulty", "0.1", "0.2", "--n", "4"]

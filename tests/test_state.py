@@ -281,3 +281,39 @@ def test_the_same_seed_gives_the_same_parameters_after_several_updates() -> None
     second.learn(40)
     assert_same_training_state(first, second)
     assert not th.are_deterministic_algorithms_enabled()  # the setting is the caller's again after learn()
+
+
+# ------------------------------------------------------------------------------------------------ the env record
+def test_load_without_env_rebuilds_the_recorded_env_and_resumes_exactly(tmp_path: Path) -> None:
+    straight = make_model()
+    straight.learn(16)
+    first = make_model()
+    first.learn(8)
+    first.save(tmp_path / "m.zip")
+    data = read_model_file(tmp_path / "m.zip")[0]
+    assert (
+        data["env"]["n_envs"] == 1 and data["env"]["record"]["kwargs"]["max_new_tokens"] == ENV_KWARGS["max_new_tokens"]
+    )
+    resumed_model = GRPO.load(tmp_path / "m.zip")  # no env: the recorded one is rebuilt
+    assert resumed_model.env is not None and resumed_model.env.num_envs == 1
+    assert resumed_model.env.get_attr("max_new_tokens")[0] == ENV_KWARGS["max_new_tokens"]
+    resumed_model.learn(8, reset_num_timesteps=False)
+    assert_same_training_state(straight, resumed_model)
+
+
+def exact_match(prompts, completions, **kwargs) -> list[float]:
+    return [1.0 if "=" in text else 0.0 for text in completions]
+
+
+def test_an_env_with_reward_funcs_needs_them_back_at_load(tmp_path: Path) -> None:
+    env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs={"exact": exact_match}))])
+    model = make_model(env, sft_steps=0)
+    model.save(tmp_path / "m.zip")
+    with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}"):
+        bare = GRPO.load(tmp_path / "m.zip")
+    assert bare.env is None  # predicts, does not train
+    rebuilt = GRPO.load(tmp_path / "m.zip", env_objects={"reward_funcs": {"exact": exact_match}})
+    assert rebuilt.env is not None
+    assert rebuilt.env.env_method("describe")[0]["kwargs"]["reward_funcs"] == {"exact": "<must be passed>"}
+    with pytest.raises(ValueError, match="without env="):
+        GRPO.load(tmp_path / "m.zip", env=env, env_objects={"reward_funcs": {"exact": exact_match}})

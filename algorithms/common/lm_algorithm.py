@@ -269,6 +269,7 @@ class LMAlgorithm(BaseAlgorithm):
         print_system_info: bool = False,
         force_reset: bool = True,
         allow_pickle: bool = False,
+        env_objects: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> SelfLMAlgorithm:
         """Load a model written by :meth:`save`, safely: its ``data`` is JSON and its tensors are read with
@@ -276,11 +277,17 @@ class LMAlgorithm(BaseAlgorithm):
         with an error naming it, unless ``custom_objects`` supplies it or ``allow_pickle=True`` (only for a file
         you trust). ``kwargs`` override saved constructor arguments (e.g. ``tensorboard_log``) or set attributes.
 
-        Without ``env`` the model predicts and exports but does not train. ``force_reset`` is accepted for SB3's
-        signature: the envs are always reset when training starts, then given their saved states back."""
+        Without ``env``, the env the file records (its id and constructor arguments, see
+        :meth:`~grpo_gym.R1ZeroEnv.describe`) is rebuilt, with ``env_objects`` supplying what a file cannot hold
+        (``{"reward_funcs": {...}}``, ``{"task_kwargs": {"data": dataset}}``); when something is missing the model
+        loads without an env (a warning names it), predicts and exports but does not train. ``force_reset`` is
+        accepted for SB3's signature: the envs are always reset when training starts, then given their saved
+        states back."""
         if print_system_info:
             get_system_info()
-        return state.load(cls, path, env, device, custom_objects, allow_pickle, **kwargs)  # type: ignore[return-value]
+        return state.load(  # type: ignore[return-value]
+            cls, path, env, device, custom_objects, allow_pickle, env_objects, **kwargs
+        )
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])

@@ -8,7 +8,10 @@ What a saved model holds (the file format is :mod:`algorithms.common.serializati
 - the run state: ``num_timesteps``, the update and iteration counters, skipped steps and the algorithm's own
   counters; the RNG states of torch, numpy, Python, the sampler's generator and the problem sampler; each env's
   :meth:`~grpo_gym.R1ZeroEnv.get_state` (reached through the VecEnv); the curriculum's level; the episode
-  statistics SB3 logs (``rollout/ep_rew_mean``, ``rollout/success_rate``).
+  statistics SB3 logs (``rollout/ep_rew_mean``, ``rollout/success_rate``);
+- the env's record (:meth:`~grpo_gym.R1ZeroEnv.describe`: its id and constructor arguments as JSON, and which
+  objects a file cannot hold) with the number of envs: ``load`` without ``env`` rebuilds that env (a DummyVecEnv),
+  given back what the record says must be passed (``env_objects={"reward_funcs": {...}}``).
 
 Checkpoints are taken at iteration boundaries: a save requested while a rollout is being collected (e.g. by
 SB3's ``CheckpointCallback``, which saves from ``on_step``) records the state at the start of that rollout —
@@ -28,6 +31,7 @@ import inspect
 import io
 import os
 import random
+import warnings
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +41,7 @@ from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.serialization import decode, encode, read_model_file, write_model_file
+from grpo_gym.describe import env_kwargs_from_record
 
 if TYPE_CHECKING:
     from algorithms.common.lm_algorithm import LMAlgorithm
@@ -107,6 +112,44 @@ def restore(algorithm: LMAlgorithm, state: dict[str, Any], rng: dict[str, th.Ten
         th.cuda.set_rng_state_all(cuda)
 
 
+# ---------------------------------------------------------------------------------------------- the env record
+def env_record(env: Any) -> dict[str, Any] | None:
+    """``{"record": <the first env's describe()>, "n_envs": N}``, or None for an env that cannot describe itself
+    (not an :class:`~grpo_gym.R1ZeroEnv`)."""
+    if env is None or not env.has_attr("describe"):
+        return None
+    return {"record": env.env_method("describe", indices=[0])[0], "n_envs": env.num_envs}
+
+
+def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, dict[str, Any], int]:
+    """The env id, constructor arguments and number of envs recorded in the model file at ``path``; ``objects``
+    are what the record says must be passed (and may override recorded values). ``ValueError`` when the file
+    holds no env record (a model saved without an env) or an object is missing (the message names each)."""
+    data = read_model_file(path)[0]
+    saved = data.get("env")
+    if not saved:
+        raise ValueError(f"{os.fspath(path)} records no env (saved without one, or not an R1Zero-v0 env): pass env=")
+    record = saved["record"]
+    return record["env_id"], env_kwargs_from_record(record, **objects), int(saved["n_envs"])
+
+
+def _rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None) -> Any:
+    """The VecEnv the record describes, or None (with a warning naming what to pass) when it needs objects."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+
+    record = saved["record"]
+    try:
+        kwargs = env_kwargs_from_record(record, **objects)
+    except ValueError as error:
+        warnings.warn(f"the env was not rebuilt, the model predicts but cannot train: {error}", stacklevel=3)
+        return None
+    n_envs = int(saved["n_envs"])
+    return make_vec_env(record["env_id"], n_envs=n_envs, seed=seed, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+
+
 # ---------------------------------------------------------------------------------------------- save and load
 def save(algorithm: LMAlgorithm, path: str | os.PathLike) -> None:
     """Write the model file (atomically): arguments, weights, and the run state at the last iteration boundary."""
@@ -118,6 +161,7 @@ def save(algorithm: LMAlgorithm, path: str | os.PathLike) -> None:
         "action_space": encode(algorithm.action_space),
         "arguments": encode(constructor_arguments(algorithm)),
         "state": state,
+        "env": env_record(algorithm.env),
     }
     parameters = algorithm.get_parameters()
     parameters["policy"] = algorithm.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
@@ -131,6 +175,7 @@ def load(
     device: th.device | str = "auto",
     custom_objects: dict[str, Any] | None = None,
     allow_pickle: bool = False,
+    env_objects: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> LMAlgorithm:
     """Build the saved algorithm from its file: see :meth:`LMAlgorithm.load`."""
@@ -145,6 +190,10 @@ def load(
     }
     observation_space = decode(data["observation_space"], "observation_space")
     action_space = decode(data["action_space"], "action_space")
+    if env is None and data.get("env"):
+        env = _rebuild_env(data["env"], dict(env_objects or {}), arguments.get("seed"))
+    elif env_objects:
+        raise ValueError("env_objects rebuild the recorded env: pass them without env=")
     if env is not None:
         env = cls._wrap_env(env, int(arguments.get("verbose", 0)))
         check_for_correct_spaces(env, observation_space, action_space)
