@@ -227,7 +227,10 @@ def evaluate(args: argparse.Namespace) -> int:
 
     extra = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.config is None and args.preset is None:  # the env the model file records
-        env_id, env_kwargs, _ = recorded_env_kwargs(args.model, **extra)
+        try:
+            env_id, env_kwargs, _ = recorded_env_kwargs(args.model, **extra)
+        except ValueError as error:
+            raise ValueError(f"{error} (on the command line: give the training run's --config / --preset)") from error
     else:
         env_id = args.env
         env_kwargs = dict(

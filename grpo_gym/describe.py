@@ -64,6 +64,13 @@ def _jsonable(value: Any) -> Any:
     return MUST_PASS
 
 
+def _file_or_value(value: Any) -> Any:
+    """A path to an existing file made absolute (the record may be read from another working directory), other
+    values as :func:`_jsonable` records them."""
+    value = _jsonable(value)
+    return os.path.abspath(value) if isinstance(value, str) and value != MUST_PASS and os.path.isfile(value) else value
+
+
 def _tokenizer(value: Any) -> Any:
     if value is None or isinstance(value, (str, os.PathLike)):
         return None if value is None else os.fspath(value)
@@ -92,7 +99,7 @@ def describe_env(env: R1ZeroEnv) -> dict[str, Any]:
     }
     kwargs["task"] = task_path(given["task"]) or MUST_PASS
     task_kwargs = given["task_kwargs"]
-    kwargs["task_kwargs"] = None if task_kwargs is None else {k: _jsonable(v) for k, v in task_kwargs.items()}
+    kwargs["task_kwargs"] = None if task_kwargs is None else {k: _file_or_value(v) for k, v in task_kwargs.items()}
     kwargs["tokenizer"] = _tokenizer(given["tokenizer"])
     kwargs["reward_model"] = _reward_model(given["reward_model"])
     funcs = given["reward_funcs"]
@@ -168,8 +175,28 @@ def _check_task_module(task: Any, passed: bool) -> None:
         )
 
 
-def make_env_from_record(record: Mapping[str, Any], **objects: Any) -> gym.Env:
-    """``gym.make(record["env_id"], **env_kwargs_from_record(record, **objects))``."""
+def recorded_env_id(record: Mapping[str, Any]) -> str:
+    """The record's env id, checked without importing anything: an id already registered (``R1Zero-v0``, or your
+    own ``register(id=..., entry_point=R1ZeroEnv)``) whose entry point is :class:`~grpo_gym.env.R1ZeroEnv`.
+    ``"grpo_gym:R1Zero-v0"`` is read as ``"R1Zero-v0"``. Anything else (``"some.module:Env-v0"`` would make
+    gymnasium import ``some.module``) is a ``ValueError``."""
     import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+    from grpo_gym.env import R1ZeroEnv
 
-    return gym.make(record["env_id"], **env_kwargs_from_record(record, **objects))
+    env_id = record.get("env_id")
+    if env_id == "grpo_gym:R1Zero-v0":
+        env_id = "R1Zero-v0"
+    spec = gym.registry.get(env_id) if isinstance(env_id, str) else None
+    entry = None if spec is None else spec.entry_point
+    if entry not in ("grpo_gym.env:R1ZeroEnv", "grpo_gym:R1ZeroEnv", R1ZeroEnv):
+        raise ValueError(
+            f"the record's env id {env_id!r} is not a registered R1ZeroEnv id (a record never imports code): "
+            "register it first (gymnasium.register(id=..., entry_point=grpo_gym.R1ZeroEnv)), or pass the env"
+        )
+    return env_id
+
+
+def make_env_from_record(record: Mapping[str, Any], **objects: Any) -> gym.Env:
+    """``gym.make(record["env_id"], **env_kwargs_from_record(record, **objects))``, the id checked by
+    :func:`recorded_env_id`."""
+    return gym.make(recorded_env_id(record), **env_kwargs_from_record(record, **objects))

@@ -186,8 +186,10 @@ class R1ZeroEnv(gym.Env):
         self.difficulty = check_difficulty(difficulty)
 
     def set_reward_weights(self, weights: dict[str, float]) -> None:
-        """Change the weights of the reward components at run time (partial dicts allowed)."""
+        """Change the weights of the reward components at run time (partial dicts allowed); scores computed ahead
+        with the old weights are dropped."""
         self.reward_fn.set_weights(weights)
+        self._ahead.clear()
 
     def _task_columns(self) -> list[str] | None:
         """The reward columns of one problem drawn at the current level (the task's sampler state is put back),

@@ -14,6 +14,7 @@ from algorithms.cli import main
 from algorithms.deploy.commands import size_on_disk
 from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import int8_layers
+from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE
 from tests.sizes import ENV_KWARGS, TINY
 from tests.test_cli import table_rows, write_config
 
@@ -46,7 +47,7 @@ def test_distill_saves_the_student_and_prints_the_table(
 def test_quantize_writes_the_int8_export(teacher: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["quantize", str(teacher), "--save-path", str(tmp_path / "int8")]) == 0
     policy, tokenizer = load_policy(tmp_path / "int8")
-    assert int8_layers(policy.model) and len(tokenizer) == 103
+    assert int8_layers(policy.model) and len(tokenizer) == BUILTIN_VOCAB_SIZE
     out = capsys.readouterr().out
     assert f"MiB  {tmp_path / 'int8'} ({len(int8_layers(policy.model))} INT8 layers)" in out
     with pytest.raises(SystemExit):  # an INT8 export is not quantised twice

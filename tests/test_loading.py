@@ -12,7 +12,7 @@ import grpo_gym  # noqa: F401
 from algorithms import GRPO
 from algorithms.deploy.loading import check_tokenizer, has_tokenizer, load_policy, policy_for_model
 from algorithms.deploy.quantize import Int8Linear, int8_layers, quantize_int8, save_int8
-from grpo_gym.tokenizer import build_char_tokenizer
+from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE, build_char_tokenizer
 from tests.sizes import ENV_KWARGS, TINY
 
 
@@ -41,7 +41,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.parametrize("form", ["zip", "hf", "int8"])
 def test_every_form_loads_in_one_call_and_generates(saved: dict[str, Path], form: str) -> None:
     policy, tokenizer = load_policy(saved[form])
-    assert len(tokenizer) == policy.vocab_size == 103
+    assert len(tokenizer) == policy.vocab_size == BUILTIN_VOCAB_SIZE
     assert (policy.eos_token_id, policy.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 0)
     assert bool(int8_layers(policy.model)) == (form == "int8")
     ids = torch.tensor([tokenizer("User: What is 1+2?\nAssistant: ")["input_ids"]])
@@ -63,7 +63,7 @@ def test_folders_bring_their_tokenizer(saved: dict[str, Path], tmp_path: Path) -
     model = load_policy(saved["hf"])[0].model
     model.save_pretrained(tmp_path / "bare")  # no tokenizer files: the built-in one is used
     policy, tokenizer = load_policy(tmp_path / "bare")
-    assert len(tokenizer) == policy.vocab_size == 103
+    assert len(tokenizer) == policy.vocab_size == BUILTIN_VOCAB_SIZE
 
 
 def test_a_zip_with_the_wrong_tokenizer_is_a_clear_error(saved: dict[str, Path]) -> None:
@@ -81,7 +81,7 @@ def test_policy_for_model_takes_its_spaces_from_the_tokenizer(saved: dict[str, P
 
     model = load_int8(saved["int8"])
     policy = policy_for_model(model, build_char_tokenizer(), max_new_tokens=7)
-    assert policy.vocab_size == 103 and policy.max_new_tokens == 7
+    assert policy.vocab_size == BUILTIN_VOCAB_SIZE and policy.max_new_tokens == 7
     assert isinstance(policy.model.get_submodule("model.layers.0.mlp.down_proj"), Int8Linear)
     check_tokenizer(policy, build_char_tokenizer())
     with pytest.raises(ValueError, match="12 tokens"):

@@ -176,3 +176,20 @@ def tokenizer():
     from grpo_gym.tokenizer import build_char_tokenizer
 
     return build_char_tokenizer()
+
+
+def test_a_lora_model_is_merged_then_exported(model: nn.Module, tmp_path: Path) -> None:
+    from algorithms.common.adapters import apply_lora
+
+    lora = apply_lora(copy.deepcopy(model), {"r": 4, "target_modules": ["q_proj", "v_proj"]}, seed=0)
+    for name, parameter in lora.named_parameters():
+        if "lora_B" in name:  # B starts at 0: make the adapters change the output
+            nn.init.normal_(parameter, std=0.5)
+    merged = copy.deepcopy(lora).merge_and_unload().eval()
+    quantized = quantize_int8(lora)
+    assert int8_layers(quantized) == int8_layers(quantize_int8(merged))  # the plain model's names, no wrappers
+    loaded = load_int8(save_int8(quantized, tmp_path / "int8"))
+    ids = torch.randint(3, 103, (2, 8))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, quantized(ids).logits)
+        assert (quantized(ids).logits - merged(ids).logits).abs().max() < 0.5  # the adapters' effect kept

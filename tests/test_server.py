@@ -18,6 +18,7 @@ import httpx
 import pytest
 import torch
 import uvicorn
+from stable_baselines3.common.vec_env import DummyVecEnv
 
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
@@ -42,19 +43,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def prompts() -> list[str]:
-    env = gym.make("R1Zero-v0", **ENV_KWARGS).unwrapped
-    problems = held_out_problems(_Env(env), 16, 0.1)
-    return [env.formatter.prompt(p.prompt) for p in problems]
-
-
-class _Env:
-    """The two VecEnv calls held_out_problems makes, on a plain env."""
-
-    def __init__(self, env) -> None:
-        self.env = env
-
-    def get_attr(self, name: str, indices=None) -> list:
-        return [getattr(self.env, name)]
+    venv = DummyVecEnv([lambda: gym.make("R1Zero-v0", **ENV_KWARGS)])
+    problems = held_out_problems(venv, 16, 0.1)
+    return [venv.envs[0].unwrapped.formatter.prompt(p.prompt) for p in problems]
 
 
 def free_port() -> int:

@@ -317,3 +317,24 @@ def test_an_env_with_reward_funcs_needs_them_back_at_load(tmp_path: Path) -> Non
     assert rebuilt.env.env_method("describe")[0]["kwargs"]["reward_funcs"] == {"exact": "<must be passed>"}
     with pytest.raises(ValueError, match="without env="):
         GRPO.load(tmp_path / "m.zip", env=env, env_objects={"reward_funcs": {"exact": exact_match}})
+
+
+def test_a_recorded_env_id_never_imports_a_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """gymnasium imports the module of a ``"module:Env-v0"`` id: a record naming one is refused, the module unrun."""
+    marker = tmp_path / "imported"
+    (tmp_path / "evil_env_module.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = make_model(sft_steps=0)
+    model.save(tmp_path / "m.zip")
+    with zipfile.ZipFile(tmp_path / "m.zip") as original, zipfile.ZipFile(tmp_path / "evil.zip", "w") as crafted:
+        for item in original.namelist():
+            content = original.read(item)
+            if item == "data":
+                data = json.loads(content)
+                data["env"]["record"]["env_id"] = "evil_env_module:Evil-v0"
+                content = json.dumps(data).encode()
+            crafted.writestr(item, content)
+    with pytest.warns(UserWarning, match="not a registered R1ZeroEnv id"):
+        loaded = GRPO.load(tmp_path / "evil.zip")
+    assert loaded.env is None and not marker.exists()
+    assert GRPO.load(tmp_path / "m.zip", rebuild_env=False).env is None

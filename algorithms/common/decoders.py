@@ -233,8 +233,6 @@ def supports_llama_decoder(model: nn.Module) -> bool:
     return (
         all(hasattr(attention, name) for name in (*projections, "scaling"))
         and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
-        and all(plain_lora(getattr(attention, name)) for name in projections)
-        and all(plain_lora(getattr(mlp, name)) for name in ("gate_proj", "up_proj", "down_proj"))
         and all(
             hasattr(getattr(layer, name, None), "weight") for name in ("input_layernorm", "post_attention_layernorm")
         )
@@ -243,12 +241,18 @@ def supports_llama_decoder(model: nn.Module) -> bool:
 
 
 def _is_plain_linear(layer: nn.Module) -> bool:
-    """Whether every projection of a decoder layer computes ``F.linear(x, weight, bias)``, which the decoder calls
-    directly; other modules (fake-quantised, INT8, adapters) run through the model's own forward."""
+    """Whether every projection of a decoder layer computes ``F.linear(x, weight, bias)`` with the weights
+    :func:`~algorithms.common.adapters.effective_linear` gives (a plain ``nn.Linear``, or a vanilla LoRA layer over
+    one), which the decoder calls directly; other modules (fake-quantised, INT8, other adapters) run through the
+    model's own forward."""
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
     modules = [getattr(attention, name, None) for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
     modules += [getattr(mlp, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-    return all(isinstance(m, nn.Linear) and type(m).forward is nn.Linear.forward for m in modules)
+    return all(_plain(m.base_layer) and plain_lora(m) if hasattr(m, "lora_A") else _plain(m) for m in modules)
+
+
+def _plain(module: nn.Module | None) -> bool:
+    return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
 
 
 def make_decoder(model: nn.Module, capacity: int, kind: str = "auto") -> HFDecoder | LlamaDecoder:

@@ -270,6 +270,7 @@ class LMAlgorithm(BaseAlgorithm):
         force_reset: bool = True,
         allow_pickle: bool = False,
         env_objects: dict[str, Any] | None = None,
+        rebuild_env: bool = True,
         **kwargs: Any,
     ) -> SelfLMAlgorithm:
         """Load a model written by :meth:`save`, safely: its ``data`` is JSON and its tensors are read with
@@ -280,13 +281,14 @@ class LMAlgorithm(BaseAlgorithm):
         Without ``env``, the env the file records (its id and constructor arguments, see
         :meth:`~grpo_gym.R1ZeroEnv.describe`) is rebuilt, with ``env_objects`` supplying what a file cannot hold
         (``{"reward_funcs": {...}}``, ``{"task_kwargs": {"data": dataset}}``); when something is missing the model
-        loads without an env (a warning names it), predicts and exports but does not train. ``force_reset`` is
+        loads without an env (a warning names it), predicts and exports but does not train; ``rebuild_env=False``
+        skips the rebuild (the policy alone, e.g. to serve it). ``force_reset`` is
         accepted for SB3's signature: the envs are always reset when training starts, then given their saved
         states back."""
         if print_system_info:
             get_system_info()
         return state.load(  # type: ignore[return-value]
-            cls, path, env, device, custom_objects, allow_pickle, env_objects, **kwargs
+            cls, path, env, device, custom_objects, allow_pickle, env_objects, rebuild_env, **kwargs
         )
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:

@@ -41,7 +41,7 @@ from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.serialization import decode, encode, read_model_file, write_model_file
-from grpo_gym.describe import env_kwargs_from_record
+from grpo_gym.describe import env_kwargs_from_record, recorded_env_id
 
 if TYPE_CHECKING:
     from algorithms.common.lm_algorithm import LMAlgorithm
@@ -130,24 +130,26 @@ def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, d
     if not saved:
         raise ValueError(f"{os.fspath(path)} records no env (saved without one, or not an R1Zero-v0 env): pass env=")
     record = saved["record"]
-    return record["env_id"], env_kwargs_from_record(record, **objects), int(saved["n_envs"])
+    return recorded_env_id(record), env_kwargs_from_record(record, **objects), int(saved["n_envs"])
 
 
 def _rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None) -> Any:
-    """The VecEnv the record describes, or None (with a warning naming what to pass) when it needs objects."""
+    """The VecEnv the record describes, or None with a warning saying why (an object the record needs is missing,
+    a recorded file is absent here, ...): the model then predicts and exports but does not train."""
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv
 
-    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
-
     record = saved["record"]
     try:
-        kwargs = env_kwargs_from_record(record, **objects)
-    except ValueError as error:
-        warnings.warn(f"the env was not rebuilt, the model predicts but cannot train: {error}", stacklevel=3)
+        env_id, kwargs = recorded_env_id(record), env_kwargs_from_record(record, **objects)
+        return make_vec_env(env_id, n_envs=int(saved["n_envs"]), seed=seed, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+    except Exception as error:  # any failure to rebuild: the model itself still loads
+        warnings.warn(
+            f"the recorded env was not rebuilt, the model predicts but cannot train ({type(error).__name__}: "
+            f"{error}); pass env= or env_objects=",
+            stacklevel=3,
+        )
         return None
-    n_envs = int(saved["n_envs"])
-    return make_vec_env(record["env_id"], n_envs=n_envs, seed=seed, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
 
 
 # ---------------------------------------------------------------------------------------------- save and load
@@ -176,6 +178,7 @@ def load(
     custom_objects: dict[str, Any] | None = None,
     allow_pickle: bool = False,
     env_objects: dict[str, Any] | None = None,
+    rebuild_env: bool = True,
     **kwargs: Any,
 ) -> LMAlgorithm:
     """Build the saved algorithm from its file: see :meth:`LMAlgorithm.load`."""
@@ -190,7 +193,7 @@ def load(
     }
     observation_space = decode(data["observation_space"], "observation_space")
     action_space = decode(data["action_space"], "action_space")
-    if env is None and data.get("env"):
+    if env is None and rebuild_env and data.get("env"):
         env = _rebuild_env(data["env"], dict(env_objects or {}), arguments.get("seed"))
     elif env_objects:
         raise ValueError("env_objects rebuild the recorded env: pass them without env=")

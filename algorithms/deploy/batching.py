@@ -118,7 +118,7 @@ class DynamicBatcher:
         self._rows_per_second = 0.0  # a moving average of the measured throughput (for Retry-After)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self._executor: ThreadPoolExecutor | None = None  # the generation thread, from start() to drain()
 
     @property
     def queued_rows(self) -> int:
@@ -157,6 +157,7 @@ class DynamicBatcher:
     def start(self) -> None:
         """Start the batching loop on the running event loop."""
         if self._task is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def drain(self) -> None:
@@ -167,7 +168,9 @@ class DynamicBatcher:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-        self._executor.shutdown(wait=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
     async def _loop(self) -> None:
         while True:

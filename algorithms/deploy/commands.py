@@ -33,7 +33,7 @@ def distill_command(args: argparse.Namespace) -> int:
     from algorithms.cli import _make_env
     from algorithms.common.evaluation import evaluate_problems, format_table, held_out_problems
     from algorithms.common.hyperparams import load_hyperparams
-    from algorithms.deploy.distill import distill
+    from algorithms.deploy.distill import distill, student_paths
     from algorithms.deploy.loading import has_tokenizer, load_policy
 
     config = load_hyperparams(args.config, args.env, args.preset, {})
@@ -64,12 +64,12 @@ def distill_command(args: argparse.Namespace) -> int:
     problems = held_out_problems(env, n, float(env.get_attr("difficulty", indices=[0])[0]), args.eval_seed)
     budget = student.policy.max_new_tokens  # the env's completion length, for the folders' policies
     policies = {"teacher": load_policy(args.teacher, max_new_tokens=budget)[0], "student": student.policy}
-    stem = Path(args.save_path).with_suffix("") if args.save_path else None
-    if stem is not None and args.int8_qat:
-        policies["student int8"] = load_policy(stem.with_name(stem.name + "-int8"), max_new_tokens=budget)[0]
+    written = student_paths(args.save_path) if args.save_path else None
+    if written is not None and args.int8_qat:
+        policies["student int8"] = load_policy(written[2], max_new_tokens=budget)[0]
     print(format_table({name: [evaluate_problems(p, env, problems, args.eval_seed)] for name, p in policies.items()}))
-    if stem is not None:
-        for path in (args.teacher, stem.with_suffix(".zip"), stem, stem.with_name(stem.name + "-int8")):
+    if written is not None:
+        for path in (args.teacher, *written):
             if Path(path).exists():
                 print(f"{size_on_disk(path) / 2**20:8.2f} MiB  {path}")
     return 0

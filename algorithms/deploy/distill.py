@@ -275,18 +275,24 @@ def _folder_tokenizer(folder: Any) -> Any:
     return load_tokenizer(folder)
 
 
-def save_student(model: GRPO, save_path: str | os.PathLike, int8: bool = False) -> list[Path]:
-    """Write the student: the GRPO zip at ``save_path``, its ``save_pretrained`` folder (``save_path`` without
-    ``.zip``) and, when ``int8``, the INT8 export (that folder + ``-int8``); returns the paths written."""
+def student_paths(save_path: str | os.PathLike) -> tuple[Path, Path, Path]:
+    """Where :func:`save_student` writes: the GRPO zip (``save_path``, ``.zip`` added when missing), its
+    ``save_pretrained`` folder (the zip's path without ``.zip``) and the INT8 export (that folder + ``-int8``)."""
     zip_path = Path(save_path)
     zip_path = zip_path if zip_path.suffix == ".zip" else zip_path.with_name(zip_path.name + ".zip")
-    folder = zip_path.with_suffix("")
+    folder = zip_path.with_name(zip_path.name[: -len(".zip")])
+    return zip_path, folder, folder.with_name(folder.name + "-int8")
+
+
+def save_student(model: GRPO, save_path: str | os.PathLike, int8: bool = False) -> list[Path]:
+    """Write the student to :func:`student_paths` (the INT8 export only when ``int8``); returns the paths written."""
+    zip_path, folder, int8_folder = student_paths(save_path)
     model.save(zip_path)
     model.save_pretrained(str(folder))
     written = [zip_path, folder]
     if int8:
         tokenizer = model.get_env().get_attr("tokenizer", indices=[0])[0]
-        written.append(save_int8(quantize_int8(model.policy.model), folder.with_name(folder.name + "-int8"), tokenizer))
+        written.append(save_int8(quantize_int8(model.policy.model), int8_folder, tokenizer))
     return written
 
 
@@ -340,6 +346,7 @@ def _train(
                 history = {}
     finally:
         strip_qat(student.model)
+        logger.close()
 
 
 def _dump(logger: Any, history: dict[str, list[float]], step: int, optimizer: th.optim.Optimizer, qat_step) -> None:

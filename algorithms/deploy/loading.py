@@ -94,7 +94,7 @@ def load_policy(
         )
     from algorithms import GRPO
 
-    policy = GRPO.load(location, device=device).policy
+    policy = GRPO.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
     tokenizer = load_tokenizer(tokenizer)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
     return policy, tokenizer

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from algorithms.common.adapters import is_peft_model
+
 #: the int8 weight levels are -WEIGHT_QMAX..WEIGHT_QMAX
 WEIGHT_QMAX = 127
 #: activation levels are -ACT_QMAX..ACT_QMAX with a step of max|x| / ACT_STEPS (fbgemm's reduce_range on x86)
@@ -221,8 +223,11 @@ def strip_qat(model: nn.Module) -> nn.Module:
 def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """An INT8 copy of ``model`` (``model`` itself is unchanged): every quantisable linear layer becomes an
     :class:`Int8Linear` rounded from its float (or QAT-trained) weights. Applied to a model trained without fake
-    quantisation, this is post-training quantisation (PTQ)."""
+    quantisation, this is post-training quantisation (PTQ). A peft model's LoRA adapters are merged into its
+    weights first (the copy's), so the export is a plain model."""
     quantized = copy.deepcopy(model).cpu().eval()
+    if is_peft_model(quantized):
+        quantized = quantized.merge_and_unload()
     names = quantizable_linears(quantized)
     return _swap(quantized, names, lambda layer: Int8Linear.from_float(layer, kernel=kernel))
 
