@@ -24,6 +24,15 @@ from typing import Any
 PADDING_MULTIPLE = 128
 
 
+#: files that mark a folder as holding a saved Hugging Face tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` holds a saved Hugging Face tokenizer."""
+    return os.path.isdir(folder) and any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES)
+
+
 def model_tokenizer(source: Any) -> Any | None:
     """The tokenizer saved with a model folder or cached hub model (None: none there, or not a folder/name)."""
     from algorithms.common.models import is_builtin_model
@@ -31,9 +40,7 @@ def model_tokenizer(source: Any) -> Any | None:
     if not isinstance(source, (str, os.PathLike)) or is_builtin_model(source):
         return None
     path = os.fspath(source)
-    if os.path.isdir(path) and not any(
-        os.path.isfile(os.path.join(path, name)) for name in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-    ):
+    if os.path.isdir(path) and not has_tokenizer(path):
         return None
     from transformers import AutoTokenizer
 

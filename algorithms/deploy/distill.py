@@ -33,7 +33,8 @@ from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.losses import aggregate
 from algorithms.common.models import BUILTIN_MODELS, is_builtin_model
 from algorithms.common.policies import TransformerPolicy
-from algorithms.deploy.loading import has_tokenizer, load_policy
+from algorithms.common.vocabulary import has_tokenizer, model_tokenizer
+from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import prepare_qat, quantize_int8, save_int8, strip_qat
 from algorithms.grpo import GRPO
 
@@ -256,7 +257,7 @@ def distill(
         if name not in policy_kwargs:
             setattr(policy, name, getattr(teacher_policy, name))
     env_tokenizer = model.get_env().get_attr("tokenizer", indices=[0])[0]
-    tokenizers = {"teacher": teacher_tokenizer, "student": _folder_tokenizer(policy.model_name)}
+    tokenizers = {"teacher": teacher_tokenizer, "student": model_tokenizer(policy.model_name)}
     check_shared_tokenizer(env_tokenizer, teacher_policy, tokenizers)
     if steps > 0:
         _train(model, teacher_policy, settings, tensorboard_log, progress_bar, verbose)
@@ -265,14 +266,6 @@ def distill(
     if save_path is not None:
         save_student(model, save_path, int8=int8_qat)
     return model
-
-
-def _folder_tokenizer(folder: Any) -> Any:
-    if not isinstance(folder, (str, os.PathLike)) or not has_tokenizer(folder):
-        return None
-    from grpo_gym.tokenizer import load_tokenizer
-
-    return load_tokenizer(folder)
 
 
 def student_paths(save_path: str | os.PathLike) -> tuple[Path, Path, Path]:

@@ -18,15 +18,8 @@ from gymnasium import spaces
 from torch import nn
 
 from algorithms.common.policies import TransformerPolicy
+from algorithms.common.vocabulary import has_tokenizer
 from algorithms.deploy.quantize import is_int8_folder, load_int8
-
-#: files that mark a folder as holding a tokenizer
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-
-
-def has_tokenizer(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` holds a saved Hugging Face tokenizer."""
-    return Path(folder).is_dir() and any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
 
 
 def policy_for_model(
