@@ -53,6 +53,15 @@ def parse_number(text: str) -> int | float | None:
     return value if math.isfinite(value) else None
 
 
+def numbers_agree(first: str, second: str) -> bool | None:
+    """Whether two answers agree as numbers (integers exactly, others within ``1e-6`` relative), or ``None``
+    when either does not read as one (:func:`parse_number`)."""
+    a, b = parse_number(first), parse_number(second)
+    if a is None or b is None:
+        return None
+    return a == b if isinstance(a, int) and isinstance(b, int) else abs(a - b) <= 1e-6 * max(1.0, abs(b))
+
+
 def check_difficulty(difficulty: float, name: str = "difficulty") -> float:
     """Return ``difficulty`` as a float; ``ArgumentError`` (a ``ValueError``) outside [0.1, 1.0] or not a number.
 

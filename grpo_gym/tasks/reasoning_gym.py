@@ -42,6 +42,7 @@ from grpo_gym.tasks.base import (
     Task,
     Verdict,
     check_difficulty,
+    numbers_agree,
     parse_number,
 )
 from grpo_gym.validation import ArgumentError, check_int
@@ -196,10 +197,8 @@ class ReasoningGymTask(Task):
 
     def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
         """Numeric agreement when both read as numbers, else equal after removing spaces."""
-        a, b = parse_number(first), parse_number(second)
-        if a is not None and b is not None:
-            return a == b if isinstance(a, int) and isinstance(b, int) else abs(a - b) <= 1e-6 * max(1.0, abs(b))
-        return super().answers_agree(problem, first, second)
+        numeric = numbers_agree(first, second)
+        return numeric if numeric is not None else super().answers_agree(problem, first, second)
 
     def reward_columns(self, problem: Problem) -> dict[str, Any]:
         """``question``, ``answer``, ``metadata``, ``entry`` and ``difficulty`` (see the module docstring)."""

@@ -29,6 +29,7 @@ from grpo_gym.tasks.base import (
     Task,
     Verdict,
     check_difficulty,
+    numbers_agree,
     parse_number,
 )
 from grpo_gym.validation import check_int
@@ -203,9 +204,5 @@ class RowTask(Task):
 
     def answers_agree(self, problem: Problem, first: str, second: str) -> bool:
         """Numeric agreement when both read as numbers, else equal after normalising whitespace and case."""
-        a, b = parse_number(first), parse_number(second)
-        if a is not None and b is not None:
-            if isinstance(a, int) and isinstance(b, int):
-                return a == b
-            return abs(a - b) <= 1e-6 * max(1.0, abs(b))
-        return _normalise(first) == _normalise(second)
+        numeric = numbers_agree(first, second)
+        return numeric if numeric is not None else _normalise(first) == _normalise(second)
