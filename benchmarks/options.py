@@ -7,8 +7,8 @@ completion.
 - **Start**: one shared cold start per task (``--sft-steps`` SFT steps of the tiny model on the task's gold
   solutions, seed 0); every run of that task starts from it.
 - **Vanilla**: GRPO's constructor defaults (published GRPO: token ratios clipped at 0.2, sequence aggregation,
-  beta 0.04, one epoch) with the demo preset's learning rate (5e-5, the tiny model's) and K = 8 x G = 8, in two
-  minibatches of 32 (``batch_size=32``) for every arm: with one update per rollout the update is on-policy, every
+  beta 0.04, one epoch, K = 4 x G = 8) with the demo preset's learning rate (5e-5, the tiny model's), in two
+  minibatches of 16 (``batch_size=16``) for every arm: with one update per rollout the update is on-policy, every
   ratio is 1 and GSPO with sequence aggregation is exactly GRPO; the second minibatch makes the ratio matter.
 - **Arms**: ``gspo`` (``importance_level="sequence"``, the paper's clip 3e-4 / 4e-4), ``dynamic sampling``
   (``dynamic_sampling=True``, 3 refill rounds), ``learnability`` (``prompt_sampling="learnability"``, pool 256,
@@ -17,7 +17,8 @@ completion.
   ``--checkpoints`` equal steps of it, each scored on the same ``--held-out`` problems (sampled, seed 0).
   ``--seeds`` seeds per arm. Runs go one after the other in this process, 2 threads.
 
-Command (what ``benchmarks/RESULTS.md`` records; about 33 minutes on 2 shared cores)::
+Command (what ``benchmarks/RESULTS.md`` records; about 35 minutes on 2 cores shared with other jobs, where one
+iteration of 32 completions took about 25 s)::
 
     python benchmarks/options.py --results benchmarks/RESULTS.md
 """
@@ -42,7 +43,7 @@ SECTION = "## Algorithm options: GSPO, dynamic sampling, learnability-prioritise
 ENV = {"template": "compact", "max_new_tokens": 32, "difficulty": 0.1,
        "reward_weights": {"syntax": 0.2, "consistency": 0.0, "task": 0.8}}  # fmt: skip
 TASKS = {"arithmetic (embedded default)": {}, "countdown": {"task": "countdown"}}
-BASE = {"n_groups": 8, "group_size": 8, "learning_rate": 5e-5, "batch_size": 32}
+BASE = {"learning_rate": 5e-5, "batch_size": 16}
 ARMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
     "gspo": {"importance_level": "sequence"},
@@ -61,8 +62,9 @@ def make_env(task: dict[str, Any]):
     return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV, **task))])
 
 
-def cold_start(task: dict[str, Any], steps: int, held_out: int) -> tuple[dict, float, float]:
-    """The task's shared start: the tiny model after ``steps`` SFT steps; its weights, held-out success, seconds."""
+def cold_start(task: dict[str, Any], steps: int, held_out: int) -> tuple[dict, dict[str, float], float]:
+    """The task's shared start: the tiny model after ``steps`` SFT steps; its weights, held-out success and mean
+    reward, seconds."""
     from algorithms import GRPO
     from algorithms.common.evaluation import evaluate_problems, held_out_problems
 
@@ -72,7 +74,8 @@ def cold_start(task: dict[str, Any], steps: int, held_out: int) -> tuple[dict, f
     start = time.perf_counter()
     sft.run_cold_start()
     seconds = time.perf_counter() - start
-    success = evaluate_problems(sft.policy, env, held_out_problems(env, held_out, 0.1), seed=0).success_rate
+    result = evaluate_problems(sft.policy, env, held_out_problems(env, held_out, 0.1), seed=0)
+    success = {"success": result.success_rate, "reward": result.mean_reward}
     return copy.deepcopy(sft.policy.model.state_dict()), success, seconds
 
 
@@ -103,8 +106,9 @@ def run(task: dict[str, Any], arm: dict[str, Any], seed: int, checkpoint: dict, 
             if marks and elapsed >= marks[0]:
                 marks.pop(0)
                 pause = time.perf_counter()
-                success = evaluate_problems(model.policy, env, problems, seed=0).success_rate
-                snapshots.append({"seconds": elapsed, "completions": model.num_timesteps, "success": success})
+                result = evaluate_problems(model.policy, env, problems, seed=0)
+                snapshots.append({"seconds": elapsed, "completions": model.num_timesteps,
+                                  "success": result.success_rate, "reward": result.mean_reward})  # fmt: skip
                 clock["paused"] += time.perf_counter() - pause
 
         def _on_step(self) -> bool:
@@ -124,20 +128,23 @@ def cell(values: list[float]) -> str:
     return f"{mean:.1f} ± {100 * spread:.1f}% ({low:.0f} – {high:.0f})"
 
 
-def table(name: str, runs: dict[str, list[dict]], start: float) -> list[str]:
+def table(name: str, runs: dict[str, list[dict]], start: dict[str, float]) -> list[str]:
     """One task's table: held-out success at the end, completions and iterations, and the verdict against vanilla."""
     vanilla = [r["snapshots"][-1]["success"] for r in runs["vanilla"]]
     lines = [
-        f"**{name}** (cold start: held-out success {100 * start:.1f}%)",
+        f"**{name}** (cold start: held-out success {100 * start['success']:.1f}%, mean reward {start['reward']:.3f})",
         "",
-        "| arm | held-out success at the end (mean ± sd, range) | completions | iterations "
-        "| beyond vanilla's spread? |",
-        "|---|---|---|---|---|",
+        "| arm | held-out success at the end (mean ± sd, range) | held-out mean reward | completions | iterations "
+        "| training s | success beyond vanilla's spread? |",
+        "|---|---|---|---|---|---|---|",
     ]
     for arm, arm_runs in runs.items():
         final = [r["snapshots"][-1]["success"] for r in arm_runs]
         completions = statistics.fmean(r["snapshots"][-1]["completions"] for r in arm_runs)
         iterations = statistics.fmean(r["iterations"] for r in arm_runs)
+        seconds = statistics.fmean(r["snapshots"][-1]["seconds"] for r in arm_runs)
+        rewards = [r["snapshots"][-1]["reward"] for r in arm_runs]
+        reward = f"{statistics.fmean(rewards):.3f} ({min(rewards):.3f} – {max(rewards):.3f})"
         if arm == "vanilla":
             verdict = "–"
         elif min(final) > max(vanilla):
@@ -146,11 +153,13 @@ def table(name: str, runs: dict[str, list[dict]], start: float) -> list[str]:
             verdict = "worse"
         else:
             verdict = "no (ranges overlap)"
-        lines.append(f"| {arm} | {cell(final)} | {completions:.0f} | {iterations:.0f} | {verdict} |")
+        lines.append(
+            f"| {arm} | {cell(final)} | {reward} | {completions:.0f} | {iterations:.1f} | {seconds:.0f} | {verdict} |"
+        )
     return lines
 
 
-def plot(results: dict[str, dict[str, list[dict]]], starts: dict[str, float], path: Path) -> None:
+def plot(results: dict[str, dict[str, list[dict]]], starts: dict[str, dict[str, float]], path: Path) -> None:
     """Held-out success against training seconds and against completions, mean over seeds, one panel per task."""
     import matplotlib
 
@@ -164,7 +173,7 @@ def plot(results: dict[str, dict[str, list[dict]]], starts: dict[str, float], pa
             for arm, arm_runs in runs.items():
                 x = [0.0] + [statistics.fmean(r["snapshots"][i][key] for r in arm_runs)
                              for i in range(len(arm_runs[0]["snapshots"]))]  # fmt: skip
-                y = [starts[task]] + [statistics.fmean(r["snapshots"][i]["success"] for r in arm_runs)
+                y = [starts[task]["success"]] + [statistics.fmean(r["snapshots"][i]["success"] for r in arm_runs)
                                       for i in range(len(arm_runs[0]["snapshots"]))]  # fmt: skip
                 ax.plot(x, [100 * v for v in y], marker="o", label=arm, linewidth=2.5 if arm == "vanilla" else 1.3)
             ax.set_xlabel("training seconds" if key == "seconds" else "completions")
@@ -178,11 +187,11 @@ def plot(results: dict[str, dict[str, list[dict]]], starts: dict[str, float], pa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=45.0, help="training seconds per run")
-    parser.add_argument("--checkpoints", type=int, default=3, help="held-out evaluations per run")
+    parser.add_argument("--seconds", type=float, default=30.0, help="training seconds per run")
+    parser.add_argument("--checkpoints", type=int, default=2, help="held-out evaluations per run")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--sft-steps", type=int, default=300)
-    parser.add_argument("--held-out", type=int, default=100)
+    parser.add_argument("--sft-steps", type=int, default=30)
+    parser.add_argument("--held-out", type=int, default=40)
     parser.add_argument("--tasks", nargs="*", default=list(TASKS))
     parser.add_argument("--arms", nargs="*", default=list(ARMS))
     parser.add_argument("--threads", type=int, default=2)
@@ -194,17 +203,19 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     wall = time.perf_counter()
     results: dict[str, dict[str, list[dict]]] = {}
-    starts: dict[str, float] = {}
+    starts: dict[str, dict[str, float]] = {}
     for task in args.tasks:
         checkpoint, starts[task], sft_seconds = cold_start(TASKS[task], args.sft_steps, args.held_out)
-        print(f"{task}: cold start {sft_seconds:.0f} s, held-out success {starts[task]:.1%}", flush=True)
+        print(f"{task}: cold start {sft_seconds:.0f} s, held-out {starts[task]}", flush=True)
         results[task] = {}
         for arm in args.arms:
             results[task][arm] = [run(TASKS[task], ARMS[arm], seed, checkpoint, args) for seed in range(args.seeds)]
             finals = [r["snapshots"][-1]["success"] for r in results[task][arm]]
-            print(f"  {arm}: {', '.join(f'{s:.1%}' for s in finals)}", flush=True)
+            seconds = [round(r["snapshots"][-1]["seconds"]) for r in results[task][arm]]
+            print(f"  {arm}: {', '.join(f'{s:.1%}' for s in finals)} ({seconds} s)", flush=True)
     minutes = (time.perf_counter() - wall) / 60
     others = statistics.fmean(r["others"] for runs in results.values() for arm in runs.values() for r in arm)
+    iterations = statistics.fmean(r["iterations"] for runs in results.values() for arm in runs.values() for r in arm)
     here = Path(__file__).resolve().parent
     (here / "options_runs.json").write_text(json.dumps({"starts": starts, "results": results}))
     plot(results, starts, here / "options_curves.png")
@@ -215,11 +226,12 @@ def main() -> None:
         f"torch {torch.__version__}, Python {platform.python_version()}; CPU {cpu_name()} ({cpu_flags()}), "
         f"{args.threads} threads, no GPU; other processes used {100 * others:.0f}% of the machine's CPUs during "
         f"the runs (a shared machine: seconds are noisy). Built-in tiny model, one shared {args.sft_steps}-step "
-        f"cold start per task; then {args.seconds:g} s of GRPO training per run (K=8 x G=8, lr 5e-5, "
-        f"batch_size 32, otherwise GRPO's defaults), {args.seeds} seeds per arm, held-out success on the same "
+        f"cold start per task; then {args.seconds:g} s of GRPO training per run (K=4 x G=8, lr 5e-5, "
+        f"batch_size 16, otherwise GRPO's defaults), {args.seeds} seeds per arm, held-out success on the same "
         f"{args.held_out} problems at difficulty 0.1 (sampled, seed 0) at {args.checkpoints} snapshots. The "
-        "budget is set so that the whole benchmark fits in about 35 minutes on 2 shared cores: a few dozen "
-        "iterations per run, far too short to separate options whose effects the papers measure over thousands.",
+        f"budget is set so that the whole benchmark fits in about 35 minutes on 2 shared cores: {iterations:.1f} "
+        "iterations per run on average, far too short to separate options whose effects the papers measure over "
+        "hundreds to thousands of steps; it checks that every option runs end to end and what it costs.",
         "",
     ]
     for task, runs in results.items():
