@@ -10,6 +10,7 @@ The precision is pinned to float32 unless one is given: the tests compare the we
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import time
@@ -44,6 +45,14 @@ class Fail(BaseCallback):
         return True
 
 
+def literal(text: str) -> object:
+    """A ``key=value`` argument's value: a Python literal (``True``, ``3``) or the text itself (``powersgd``)."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
     torch.set_num_threads(1)
     settings = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": False,
@@ -58,7 +67,7 @@ def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
 
 if __name__ == "__main__":
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    extra: dict = dict(argument.split("=", 1) for argument in sys.argv[3:])
+    extra: dict = {key: literal(value) for key, value in (argument.split("=", 1) for argument in sys.argv[3:])}
     if "gradient_compression" in extra:
         extra["iterations"] = 4  # PowerSGD from step 3
     run(out, mode, **extra)

@@ -49,6 +49,18 @@ def test_two_processes_train_the_weights_of_one_in_bf16(tmp_path: Path):
     assert_same_weights(tmp_path, single, atol=5e-4, rtol=1e-3)
 
 
+def test_two_processes_refill_and_sample_prompts_as_one(tmp_path: Path):
+    """Dynamic sampling (every rank draws the same rounds), the prompt pool, GSPO and mask_truncated: the job's
+    weights are the single process's."""
+    options = {"dynamic_sampling": True, "prompt_sampling": "learnability", "importance_level": "sequence",
+               "mask_truncated": True, "prompt_pool_size": 4}  # fmt: skip
+    done = torchrun(tmp_path, "train", *(f"{key}={value}" for key, value in options.items()), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "one").mkdir()
+    single = run(tmp_path / "one", **options)
+    assert_same_weights(tmp_path, single.policy.state_dict(), atol=2e-5, rtol=1e-4)
+
+
 def assert_same_weights(folder: Path, single: dict[str, torch.Tensor], atol: float, rtol: float) -> None:
     for rank in (0, 1):
         weights = torch.load(folder / f"params_{rank}.pt")

@@ -13,7 +13,9 @@ from algorithms.common.losses import (
     clipped_surrogate,
     discounted_returns,
     entropy_from_logits,
+    gspo_token_log_ratio,
     kl_k3,
+    sequence_log_ratio,
     token_log_probs,
 )
 
@@ -285,3 +287,30 @@ def test_aggregate_rejects_bad_input():
         aggregate(torch.zeros(2, 3), MASK_2x3, "constant")
     with pytest.raises(ValueError, match="mask has shape"):
         aggregate(torch.zeros(2, 4), MASK_2x3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# GSPO: sequence_log_ratio / gspo_token_log_ratio
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_sequence_log_ratio_is_the_mean_token_log_ratio_by_hand():
+    # row 0: token ratios 2 and 1 -> log s = (log 2 + 0) / 2, s = sqrt(2); the masked third token is garbage
+    # row 1: one token, ratio 1/4 -> s = 1/4; row 2: no valid token -> log s = 0
+    logp = torch.tensor([[math.log(0.5), math.log(0.25), float("nan")], [math.log(0.1), 0.0, 0.0], [1.0, 2.0, 3.0]],
+                        dtype=F64)  # fmt: skip
+    old = torch.tensor([[math.log(0.25), math.log(0.25), 5.0], [math.log(0.4), 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=F64)
+    mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
+    log_s = sequence_log_ratio(logp, old, mask)
+    assert torch.allclose(log_s.exp(), torch.tensor([math.sqrt(2), 0.25, 1.0], dtype=F64))
+
+
+def test_gspo_token_ratio_has_the_sequence_value_and_a_unit_gradient_per_token():
+    logp = torch.tensor([[math.log(0.5), math.log(0.25), 0.0]], dtype=F64, requires_grad=True)
+    old = torch.full((1, 3), math.log(0.25), dtype=F64)
+    mask = torch.tensor([[True, True, False]])
+    log_ratio = gspo_token_log_ratio(logp, old, mask)
+    assert torch.allclose(log_ratio, torch.full((1, 3), math.log(2) / 2, dtype=F64))  # log s at every token
+    # d/d logp of sum_t s_i,t over the valid tokens: s_i at each valid token (GSPO-token), 0 at the masked one
+    (log_ratio.exp() * mask).sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[math.sqrt(2), math.sqrt(2), 0.0]], dtype=F64))

@@ -207,3 +207,69 @@ def test_grpo_loss_rejects_bad_arguments(kwargs, match):
     logp = torch.zeros(2, 3)
     with pytest.raises(ValueError, match=match):
         grpo_loss(logp, logp, None, torch.ones(2), MASK_2x3, clip_low=0.2, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# grpo_loss, importance_level="sequence" (GSPO)
+# ---------------------------------------------------------------------------------------------------------
+# Row 0: token ratios 2 and 1 -> s_0 = sqrt(2) ~ 1.4142; row 1: token ratios 1 and 1 (+ a masked token) -> s_1 = 1.
+GSPO_LOGP = [[math.log(0.5), math.log(0.25), 0.0], [math.log(0.3), math.log(0.2), 7.0]]
+GSPO_OLD = [[math.log(0.25), math.log(0.25), 0.0], [math.log(0.3), math.log(0.2), -7.0]]
+GSPO_MASK = torch.tensor([[True, True, False], [True, True, False]])
+
+
+def gspo(advantages, clip_low, clip_high=None, aggregation="sequence"):
+    logp = torch.tensor(GSPO_LOGP, dtype=F64, requires_grad=True)
+    loss, stats = grpo_loss(
+        logp, torch.tensor(GSPO_OLD, dtype=F64), None, torch.tensor(advantages, dtype=F64), GSPO_MASK,
+        clip_low=clip_low, clip_high=clip_high, aggregation=aggregation, importance_level="sequence",
+    )  # fmt: skip
+    loss.backward()
+    return loss, stats, logp.grad
+
+
+def test_gspo_loss_unclipped_by_hand():
+    # wide clip: loss = mean_i -(s_i A_i) = -(sqrt(2) * 1 + 1 * (-1)) / 2;
+    # gradient at token t of row i: -s_i A_i / |y_i| / B
+    loss, stats, grad = gspo([1.0, -1.0], clip_low=10.0)
+    assert loss.item() == pytest.approx(-(math.sqrt(2) - 1) / 2)
+    expected = torch.tensor([[-math.sqrt(2) / 4, -math.sqrt(2) / 4, 0.0], [0.25, 0.25, 0.0]], dtype=F64)
+    assert torch.allclose(grad, expected)
+    assert stats["clip_fraction"].item() == 0.0
+
+
+def test_gspo_clips_whole_sequences_with_zero_gradient_there():
+    # eps 3e-4 / 4e-4: s_0 = 1.414 > 1 + 4e-4 with A > 0 -> clipped (loss -(1 + 4e-4) A, no gradient);
+    # s_1 = 1 is inside the range -> unclipped. Sequence-level clip fraction: 1 of 2 sequences.
+    loss, stats, grad = gspo([1.0, 2.0], clip_low=3e-4, clip_high=4e-4)
+    assert loss.item() == pytest.approx(-((1 + 4e-4) * 1.0 + 1.0 * 2.0) / 2)
+    assert torch.all(grad[0] == 0) and torch.allclose(grad[1, :2], torch.full((2,), -2.0 / 2 / 2, dtype=F64))
+    assert stats["clip_fraction"].item() == pytest.approx(0.5)
+
+
+def test_gspo_does_not_clip_a_high_ratio_with_a_negative_advantage():
+    # A < 0 and s > 1 + eps: min(s A, clip(s) A) = s A (the pessimistic one), the gradient flows
+    loss, stats, grad = gspo([-1.0, 0.0], clip_low=3e-4, clip_high=4e-4)
+    assert loss.item() == pytest.approx(math.sqrt(2) / 2)
+    assert torch.allclose(grad[0, :2], torch.full((2,), math.sqrt(2) / 2 / 2, dtype=F64))
+    assert stats["clip_fraction"].item() == 0.0
+
+
+def test_gspo_below_the_lower_clip_with_a_negative_advantage_is_clipped():
+    logp = torch.tensor([[math.log(0.2)]], dtype=F64, requires_grad=True)  # s = 0.2 / 0.4 = 0.5 < 1 - 3e-4
+    old, advantage = torch.tensor([[math.log(0.4)]], dtype=F64), torch.tensor([-1.0], dtype=F64)
+    kwargs = {"clip_low": 3e-4, "clip_high": 4e-4, "importance_level": "sequence"}
+    loss, stats = grpo_loss(logp, old, None, advantage, torch.tensor([[True]]), **kwargs)
+    loss.backward()
+    assert loss.item() == pytest.approx(1 - 3e-4) and logp.grad.item() == 0.0 and stats["clip_fraction"] == 1.0
+
+
+def test_token_level_is_the_default_and_unchanged():
+    logp = torch.tensor(GSPO_LOGP, dtype=F64)
+    args = (logp, torch.tensor(GSPO_OLD, dtype=F64), None, torch.tensor([1.0, -1.0], dtype=F64), GSPO_MASK)
+    default, _ = grpo_loss(*args, clip_low=0.2)
+    token, _ = grpo_loss(*args, clip_low=0.2, importance_level="token")
+    # token ratios 2 (clipped to 1.2 with A = 1) and 1: row 0 -(1.2 + 1) / 2, row 1 +(1 + 1) / 2
+    assert default.item() == token.item() == pytest.approx((-(1.2 + 1) / 2 + 1) / 2)
+    with pytest.raises(ValueError, match="importance_level"):
+        grpo_loss(*args, clip_low=0.2, importance_level="episode")

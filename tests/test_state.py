@@ -225,6 +225,21 @@ class SaveMidRollout(BaseCallback):
         return True
 
 
+def test_resume_is_bit_identical_with_refills_gspo_and_the_prompt_pool(tmp_path: Path) -> None:
+    """Refills make an iteration's completions vary, so the second half runs to the whole run's count."""
+    settings = {"importance_level": "sequence", "dynamic_sampling": True, "mask_truncated": True,
+                "prompt_sampling": "learnability", "prompt_pool_size": 4, "curriculum": True}  # fmt: skip
+    whole = make_model(**settings)
+    whole.learn(32)
+    first = make_model(**settings)
+    first.learn(16)
+    first.save(tmp_path / "half.zip")
+    second = GRPO.load(tmp_path / "half.zip", env=make_env())
+    second.learn(whole.num_timesteps - first.num_timesteps, reset_num_timesteps=False)
+    assert_same_training_state(whole, second)
+    assert whole._prompt_pool.get_state() == second._prompt_pool.get_state() and whole._prompt_pool.size > 0
+
+
 def test_a_save_mid_rollout_records_the_last_finished_iteration(tmp_path: Path) -> None:
     whole = make_model()
     whole.learn(24, callback=SaveMidRollout(tmp_path / "mid.zip"))

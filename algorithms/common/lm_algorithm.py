@@ -407,27 +407,58 @@ class LMAlgorithm(BaseAlgorithm):
 
         Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
-        Multi-turn episodes (one env) answer again from the env's new context until they end.
+        Multi-turn episodes (one env) answer again from the env's new context until they end. A subclass may then
+        replace groups (:meth:`_extend_rollout`, e.g. dynamic sampling) before the batch is built.
         """
         self._boundary, self._in_rollout = state.capture(self), True  # an iteration boundary
         callback.on_rollout_start()
         self.policy.set_training_mode(False)
         self._before_rollout(env)
-        n_envs = env.num_envs
         episode_problems = [p for p in self._draw_problems(env) for _ in range(self.group_size)]
+        self._generator.manual_seed(self._sampling_seed + 1 + self._iteration)
+        rows, finished = Rows(), []  # (Monitor episode, is_success) of the episodes that ended
+        local_rows = len(episode_problems)
+        noise = {"noise_offset": self._dist.rank * local_rows, "noise_rows": self.n_groups * self.group_size}
+        generation_seconds = self._play(env, callback, episode_problems, rows, finished, job_steps=True, **noise)
+        if generation_seconds is None:
+            return False
+        extended = self._extend_rollout(env, callback, rows, finished, episode_problems)
+        if extended is None:
+            return False
+        generation_seconds += extended
+        self._merge_episode_infos(finished)
+        self._check_reward_errors(rows)
+        self._rollout = self._build_batch(rows, generation_seconds)
+        self._in_rollout = False
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    def _play(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        episode_problems: list[Any],
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        job_steps: bool,
+        noise_offset: int,
+        noise_rows: int,
+    ) -> float | None:
+        """Play one episode per entry of ``episode_problems`` (sampled in one batch, stepped ``n_envs`` at a time),
+        adding their rows (episodes numbered from 0) to ``rows``; the generation seconds, or None when a callback
+        stopped training. ``job_steps``: every rank plays as many episodes, so a step counts ``n_envs x world size``
+        timesteps; else ``n_envs`` (the caller adds the other ranks' completions)."""
+        n_envs = env.num_envs
         chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
         prompts: list[th.Tensor] = []
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             prompts.extend(contexts_from_obs(env.reset(), self.policy.context_limit))
         timer = time.perf_counter()
-        noise_rows = self.n_groups * self.group_size
-        first = self._sample(prompts, noise_offset=self._dist.rank * len(prompts), noise_rows=noise_rows)
+        first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
         generation_seconds = time.perf_counter() - timer
         self._score_ahead(env, episode_problems, first.tokens.cpu().numpy())
-
-        rows = Rows()
-        finished: list[tuple[Any, Any]] = []  # (Monitor episode, is_success) of the episodes that ended
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
@@ -436,10 +467,10 @@ class LMAlgorithm(BaseAlgorithm):
             log_probs = first.log_probs[chunk.start : chunk.stop]
             for turn in itertools.count():
                 new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
-                self.num_timesteps += n_envs * self._dist.world_size  # completions of the whole job
+                self.num_timesteps += n_envs * (self._dist.world_size if job_steps else 1)  # the job's completions
                 callback.update_locals(locals())
                 if not callback.on_step():
-                    return False
+                    return None
                 self._update_info_buffer(infos, dones)
                 ended = [info for info, done in zip(infos, dones, strict=True) if done]
                 finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
@@ -451,13 +482,20 @@ class LMAlgorithm(BaseAlgorithm):
                 answer = self._sample(contexts)
                 generation_seconds += time.perf_counter() - timer
                 completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
-        self._merge_episode_infos(finished)
-        self._check_reward_errors(rows)
-        self._rollout = self._build_batch(rows, generation_seconds)
-        self._in_rollout = False
-        callback.update_locals(locals())
-        callback.on_rollout_end()
-        return True
+        return generation_seconds
+
+    def _extend_rollout(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        episode_problems: list[Any],
+    ) -> float | None:
+        """Called after the rollout's episodes are played, before the batch is built: a subclass may play more
+        episodes and change ``rows`` (and ``episode_problems``) in place. Returns the extra generation seconds, or
+        None when a callback stopped training."""
+        return 0.0
 
     @staticmethod
     def _score_ahead(env: VecEnv, problems: list[Any], actions: np.ndarray) -> None:
@@ -470,16 +508,20 @@ class LMAlgorithm(BaseAlgorithm):
     def _before_rollout(self, env: VecEnv) -> None:
         """Called at the start of every rollout (e.g. to move a reward weight)."""
 
-    def _draw_problems(self, env: VecEnv) -> list[Any]:
-        """This rank's K / world problems. Every rank draws the seeds of all K groups and plays its own: the same
-        groups whatever the number of processes (the sampler is reseeded per iteration for the same reason)."""
-        seeds = self._problem_rng.integers(2**63 - 1, size=self.n_groups)
-        mine = seeds[self._dist.rank * self._local_groups : (self._dist.rank + 1) * self._local_groups]
-        problems = [
-            env.env_method("sample_problem", seed=int(s), indices=[k % env.num_envs])[0] for k, s in enumerate(mine)
-        ]
-        self._generator.manual_seed(self._sampling_seed + 1 + self._iteration)
-        return problems
+    def _draw_problems(self, env: VecEnv, slots: list[int] | None = None) -> list[Any]:
+        """This rank's problems for the groups ``slots`` (indices among the job's K; default: all K). Every rank
+        draws the problems of all of them (:meth:`_problem_keys`) and plays its own: the same groups whatever the
+        number of processes (the sampler is reseeded per iteration for the same reason)."""
+        slots = list(range(self.n_groups)) if slots is None else slots
+        keys = self._problem_keys(len(slots))
+        first = self._dist.rank * self._local_groups
+        local = [(slot - first, key) for slot, key in zip(slots, keys, strict=True)]
+        mine = [(k, key) for k, key in local if 0 <= k < self._local_groups]
+        return [env.env_method("sample_problem", **key, indices=[k % env.num_envs])[0] for k, key in mine]
+
+    def _problem_keys(self, n: int) -> list[dict[str, Any]]:
+        """The ``sample_problem`` arguments of ``n`` problems (a fresh seed each), the same on every rank."""
+        return [{"seed": int(s)} for s in self._problem_rng.integers(2**63 - 1, size=n)]
 
     def _samples_from_reference(self) -> bool:
         """Whether the frozen reference (:meth:`_reference`) samples this rollout instead of the policy."""

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 AGGREGATION_MODES = ("sequence", "token", "constant")
+IMPORTANCE_LEVELS = ("token", "sequence")
 
 
 def check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
@@ -77,6 +78,41 @@ def clipped_surrogate(
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages  # (B, T)
     per_token_loss = -torch.min(unclipped, clipped)  # (B, T)
     return per_token_loss, ratio, clipped < unclipped
+
+
+def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO's length-normalised sequence log-ratio ``log s_i = (1 / |y_i|) sum_t (logp_t - old_logp_t)``.
+
+    Zheng et al. 2025 (GSPO, arXiv 2507.18071), Eq. 7: ``s_i = (pi(y_i | x) / pi_old(y_i | x)) ** (1 / |y_i|)``,
+    the geometric mean of the token ratios. A sequence with no valid token has ``log s_i = 0``.
+
+    :param logp: log-probs of the taken tokens under the current policy, shape ``(B, T)``
+    :param old_logp: the same under the sampling policy, shape ``(B, T)``
+    :param mask: ``True`` on valid completion tokens, shape ``(B, T)``
+    :return: ``log s_i``, shape ``(B,)``
+    """
+    check_shape("old_logp", old_logp, logp.shape)
+    check_shape("mask", mask, logp.shape)
+    mask = mask.bool()
+    log_ratio = torch.where(mask, logp - old_logp, 0.0)  # (B, T)
+    return log_ratio.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)  # (B,)
+
+
+def gspo_token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """GSPO-token's per-token log-ratio ``log s_i,t = sg[log s_i] + logp_t - sg[logp_t]`` (GSPO Eq. 13–14).
+
+    Its value is ``log s_i`` at every token of sequence ``i`` (so clipping acts on whole sequences), and its
+    gradient with respect to ``logp_t`` is 1: with the ratio ``exp`` of it, each token's gradient is
+    ``s_i * grad logp_t``, and averaged over the sequence's tokens it is GSPO's sequence-level gradient
+    ``s_i * (1 / |y_i|) sum_t grad logp_t`` (``sg`` = stop-gradient, ``detach``).
+
+    :param logp: log-probs under the current policy ``(B, T)``; ``old_logp`` the same under the sampling policy
+    :param mask: ``True`` on valid completion tokens ``(B, T)``
+    :return: ``(B, T)`` log-ratios; masked positions hold ``log s_i`` with no gradient
+    """
+    sequence = sequence_log_ratio(logp, old_logp, mask).detach()  # (B,)
+    valid = torch.where(mask.bool(), logp - logp.detach(), 0.0)  # (B, T): value 0, gradient 1 on valid tokens
+    return sequence.unsqueeze(-1) + valid  # (B, T)
 
 
 def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
+from algorithms.common.losses import IMPORTANCE_LEVELS
 from algorithms.grpo import objective
 
 AGGREGATIONS = ("sequence", "token", "constant")
@@ -30,6 +31,15 @@ GRPO_RULES: dict[str, Rule] = {
     "advantage_scale": choice(*objective.ADVANTAGE_SCALES),
     "loss_aggregation": choice(*AGGREGATIONS),
     "drop_uniform_groups": boolean(),
+    "importance_level": choice(*IMPORTANCE_LEVELS),
+    "sequence_clip_range": number(low=0.0),
+    "sequence_clip_range_high": number(low=0.0),
+    "dynamic_sampling": boolean(),
+    "max_resample_rounds": integer(low=0),
+    "mask_truncated": boolean(),
+    "prompt_sampling": choice("uniform", "learnability"),
+    "prompt_pool_size": integer(low=1),
+    "fresh_prompt_fraction": number(low=0.0, high=1.0),
     "competition": choice(None, "fixed", "adaptive"),
     "competition_coef": number(low=0.0, low_open=True),
     "diversity_guard": boolean(),

@@ -27,11 +27,12 @@ from algorithms.common.rollout import TEXT_ONLY, Rows, episode_returns, log_roll
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
 from algorithms.grpo.arguments import GRPO_RULES
+from algorithms.grpo.sampling import RolloutSampling, truncated_rows
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
 
-class GRPO(LMAlgorithm):
+class GRPO(RolloutSampling, LMAlgorithm):
     """Group Relative Policy Optimization for language models on ``R1Zero-v0``-style envs.
 
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
@@ -69,6 +70,32 @@ class GRPO(LMAlgorithm):
         ``"none"`` (Dr. GRPO)
     :param loss_aggregation: ``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)
     :param drop_uniform_groups: leave groups whose rewards are all equal out of the update (S29)
+    :param importance_level: ``"token"`` (GRPO: a ratio per token, clipped by ``clip_range``/``clip_range_high``) or
+        ``"sequence"`` (GSPO, Zheng et al. 2025: the sequence's length-normalised ratio
+        ``s_i = exp(mean_t(log pi - log pi_old))`` at every token, clipped by the ``sequence_clip_range*``
+        arguments; with ``loss_aggregation="sequence"`` the paper's objective exactly; ``train/clip_fraction``
+        is then the fraction of sequences clipped)
+    :param sequence_clip_range: GSPO's lower clip epsilon of ``s_i`` (the paper's 3e-4: a sequence ratio is a
+        geometric mean over tokens, so it stays much closer to 1 than a token ratio)
+    :param sequence_clip_range_high: GSPO's upper clip epsilon of ``s_i`` (the paper's 4e-4)
+    :param dynamic_sampling: DAPO's dynamic sampling, refilling: after the rollout, the groups whose rewards are all
+        equal are replaced by groups of new problems, sampled again, until none is or ``max_resample_rounds``
+        rounds are spent; groups still uniform then are left out of the update (as ``drop_uniform_groups``).
+        Logged: ``rollout/resampled_groups``, ``rollout/resample_rounds``. Needs ``group_size`` to be a multiple
+        of the number of envs. See :mod:`~algorithms.grpo.sampling`
+    :param max_resample_rounds: the most refill rounds per rollout (each costs up to K x G more completions,
+        counted in ``num_timesteps``)
+    :param mask_truncated: leave completions cut at ``max_new_tokens`` without EOS out of the loss (DAPO's
+        overlong filtering); they still count in their group's advantages. Logged:
+        ``rollout/truncated_fraction``. DAPO's soft overlong penalty is the env's ``length`` reward component
+        (``reward_weights={"length": 1.0}``, its buffer ``overlong_buffer``)
+    :param prompt_sampling: ``"uniform"`` (the env's stream of problems) or ``"learnability"``: a pool of the
+        last ``prompt_pool_size`` problems drawn, each with a running success estimate ``p``; every rollout takes
+        ``fresh_prompt_fraction`` of its problems fresh and the rest from the pool with probability
+        proportional to ``p (1 - p) + 0.01`` (:class:`~algorithms.common.prompt_pool.LearnabilityPool`).
+        Logged: ``rollout/prompt_priority_mean``, ``rollout/prompt_pool_size``, ``rollout/prompt_fresh_fraction``
+    :param prompt_pool_size: the problems the learnability pool holds
+    :param fresh_prompt_fraction: the share of each rollout's problems drawn fresh under ``"learnability"``
     :param competition: competition between groups: ``None`` (off), ``"fixed"`` (S10: the winning group's
         advantages x ``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or ``"adaptive"``
         (S11: the coefficient follows the between-group reward variance, in [0.8, 1.5])
@@ -144,6 +171,15 @@ class GRPO(LMAlgorithm):
         advantage_scale: str = "group",
         loss_aggregation: str = "sequence",
         drop_uniform_groups: bool = False,
+        importance_level: str = "token",
+        sequence_clip_range: float = 3e-4,
+        sequence_clip_range_high: float = 4e-4,
+        dynamic_sampling: bool = False,
+        max_resample_rounds: int = 3,
+        mask_truncated: bool = False,
+        prompt_sampling: str = "uniform",
+        prompt_pool_size: int = 256,
+        fresh_prompt_fraction: float = 0.25,
         competition: str | None = None,
         competition_coef: float = controls.COMPETITION_COEF,
         diversity_guard: bool = False,
@@ -208,7 +244,13 @@ class GRPO(LMAlgorithm):
         if _init_setup_model:
             self._setup_model()
 
-    state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_reward_model_target", "_groups_seen")
+    state_attributes = (
+        *LMAlgorithm.state_attributes,
+        "_between_variance",
+        "_reward_model_target",
+        "_groups_seen",
+        "_prompt_pool_state",
+    )
 
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:
@@ -220,6 +262,12 @@ class GRPO(LMAlgorithm):
             self.ent_coef = FloatSchedule(self.ent_coef)
         if self.advantage_baseline == "value" and self.policy.value_net is None:
             raise ValueError("advantage_baseline='value' needs a value head: policy_kwargs={'value_head': True}")
+        if self.dynamic_sampling and self.env is not None and self.group_size % self.env.num_envs:
+            raise ValueError(
+                f"dynamic_sampling replaces whole groups: group_size ({self.group_size}) must be a multiple of the "
+                f"number of envs ({self.env.num_envs})"
+            )
+        self._setup_prompt_pool()
         if self.replay_ratio > 0:
             kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
             self.replay_buffer = PrioritizedTrajectoryBuffer(**kwargs)
@@ -285,12 +333,16 @@ class GRPO(LMAlgorithm):
             scores = scores * self._competition_scale(returns)[:, None]  # (K, G)
         uniform = objective.uniform_group_mask(returns)  # (K,)
         diversity = self._diversity_guard(returns, rows) if self.diversity_guard else None
-        left_out = advantages.left_out_groups(uniform, self.drop_uniform_groups, diversity)[mine].tolist()
-        keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // group]]
+        drop_uniform = self.drop_uniform_groups or self.dynamic_sampling  # what refills could not fix is left out
+        left_out = advantages.left_out_groups(uniform, drop_uniform, diversity)[mine].tolist()
+        cut = truncated_rows(rows, [self.policy.eos_token_id]) if self.mask_truncated else [False] * len(rows.infos)
+        keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // group] and not cut[i]]
         self._placeholder = not keep  # this rank's groups all left out: one row with no weight keeps ranks in step
         keep = keep or [0]
         log_rollout(self.logger, self._dist, returns, [rows.masks[i] for i in keep], rows.infos, generation_seconds)
         self.logger.record("rollout/frac_uniform_groups", uniform.float().mean().item())
+        if self.mask_truncated:
+            self.logger.record("rollout/truncated_fraction", self._dist.sum(sum(cut)) / self._dist.sum(len(cut)))
         if self.diagnostics:  # S24: one reward histogram per group
             for k, group_returns in enumerate(returns.cpu().numpy()):
                 self.logger.record(f"groups/rewards_{k}", group_returns, exclude=TEXT_ONLY)
@@ -366,7 +418,11 @@ class GRPO(LMAlgorithm):
         clip_low = self.clip_range(progress)
         clip_high = self.clip_range_high(progress) if self.clip_range_high is not None else clip_low
         ent_coef = self.ent_coef(self._n_updates) if isinstance(self.ent_coef, UpdateDecay) else self.ent_coef(progress)
-        return update.LossSettings(clip_low, clip_high, ent_coef, self.beta, self.loss_aggregation, self.vf_coef)
+        if self.importance_level == "sequence":  # GSPO clips the sequence ratio, with its own (much smaller) range
+            clip_low, clip_high = self.sequence_clip_range, self.sequence_clip_range_high
+        return update.LossSettings(
+            clip_low, clip_high, ent_coef, self.beta, self.loss_aggregation, self.vf_coef, self.importance_level
+        )
 
     def _step(self, minibatch: RolloutBatch, settings: update.LossSettings, share: float):
         """One optimizer step on a minibatch (group by group with the diagnostics); its loss, stats, log-probs."""

@@ -19,7 +19,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from algorithms.common.losses import aggregate, check_choice, check_shape, clipped_surrogate, kl_k3
+from algorithms.common.losses import (
+    IMPORTANCE_LEVELS,
+    aggregate,
+    check_choice,
+    check_shape,
+    clipped_surrogate,
+    gspo_token_log_ratio,
+    kl_k3,
+)
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
@@ -89,6 +97,7 @@ def grpo_loss(
     entropy: Tensor | None = None,
     aggregation: str = "sequence",
     max_tokens: int | None = None,
+    importance_level: str = "token",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The GRPO loss ``aggregate(-min(ratio A, clip(ratio) A) + beta * k3 - ent_coef * H)``.
 
@@ -108,10 +117,15 @@ def grpo_loss(
     :param entropy: per-token policy entropy ``(B, T)``, or ``None``
     :param aggregation: ``"sequence"``, ``"token"`` or ``"constant"``
     :param max_tokens: the constant of ``"constant"`` aggregation
+    :param importance_level: ``"token"`` (GRPO: one ratio per token) or ``"sequence"`` (GSPO, Zheng et al. 2025:
+        the sequence's length-normalised ratio ``s_i`` at every token, in GSPO-token form, see
+        :func:`~algorithms.common.losses.gspo_token_log_ratio`; with ``"sequence"`` aggregation this is GSPO's
+        objective exactly). ``clip_low``/``clip_high`` then clip ``s_i`` (GSPO uses 3e-4 / 4e-4)
     :return: the scalar loss and detached scalar stats: ``policy_loss`` (aggregated like the loss),
         and, as means over valid tokens, ``kl`` (k3 to the reference; 0 when ``beta == 0`` or no
-        reference), ``entropy`` (only when ``entropy`` is given), ``clip_fraction`` and ``approx_kl``
-        (``(ratio - 1) - log ratio``: drift from the sampling policy, as SB3's PPO logs it)
+        reference), ``entropy`` (only when ``entropy`` is given), ``clip_fraction`` (with ``"sequence"``: the
+        fraction of sequences clipped) and ``approx_kl`` (``(r - 1) - log r`` of the token ratios ``r``: drift
+        from the sampling policy, as SB3's PPO logs it)
     """
     if beta < 0:
         raise ValueError(f"beta must be >= 0 (a negative KL weight pushes away from the reference), got {beta}.")
@@ -119,10 +133,20 @@ def grpo_loss(
         raise ValueError(f"beta={beta} > 0 needs ref_logp (reference log-probs); pass them or set beta=0.")
     if ent_coef != 0 and entropy is None:
         raise ValueError(f"ent_coef={ent_coef} needs entropy=entropy_from_logits(...); or set ent_coef=0.")
+    check_choice("importance_level", importance_level, IMPORTANCE_LEVELS)
     check_shape("mask", mask, logp.shape)
     mask = mask.bool()
     logp, old_logp = torch.where(mask, logp, 0.0), torch.where(mask, old_logp, 0.0)  # (B, T)
-    policy_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)  # (B, T)
+    if importance_level == "sequence":  # GSPO: clip s_i, the same value at every token of sequence i
+        log_ratio = gspo_token_log_ratio(logp, old_logp, mask)  # (B, T)
+        zero = torch.zeros_like(log_ratio)  # (B, T): the ratio is exp(log_ratio - 0)
+        policy_loss, _, clipped = clipped_surrogate(log_ratio, zero, advantages, clip_low, clip_high)  # (B, T)
+        clipped = clipped & mask.any(dim=-1, keepdim=True)  # (B, T): one flag per sequence, repeated
+        clip_fraction = clipped[:, 0].to(logp.dtype).sum() / mask.any(dim=-1).sum().clamp(min=1)
+    else:
+        policy_loss, _, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)  # (B, T)
+        clip_fraction = aggregate(clipped.to(logp.dtype), mask, "token")
+    ratio = torch.exp(logp - old_logp)  # (B, T): the token ratios, for approx_kl
     per_token = policy_loss  # (B, T)
     stats = {"kl": logp.new_zeros(())}
     if beta > 0:
@@ -135,6 +159,6 @@ def grpo_loss(
         stats["entropy"] = aggregate(entropy, mask, "token").detach()
     loss = aggregate(per_token, mask, aggregation, max_tokens)
     stats["policy_loss"] = aggregate(policy_loss, mask, aggregation, max_tokens).detach()
-    stats["clip_fraction"] = aggregate(clipped.to(logp.dtype), mask, "token").detach()
+    stats["clip_fraction"] = clip_fraction.detach()
     stats["approx_kl"] = aggregate((ratio - 1) - (logp - old_logp), mask, "token").detach()
     return loss, stats

@@ -31,6 +31,7 @@ class LossSettings:
     beta: float
     aggregation: str
     vf_coef: float
+    importance_level: str = "token"
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def minibatch_loss(
         entropy=entropy,
         aggregation=settings.aggregation,
         max_tokens=policy.max_new_tokens,
+        importance_level=settings.importance_level,
     )
     if policy.value_net is not None:  # S9: the FP32 value head learns the episode return
         values = policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
