@@ -313,6 +313,36 @@ class TransformerPolicy(BasePolicy):
                 pad_id=self.pad_token_id,
             )
 
+    def log_probs_and_values(
+        self,
+        prompt_ids: th.Tensor,
+        prompt_mask: th.Tensor,
+        completion_ids: th.Tensor,
+        completion_mask: th.Tensor,
+        with_entropy: bool = False,
+    ) -> tuple[th.Tensor, th.Tensor | None, th.Tensor]:
+        """:meth:`log_probs` and, from the same forward pass, the value head's per-token estimates ``(B, C)``: the
+        value of each state ``prompt + completion[:t]``, read (in float32) from the last hidden state at the position
+        that predicts token ``t``; 0 where the mask is False (needs ``value_head=True``)."""
+        if self.value_net is None:
+            raise ValueError("this policy has no value head; pass policy_kwargs={'value_head': True}")
+        with self.autocast("update"):
+            log_probs, entropy, hidden = completion_log_probs(
+                self.model,
+                prompt_ids,
+                prompt_mask,
+                completion_ids,
+                completion_mask,
+                temperature=self.temperature,
+                vocab_size=self.vocab_size,
+                with_entropy=with_entropy,
+                pad_id=self.pad_token_id,
+                with_hidden=True,
+            )
+        with float32_region(self.device):
+            values = self.value_net(hidden.float()).squeeze(-1)  # (B, C)
+        return log_probs, entropy, th.where(completion_mask.bool(), values, 0.0)
+
     def autocast(self, stage: str = "update"):
         """The autocast region of the model's forward passes in ``stage`` (``"sampling"``, ``"update"`` or
         ``"sft"``): nothing when :attr:`autocast_dtypes` gives it no dtype."""
