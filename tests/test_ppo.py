@@ -16,6 +16,7 @@ import grpo_gym
 from algorithms import GRPO, LMPPO
 from algorithms.ppo import objective
 from tests.sizes import ENV_KWARGS, TINY
+from tests.test_state import assert_same_training_state
 
 
 def make_env(n_envs: int = 1, **kwargs) -> DummyVecEnv:
@@ -35,17 +36,6 @@ def make_model(env=None, **kwargs) -> LMPPO:
         "policy_kwargs": TINY,
     }
     return LMPPO("TransformerPolicy", env or make_env(), **{**defaults, **kwargs})
-
-
-def assert_same_training_state(a: LMPPO, b: LMPPO) -> None:
-    for p, q in zip(a.policy.parameters(), b.policy.parameters(), strict=True):
-        assert th.equal(p, q)
-    first, second = a.policy.optimizer.state_dict()["state"], b.policy.optimizer.state_dict()["state"]
-    assert first.keys() == second.keys() and first
-    for key in first:
-        for name, value in first[key].items():
-            assert th.equal(value, second[key][name]), (key, name)
-    assert a.num_timesteps == b.num_timesteps and a._n_updates == b._n_updates
 
 
 def test_learn_writes_the_ppo_tensorboard_tags(tmp_path: Path) -> None:

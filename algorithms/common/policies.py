@@ -296,10 +296,12 @@ class TransformerPolicy(BasePolicy):
         with_entropy: bool = False,
         model: nn.Module | None = None,
         stage: str = "update",
-    ) -> tuple[th.Tensor, th.Tensor | None]:
+        with_hidden: bool = False,
+    ) -> tuple[th.Tensor, ...]:
         """Per-token log-probs ``(B, C)`` (and entropies) of given completions under the current weights, or under
         ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s precision (the cold
-        start passes ``"sft"``)."""
+        start passes ``"sft"``); ``with_hidden``: also the ``(B, C, H)`` last hidden states (see
+        :func:`~algorithms.common.generation.completion_log_probs`)."""
         with self.autocast(stage):
             return completion_log_probs(
                 model if model is not None else self.model,
@@ -311,6 +313,7 @@ class TransformerPolicy(BasePolicy):
                 vocab_size=self.vocab_size,
                 with_entropy=with_entropy,
                 pad_id=self.pad_token_id,
+                with_hidden=with_hidden,
             )
 
     def log_probs_and_values(
@@ -326,19 +329,8 @@ class TransformerPolicy(BasePolicy):
         that predicts token ``t``; 0 where the mask is False (needs ``value_head=True``)."""
         if self.value_net is None:
             raise ValueError("this policy has no value head; pass policy_kwargs={'value_head': True}")
-        with self.autocast("update"):
-            log_probs, entropy, hidden = completion_log_probs(
-                self.model,
-                prompt_ids,
-                prompt_mask,
-                completion_ids,
-                completion_mask,
-                temperature=self.temperature,
-                vocab_size=self.vocab_size,
-                with_entropy=with_entropy,
-                pad_id=self.pad_token_id,
-                with_hidden=True,
-            )
+        args = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        log_probs, entropy, hidden = self.log_probs(*args, with_entropy=with_entropy, with_hidden=True)
         with float32_region(self.device):
             values = self.value_net(hidden.float()).squeeze(-1)  # (B, C)
         return log_probs, entropy, th.where(completion_mask.bool(), values, 0.0)
