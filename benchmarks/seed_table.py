@@ -19,11 +19,12 @@ of the worker process that ran the arm's seeds, and sample efficiency as S22 def
 to reach a held-out success threshold (the cold start's success + ``--gain``) divided by the completions the
 algorithm needs (so PPO is 1.0; linear interpolation on the seeds' mean held-out curve, measured at ``--evals``
 points). A plot of held-out success vs completions goes to ``benchmarks/seed_table.png``, the raw curves to
-``benchmarks/seed_table_runs.json``. Each arm runs in its own process (its own peak memory).
+``benchmarks/seed_table_runs.json``. Each arm runs in its own process (its own peak memory), one torch thread each
+(two threads per process thrash on a 2-core machine shared with other jobs); the two tasks run side by side.
 
 Command (what ``benchmarks/RESULTS.md`` records)::
 
-    python benchmarks/seed_table.py --completions 3200 --results benchmarks/RESULTS.md
+    OMP_NUM_THREADS=1 python benchmarks/seed_table.py --completions 960 --evals 3 --results benchmarks/RESULTS.md
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +104,18 @@ def build(arm: str, task: str, seed: int, args: dict[str, Any]):
 
 
 def worker(settings: dict[str, Any]) -> dict[str, Any]:
-    """One arm on one task, every seed in turn: the held-out curve, the final success and the training time."""
+    """One arm on one task, every seed in turn: the held-out curve, the final success and the training time (or,
+    with ``cold_start`` in the settings, the task's cold start)."""
     import numpy as np
     import torch
 
     from algorithms.common.evaluation import evaluate_problems, held_out_problems
 
     torch.set_num_threads(settings["threads"])
+    if settings.get("cold_start"):
+        names = ("task", "sft_steps", "eval_problems", "folder")
+        path, success = cold_start(*(settings[name] for name in names))
+        return {"checkpoint": path, "success": success}
     task, arm = settings["task"], settings["arm"]
     eval_env = make_env(task)
     problems = held_out_problems(eval_env, settings["eval_problems"], TASKS[task]["difficulty"])
@@ -127,7 +134,7 @@ def worker(settings: dict[str, Any]) -> dict[str, Any]:
     return {"runs": runs, "peak_mib": memory_mib()["peak"], "mean": float(np.mean([r["success"] for r in runs]))}
 
 
-def cold_start(task: str, steps: int, eval_problems: int, folder: Path) -> tuple[str, float]:
+def cold_start(task: str, steps: int, eval_problems: int, folder: str) -> tuple[str, float]:
     """The task's shared cold start: its weights' file and its held-out success."""
     import torch
 
@@ -138,10 +145,24 @@ def cold_start(task: str, steps: int, eval_problems: int, folder: Path) -> tuple
     sft = GRPO("TransformerPolicy", env, sft_steps=steps, sft_batch_size=32, sft_learning_rate=1e-3,
                policy_kwargs={"model": "tiny"}, seed=0, device="cpu")  # fmt: skip
     sft.run_cold_start()
-    path = folder / f"{task}.pt"
+    path = Path(folder) / f"{task}.pt"
     torch.save(sft.policy.model.state_dict(), path)
     problems = held_out_problems(env, eval_problems, TASKS[task]["difficulty"])
     return str(path), evaluate_problems(sft.policy, env, problems, seed=0).success_rate
+
+
+def run_task(task: str, args: argparse.Namespace, points: list[int], folder: str, began: float) -> tuple[float, dict]:
+    """The task's cold start, then every arm from it in turn, each in a process of its own."""
+    settings: dict[str, Any] = {"task": task, "eval_problems": args.eval_problems, "threads": args.threads}
+    cold = run_worker(__file__, f"{task}/cold start", {**settings, "cold_start": True, "sft_steps": args.sft_steps,
+                                                       "folder": folder})  # fmt: skip
+    print(f"{task}: cold start {cold['success']:.1%} held-out ({time.perf_counter() - began:.0f} s)", flush=True)
+    results = {}
+    for arm in args.arms:
+        arm_settings = {**settings, "arm": arm, "checkpoint": cold["checkpoint"], "points": points, "lr": args.lr}
+        results[arm] = result = run_worker(__file__, f"{task}/{arm}", {**arm_settings, "seeds": args.seeds})
+        print(f"{task} {arm}: {result['mean']:.1%} ({time.perf_counter() - began:.0f} s so far)", flush=True)
+    return cold["success"], results
 
 
 def mean_curve(runs: list[dict[str, Any]], start: float) -> list[tuple[float, float]]:
@@ -253,21 +274,13 @@ def main() -> None:
 
     import torch
 
-    torch.set_num_threads(args.threads)
     began = time.perf_counter()
     points = [round(args.completions * (i + 1) / args.evals) for i in range(args.evals)]
-    all_results: dict[str, dict[str, dict]] = {}
-    starts: dict[str, float] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for task in args.tasks:
-            checkpoint, starts[task] = cold_start(task, args.sft_steps, args.eval_problems, Path(folder))
-            print(f"{task}: cold start {starts[task]:.1%} held-out", flush=True)
-            all_results[task] = {}
-            for arm in args.arms:
-                settings = {"task": task, "arm": arm, "checkpoint": checkpoint, "points": points, "lr": args.lr}
-                settings.update(seeds=args.seeds, eval_problems=args.eval_problems, threads=args.threads)
-                all_results[task][arm] = result = run_worker(__file__, f"{task}/{arm}", settings)
-                print(f"{task} {arm}: {result['mean']:.1%} ({time.perf_counter() - began:.0f} s so far)", flush=True)
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(len(args.tasks)) as pool:  # the tasks side by side
+        futures = {task: pool.submit(run_task, task, args, points, folder, began) for task in args.tasks}
+        done = {task: future.result() for task, future in futures.items()}
+    starts = {task: start for task, (start, _) in done.items()}
+    all_results = {task: results for task, (_, results) in done.items()}
     minutes = (time.perf_counter() - began) / 60
     here = Path(__file__).resolve().parent
     (here / "seed_table_runs.json").write_text(json.dumps({"starts": starts, "results": all_results}))
@@ -277,7 +290,9 @@ def main() -> None:
         f"{minutes:.0f} minutes in all.",
         "",
         f"torch {torch.__version__}, Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()} shared "
-        f"with other jobs, no GPU, {args.threads} threads. Built-in tiny model; per task one shared "
+        f"with other jobs, no GPU, {args.threads} thread per process, the two tasks run side by side (one process "
+        "each at a time, so every wall time is measured beside one other run of the table). Built-in tiny model; "
+        "per task one shared "
         f"{args.sft_steps}-step cold start; then {args.completions} completions per run, lr {args.lr} for every "
         f"algorithm, {args.seeds} seeds; held-out success on {args.eval_problems} problems at the training "
         f"difficulty, sampled (temperature 1, top-p 0.92), measured at {', '.join(map(str, points))} completions. "
