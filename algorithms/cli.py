@@ -20,11 +20,29 @@ from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
     RUN_KEYS,
     check_keys,
+    default_config,
     load_hyperparams,
     parse_overrides,
     preset_key,
 )
 from algorithms.deploy.commands import add_deploy_commands
+
+#: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
+ALGOS = {"grpo": ("GRPO", "grpo.yml"), "ppo": ("LMPPO", "lmppo.yml")}
+
+
+def _algorithm(args: argparse.Namespace) -> Any:
+    """The class ``--algo`` names (GRPO by default)."""
+    import algorithms
+
+    return getattr(algorithms, ALGOS[getattr(args, "algo", "grpo")][0])
+
+
+def _config(args: argparse.Namespace) -> Any:
+    """``--config``, or the default config of ``--algo`` when it was left at GRPO's default (or not given)."""
+    if args.config in (None, str(DEFAULT_CONFIG)):
+        return default_config(ALGOS[getattr(args, "algo", "grpo")][1])
+    return args.config
 
 
 def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | None) -> Any:
@@ -38,19 +56,18 @@ def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | 
 
 def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """Read the config, apply the command line, build the env and the model (or ``load`` a saved one into it)."""
-    from algorithms import GRPO
-
-    config = load_hyperparams(args.config, args.env, args.preset, parse_overrides(args.hyperparams or []))
-    check_keys(config, _grpo_keys(), f"{args.config} [{preset_key(args.env, args.preset)}] with -params")
+    algorithm = _algorithm(args)
+    config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
+    check_keys(config, _grpo_keys(algorithm), f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params")
     n_timesteps = int(config.pop("n_timesteps"))
     if getattr(args, "n_timesteps", None) is not None:
         n_timesteps = args.n_timesteps
     env = _make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
     if load is not None:
-        model = GRPO.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose)
+        model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose)
         return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
-    model = GRPO(
+    model = algorithm(
         config.pop("policy", "TransformerPolicy"),
         env,
         seed=args.seed,
@@ -61,14 +78,15 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
 
 
-def _grpo_keys() -> set[str]:
-    """The keys a preset may hold: GRPO's constructor arguments (but what the command line sets) and RUN_KEYS."""
+def _grpo_keys(algorithm: Any = None) -> set[str]:
+    """The keys a preset may hold: the algorithm's (GRPO's) constructor arguments (but what the command line sets)
+    and RUN_KEYS."""
     import inspect
 
     from algorithms import GRPO
 
     given_by_flags = {"self", "env", "seed", "verbose", "tensorboard_log", "device", "_init_setup_model"}
-    return (set(inspect.signature(GRPO.__init__).parameters) - given_by_flags) | set(RUN_KEYS)
+    return (set(inspect.signature((algorithm or GRPO).__init__).parameters) - given_by_flags) | set(RUN_KEYS)
 
 
 def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, seed: int) -> list[Any]:
@@ -134,7 +152,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     if not args.resume:
         model, env, plan = _setup(args)
         started = time.perf_counter()
-        model._setup_learn(0, None, True, "GRPO", False)  # the logger, so the cold start logs to the same run
+        model._setup_learn(0, None, True, type(model).__name__, False)  # the logger: the cold start logs to the run
         if model._needs_cold_start():
             say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
             model.run_cold_start()
@@ -174,7 +192,7 @@ def train(args: argparse.Namespace) -> int:
         main = model._dist.is_main
         say = print if main else lambda *_, **__: None
         total = int(plan["run"]["total_timesteps"])
-        say(f"GRPO: {total} completions ...", flush=True)
+        say(f"{type(model).__name__}: {total} completions ...", flush=True)
         remaining = max(total - model.num_timesteps, 0)
         model.learn(remaining, callback=checkpoint, reset_num_timesteps=False, progress_bar=args.progress_bar and main)
     if signals["code"]:
@@ -210,7 +228,7 @@ def sft(args: argparse.Namespace) -> int:
     from algorithms.common.evaluation import format_table
 
     model, env, plan = _setup(args)
-    model._setup_learn(0, None, True, "GRPO", False)
+    model._setup_learn(0, None, True, type(model).__name__, False)
     model.run_cold_start()
     print(format_table({"after SFT": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)}))
     if args.save_path:
@@ -221,7 +239,6 @@ def sft(args: argparse.Namespace) -> int:
 
 def evaluate(args: argparse.Namespace) -> int:
     """Held-out success of a saved model at each ``--difficulty``, as a table."""
-    from algorithms import GRPO
     from algorithms.common.evaluation import evaluate_difficulties, format_table
     from algorithms.common.state import recorded_env_kwargs
 
@@ -233,13 +250,11 @@ def evaluate(args: argparse.Namespace) -> int:
             raise ValueError(f"{error} (on the command line: give the training run's --config / --preset)") from error
     else:
         env_id = args.env
-        env_kwargs = dict(
-            load_hyperparams(args.config or str(DEFAULT_CONFIG), args.env, args.preset, {}).get("env_kwargs") or {}
-        )
+        env_kwargs = dict(load_hyperparams(_config(args), args.env, args.preset, {}).get("env_kwargs") or {})
         if extra:  # the held-out split of a dataset / jsonl task
             env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra["task_kwargs"]}
     env = _make_env(env_id, 1, env_kwargs, args.eval_seed)
-    model = GRPO.load(args.model, env=env)
+    model = _algorithm(args).load(args.model, env=env)
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
     return 0
@@ -305,8 +320,14 @@ def _add_config_arguments(parser: argparse.ArgumentParser, config_default: str |
     parser.add_argument("--eval-seed", type=int, default=0, help="selects the held-out problems and sampler seed")
 
 
+def _add_algo_argument(parser: argparse.ArgumentParser) -> None:
+    help_text = "grpo, or ppo (LMPPO; its default config: zoo_configs/lmppo.yml)"
+    parser.add_argument("--algo", choices=sorted(ALGOS), default="grpo", help=help_text)
+
+
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config_arguments(parser)
+    _add_algo_argument(parser)
     parser.add_argument("--hyperparams", "-params", nargs="*", help="overrides, e.g. learning_rate:1e-5 n_groups:8")
     parser.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder")
     parser.add_argument("--seed", type=int, default=0, help="the random seed of the model and the run")
@@ -338,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = commands.add_parser("eval", help="held-out success of a saved model, per difficulty")
     ev.add_argument("model", help="a model saved by grpo-gym train --save-path")
     _add_config_arguments(ev, config_default=None)
+    _add_algo_argument(ev)
     ev.add_argument("--difficulty", type=float, nargs="+", default=[0.1, 0.3, 0.5])
     ev.add_argument("--n", type=int, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")

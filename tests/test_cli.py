@@ -253,3 +253,20 @@ def test_tasks_lists_the_tasks_and_reasoning_gym(capsys: pytest.CaptureFixture) 
     assert {"arithmetic", "countdown", "dataset", "jsonl"} <= {line.strip() for line in out.splitlines()}
     assert re.search(r"reasoning_gym:chain_sum\s+num_terms \(11 levels\), num_digits \(10 levels\)", out)
     assert re.search(r"reasoning_gym:gsm_symbolic\s+fixed", out)
+
+
+def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path) -> None:
+    from algorithms import LMPPO
+
+    config = write_config(tmp_path)
+    out = io.StringIO()
+    argv = ["train", "--algo", "ppo", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "-n", "8"]
+    with contextlib.redirect_stdout(out):
+        assert main([*argv, "--no-progress-bar", "-params", "n_epochs:1"]) == 0
+    assert "LMPPO: 8 completions" in out.getvalue()
+    model = LMPPO.load(tmp_path / "p.zip")
+    assert model.num_timesteps == 8 and model.n_epochs == 1 and model.policy.value_net is not None
+    with contextlib.redirect_stdout(io.StringIO()) as table:
+        assert main(["eval", str(tmp_path / "p.zip"), "--algo", "ppo", "--config", str(config), "--n", "4"]) == 0
+    assert [label for label, _, _ in table_rows(table.getvalue())] == ["p"] * 3
+    assert build_parser().parse_args(["train", "--algo", "ppo"]).algo == "ppo"

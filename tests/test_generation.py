@@ -336,3 +336,34 @@ def test_pad_is_never_drawn_unless_it_is_an_eos(tiny, tokenizer):
         assert (stop.lengths == 1).all() and (stop.tokens[:, 0] == 0).all()
     finally:
         hook.remove()
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2", "gpt2"])
+def test_hidden_states_come_from_the_same_forward_in_both_layouts(request, tokenizer, name):
+    model = request.getfixturevalue(name)
+    vocab = model.get_input_embeddings().num_embeddings
+    ids, mask = batch(tokenizer)
+    ids = ids % vocab
+    out = draw(model, ids, mask, vocab_size=vocab, eos_token_id=list(range(3, 23)))
+    with torch.no_grad():
+        plain = completion_log_probs(model, ids, mask, out.tokens, out.mask, vocab_size=vocab)
+        settings = {"vocab_size": vocab, "with_hidden": True}
+        results = {
+            layout: completion_log_probs(model, ids, mask, out.tokens, out.mask, layout=layout, **settings)
+            for layout in ("padded", "packed")
+        }
+        # the hidden state that predicts completion token t of row 0, read from the model itself
+        attention = torch.cat([mask, out.mask.long()], 1)
+        states = model(
+            input_ids=torch.cat([ids, out.tokens], 1),
+            attention_mask=attention,
+            position_ids=position_ids_from_mask(attention),
+            output_hidden_states=True,
+        ).hidden_states[-1]
+    width = ids.shape[1]
+    for layout, (log_probs, entropy, hidden) in results.items():
+        assert entropy is None and hidden.shape == (*out.tokens.shape, states.shape[-1]), layout
+        torch.testing.assert_close(log_probs, plain[0], atol=1e-5, rtol=0)
+        assert bool((hidden[~out.mask] == 0).all())
+        n = int(out.mask[0].sum())
+        torch.testing.assert_close(hidden[0, :n], states[0, width - 1 : width - 1 + n], atol=1e-4, rtol=1e-4)

@@ -205,6 +205,7 @@ def test_string_env_id_and_set_get_env() -> None:
         {"advantage_scale": "none", "loss_aggregation": "constant"},
         {"loss_aggregation": "token", "clip_range_high": 0.28},
         {"drop_uniform_groups": True},
+        {"advantage_baseline": "leave_one_out", "advantage_scale": "none"},  # RLOO
         {"n_epochs": 2, "batch_size": 3, "beta": 0.1},
         {"ent_coef": 0.0, "learning_rate": lambda progress: 1e-4 * progress},
     ],

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from algorithms.common.losses import aggregate, clipped_surrogate, kl_k3
-from algorithms.grpo.objective import group_advantages, grpo_loss, uniform_group_mask
+from algorithms.grpo.objective import group_advantages, grpo_loss, leave_one_out_advantages, uniform_group_mask
 
 F64 = torch.float64
 MASK_2x3 = torch.tensor([[True, True, True], [True, False, False]])
@@ -273,3 +273,16 @@ def test_token_level_is_the_default_and_unchanged():
     assert default.item() == token.item() == pytest.approx((-(1.2 + 1) / 2 + 1) / 2)
     with pytest.raises(ValueError, match="importance_level"):
         grpo_loss(*args, clip_low=0.2, importance_level="episode")
+
+
+def test_leave_one_out_advantages_by_hand():
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.5, 0.5, 0.5, 0.5], [3.0, 1.0, 2.0, 2.0]])
+    # row 0: the baseline of a 1 is (0 + 0 + 1) / 3, of a 0 is 2 / 3; row 1: uniform, exactly 0
+    # row 2: 3 - 5/3 = 4/3, 1 - 7/3 = -4/3, 2 - 2 = 0
+    expected = torch.tensor([[2 / 3, -2 / 3, -2 / 3, 2 / 3], [0.0] * 4, [4 / 3, -4 / 3, 0.0, 0.0]])
+    advantages = leave_one_out_advantages(rewards)
+    torch.testing.assert_close(advantages, expected)
+    assert bool((advantages[1] == 0).all())
+    torch.testing.assert_close(advantages, 4 / 3 * group_advantages(rewards, scale="none"))
+    with pytest.raises(ValueError, match="at least 2"):
+        leave_one_out_advantages(torch.ones(3, 1))

@@ -110,7 +110,7 @@ def finite_learning_rate(value: float) -> float:
 LM_ALGORITHM_RULES: dict[str, Rule] = {
     "learning_rate": schedule(low=0.0),
     "n_groups": integer(low=1),
-    "group_size": integer(low=2),
+    "group_size": integer(low=1),  # GRPO asks for >= 2 itself (a group of one has no relative advantage)
     "max_grad_norm": number(low=0.0, low_open=True),
     "gamma": number(low=0.0, high=1.0, low_open=True),
     "gradient_compression": choice(*COMPRESSIONS),

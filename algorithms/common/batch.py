@@ -7,10 +7,12 @@ replayed rows to it. The cold start and the evaluation pad their prompts with th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 
 import torch as th
+
+from algorithms.common.distributed import Distributed
 
 
 def left_pad(rows: Sequence[th.Tensor], pad_id: int) -> tuple[th.Tensor, th.Tensor]:
@@ -45,12 +47,14 @@ class RolloutBatch:
     :param completion_ids: ``(N, C)`` sampled tokens, pad after EOS
     :param completion_mask: ``(N, C)`` bool, True up to and including EOS
     :param old_log_probs: ``(N, C)`` log-probs at sampling time (the importance-ratio denominator)
-    :param advantages: ``(N,)`` group-relative advantages
-    :param returns: ``(N,)`` the discounted return of each row's episode (the value head's target)
+    :param advantages: ``(N,)`` group-relative advantages, or ``(N, C)`` per token (PPO's GAE)
+    :param returns: ``(N,)`` the discounted return of each row's episode (the value head's target), or ``(N, C)``
+        per token (PPO's GAE returns)
     :param groups: ``(N,)`` the group (problem) of each row within its rollout
     :param ref_log_probs: ``(N, C)`` reference log-probs when ``beta > 0``, else ``None``
     :param weights: ``(N,)`` importance-sampling weights of replayed rows (1 for fresh ones), or ``None``: all 1
     :param slots: ``(N,)`` replay-buffer slot of each replayed row, -1 for fresh ones, or ``None``: none replayed
+    :param values: ``(N, C)`` the value head's per-token estimates at sampling time (PPO), or ``None``
     """
 
     prompt_ids: th.Tensor
@@ -64,6 +68,7 @@ class RolloutBatch:
     ref_log_probs: th.Tensor | None = None
     weights: th.Tensor | None = None
     slots: th.Tensor | None = None
+    values: th.Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -75,9 +80,9 @@ class RolloutBatch:
         completion_width = max(int(rows["completion_mask"].sum(dim=1).max()), 1)
         for name in ("prompt_ids", "prompt_mask"):
             rows[name] = rows[name][:, -prompt_width:]
-        for name in ("completion_ids", "completion_mask", "old_log_probs", "ref_log_probs"):
-            if rows[name] is not None:
-                rows[name] = rows[name][:, :completion_width]
+        for name, value in rows.items():  # every other 2-D tensor is per completion token: (n, C)
+            if value is not None and value.dim() == 2 and name not in ("prompt_ids", "prompt_mask"):
+                rows[name] = value[:, :completion_width]
         return RolloutBatch(**rows)
 
     def concat(self, other: RolloutBatch) -> RolloutBatch:
@@ -116,3 +121,36 @@ def _pad(value: th.Tensor, width: int, left: bool = False) -> th.Tensor:
         return value
     zeros = value.new_zeros((value.shape[0], extra))
     return th.cat([zeros, value] if left else [value, zeros], dim=1)
+
+
+def minibatches(
+    batch: RolloutBatch,
+    batch_size: int | None,
+    sequential: bool,
+    aggregation: str,
+    generator: th.Generator,
+    dist: Distributed,
+    placeholder: bool = False,
+) -> Iterator[tuple[RolloutBatch, float]]:
+    """Shuffled minibatches of ``batch_size`` rows (``None``: the whole batch), or one group after the other
+    (``sequential``, S14).
+
+    Each comes with its ``share``: the part of the whole job's minibatch (all ranks) it holds, by rows, or by
+    tokens with ``aggregation="token"``; the loss is weighted by it, so the gradients summed over the ranks are
+    those of the job's minibatch. Every rank yields the same number of minibatches; a ``placeholder`` batch
+    (this rank's groups all left out) has share 0."""
+    if sequential:
+        groups = sorted(set().union(*dist.gather_objects(set(th.unique(batch.groups).tolist()))))
+        parts = [(batch.groups == group).nonzero().squeeze(1) for group in groups]
+    else:
+        size = batch_size or len(batch)
+        count = int(dist.sum(-(-len(batch) // size)) // dist.world_size) if dist.enabled else None
+        order = th.randperm(len(batch), generator=generator).to(batch.prompt_ids.device)
+        parts = list(order.split(size)) if count is None else list(order.tensor_split(max(count, 1)))
+    for rows in parts:
+        part = batch.select(rows) if len(rows) else batch.select(th.zeros(1, dtype=th.long, device=rows.device))
+        if not len(rows) or placeholder:
+            amount = 0.0
+        else:
+            amount = float(part.completion_mask.sum() if aggregation == "token" else len(rows))
+        yield part, amount / max(dist.sum(amount), 1e-12)

@@ -224,8 +224,10 @@ def completion_log_probs(
     with_entropy: bool = False,
     layout: str = "auto",
     pad_id: int = 0,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (and entropies) of completions, in one forward pass; differentiable.
+    with_hidden: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Per-token log-probs (and entropies, and last hidden states) of completions, in one forward pass;
+    differentiable.
 
     Two layouts give the same values (up to float rounding): ``"padded"``, one row per completion (its
     prompt, then the completion, cut to the longest completion), and ``"packed"``
@@ -245,13 +247,17 @@ def completion_log_probs(
     :param with_entropy: also return the per-token entropy
     :param layout: ``"auto"``, ``"packed"`` or ``"padded"``
     :param pad_id: the id written in the packed layout's padding
+    :param with_hidden: also return the last layer's hidden state at each position that predicts a completion token
+        (what a per-token value head reads, e.g. PPO's), from the same forward pass
     :return: ``(log_probs, entropy)``, both ``(B, C)`` float32 and 0 where the mask is False;
-        ``entropy`` is None unless ``with_entropy``
+        ``entropy`` is None unless ``with_entropy``; with ``with_hidden`` a third item, the ``(B, C, H)`` hidden
+        states in the model's dtype, 0 where the mask is False
     """
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     mask = completion_mask.bool()  # (B, C)
-    logits = completion_logits(model, prompt_ids, prompt_mask, completion_ids, mask, layout=layout, pad_id=pad_id)
+    args = (model, prompt_ids, prompt_mask, completion_ids, mask, layout, pad_id, with_hidden)
+    logits, hidden = _completion_outputs(*args)
     scaled = _scaled_logits(logits, temperature, vocab_size)  # (N, V): one row per real completion token
     log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     log_probs = log_probs.masked_scatter(mask, _token_log_probs(scaled, completion_ids[mask]))  # (B, C)
@@ -259,7 +265,10 @@ def completion_log_probs(
     if with_entropy:
         log_p = F.log_softmax(scaled, dim=-1)  # (N, V)
         entropy = torch.zeros_like(log_probs).masked_scatter(mask, -(log_p.exp() * log_p).sum(-1))  # (B, C)
-    return log_probs, entropy
+    if not with_hidden:
+        return log_probs, entropy
+    states = hidden.new_zeros((*mask.shape, hidden.shape[-1])).masked_scatter(mask.unsqueeze(-1), hidden)  # (B, C, H)
+    return log_probs, entropy, states
 
 
 def completion_logits(
@@ -285,6 +294,15 @@ def completion_logits(
     :param layout: ``"auto"``, ``"packed"`` or ``"padded"`` (see :func:`completion_log_probs`)
     :param pad_id: the id written in the packed layout's padding
     """
+    args = (model, prompt_ids, prompt_mask, completion_ids, completion_mask, layout, pad_id, False)
+    return _completion_outputs(*args)[0]
+
+
+def _completion_outputs(
+    model, prompt_ids, prompt_mask, completion_ids, completion_mask, layout, pad_id, with_hidden
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(N, V)`` logits predicting each real completion token (row-major order) and, ``with_hidden``, the
+    ``(N, H)`` last hidden states they are read from (else None)."""
     if layout not in ("auto", "packed", "padded"):
         raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
     model = base_network(model)  # a PeftModel's own model, LoRA layers included: the same logits, fewer wrappers
@@ -293,27 +311,33 @@ def completion_logits(
     if layout == "auto":
         layout = "packed" if attention_kind in ("sdpa", "eager") else "padded"
     if layout == "packed":
-        return _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind)
-    return _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask)[mask]  # (N, V)
+        return _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind, with_hidden)
+    logits, hidden = _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask, with_hidden)
+    return logits[mask], (hidden[mask] if hidden is not None else None)  # (N, V), (N, H)
 
 
-def _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask) -> torch.Tensor:
-    """``(B, C, V)`` logits predicting each completion column, one row per completion."""
+def _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask, with_hidden=False):
+    """``(B, C, V)`` logits predicting each completion column, one row per completion (and the ``(B, C, H)``
+    last hidden states they come from, ``with_hidden``)."""
     completion_len = completion_ids.shape[1]
     attention = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)  # (B, T + C)
     keep = {"logits_to_keep": completion_len + 1} if "logits_to_keep" in forward_parameters(model) else {}
-    logits = model(
+    out = model(
         input_ids=torch.cat([prompt_ids, completion_ids], dim=1),  # (B, T + C)
         attention_mask=attention,
         position_ids=position_ids_from_mask(attention),
         use_cache=False,
+        output_hidden_states=with_hidden,
         **keep,
-    ).logits
-    return logits[:, -(completion_len + 1) : -1]  # (B, C, V): logits at T-1 ... T+C-2
+    )
+    columns = slice(-(completion_len + 1), -1)  # positions T-1 ... T+C-2
+    hidden = out.hidden_states[-1][:, columns] if with_hidden else None
+    return out.logits[:, columns], hidden  # (B, C, V), (B, C, H)
 
 
-def _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind) -> torch.Tensor:
-    """``(N, V)`` logits predicting each real completion token (row-major order), from the packed layout."""
+def _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind, with_hidden=False):
+    """``(N, V)`` logits predicting each real completion token (row-major order), from the packed layout (and
+    the ``(N, H)`` last hidden states, ``with_hidden``)."""
     packed = pack_rows(prompt_ids, prompt_mask, completion_ids, mask, pad_id=pad_id)
     allowed = packed.attention_mask()  # (R, 1, W, W) bool
     if attention_kind != "sdpa":  # eager attention adds the mask to the scores
@@ -321,7 +345,12 @@ def _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id,
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
             ~allowed, torch.finfo(dtype).min
         )
-    logits = model(
-        input_ids=packed.input_ids, attention_mask=allowed, position_ids=packed.position_ids, use_cache=False
-    ).logits  # (R, W, V)
-    return logits.flatten(0, 1)[packed.source]
+    out = model(
+        input_ids=packed.input_ids,
+        attention_mask=allowed,
+        position_ids=packed.position_ids,
+        use_cache=False,
+        output_hidden_states=with_hidden,
+    )  # logits (R, W, V)
+    hidden = out.hidden_states[-1].flatten(0, 1)[packed.source] if with_hidden else None  # (N, H)
+    return out.logits.flatten(0, 1)[packed.source], hidden

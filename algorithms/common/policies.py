@@ -296,10 +296,12 @@ class TransformerPolicy(BasePolicy):
         with_entropy: bool = False,
         model: nn.Module | None = None,
         stage: str = "update",
-    ) -> tuple[th.Tensor, th.Tensor | None]:
+        with_hidden: bool = False,
+    ) -> tuple[th.Tensor, ...]:
         """Per-token log-probs ``(B, C)`` (and entropies) of given completions under the current weights, or under
         ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s precision (the cold
-        start passes ``"sft"``)."""
+        start passes ``"sft"``); ``with_hidden``: also the ``(B, C, H)`` last hidden states (see
+        :func:`~algorithms.common.generation.completion_log_probs`)."""
         with self.autocast(stage):
             return completion_log_probs(
                 model if model is not None else self.model,
@@ -311,7 +313,27 @@ class TransformerPolicy(BasePolicy):
                 vocab_size=self.vocab_size,
                 with_entropy=with_entropy,
                 pad_id=self.pad_token_id,
+                with_hidden=with_hidden,
             )
+
+    def log_probs_and_values(
+        self,
+        prompt_ids: th.Tensor,
+        prompt_mask: th.Tensor,
+        completion_ids: th.Tensor,
+        completion_mask: th.Tensor,
+        with_entropy: bool = False,
+    ) -> tuple[th.Tensor, th.Tensor | None, th.Tensor]:
+        """:meth:`log_probs` and, from the same forward pass, the value head's per-token estimates ``(B, C)``: the
+        value of each state ``prompt + completion[:t]``, read (in float32) from the last hidden state at the position
+        that predicts token ``t``; 0 where the mask is False (needs ``value_head=True``)."""
+        if self.value_net is None:
+            raise ValueError("this policy has no value head; pass policy_kwargs={'value_head': True}")
+        args = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+        log_probs, entropy, hidden = self.log_probs(*args, with_entropy=with_entropy, with_hidden=True)
+        with float32_region(self.device):
+            values = self.value_net(hidden.float()).squeeze(-1)  # (B, C)
+        return log_probs, entropy, th.where(completion_mask.bool(), values, 0.0)
 
     def autocast(self, stage: str = "update"):
         """The autocast region of the model's forward passes in ``stage`` (``"sampling"``, ``"update"`` or

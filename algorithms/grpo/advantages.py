@@ -29,9 +29,14 @@ class Competition:
     between_variance: float  # the running mean of the between-group variance after this rollout (S11's reference)
 
 
-def relative_advantages(returns: Tensor, scale: str = "group", baseline: Tensor | None = None) -> Tensor:
+def relative_advantages(
+    returns: Tensor, scale: str = "group", baseline: Tensor | None = None, leave_one_out: bool = False
+) -> Tensor:
     """``(K, G)`` advantages: ``returns - baseline`` (S9's value baseline, ``(K, G)``) when a baseline is given,
-    else GRPO's group-relative ones (:func:`~algorithms.grpo.objective.group_advantages`, scaled by ``scale``)."""
+    RLOO's when ``leave_one_out`` (:func:`~algorithms.grpo.objective.leave_one_out_advantages`, not scaled), else
+    GRPO's group-relative ones (:func:`~algorithms.grpo.objective.group_advantages`, scaled by ``scale``)."""
+    if leave_one_out:
+        return objective.leave_one_out_advantages(returns)  # (K, G)
     if baseline is not None:
         return returns - baseline  # (K, G)
     return objective.group_advantages(returns, scale=scale)  # (K, G)

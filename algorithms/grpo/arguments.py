@@ -21,6 +21,7 @@ REPLAY_BUFFER_KEYS = (
 )
 
 GRPO_RULES: dict[str, Rule] = {
+    "group_size": integer(low=2),  # a group of one has no group-relative advantage (LMPPO allows 1)
     "n_epochs": integer(low=1),
     "batch_size": integer(low=1, allow_none=True),
     "clip_range": schedule(low=0.0),
@@ -45,7 +46,7 @@ GRPO_RULES: dict[str, Rule] = {
     "diversity_guard": boolean(),
     "diversity_threshold": number(low=0.0),
     "update_mode": choice("joint", "sequential"),
-    "advantage_baseline": choice("group", "value"),
+    "advantage_baseline": choice("group", "value", "leave_one_out"),
     "reward_ramp": boolean(),
     "protected_rollouts": integer(low=0),
     "diagnostics": boolean(),

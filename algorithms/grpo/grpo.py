@@ -105,8 +105,10 @@ class GRPO(RolloutSampling, LMAlgorithm):
     :param diversity_threshold: S12's spread (0.15)
     :param update_mode: ``"joint"`` (one step on all groups, as published) or ``"sequential"`` (S14: one step
         per group, in turn)
-    :param advantage_baseline: ``"group"`` (the group's mean reward, GRPO) or ``"value"`` (S9: the FP32 value
-        head's estimate for the prompt; needs ``policy_kwargs={"value_head": True}``)
+    :param advantage_baseline: ``"group"`` (the group's mean reward, GRPO), ``"value"`` (S9: the FP32 value
+        head's estimate for the prompt; needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"``
+        (RLOO: the mean reward of the group's other completions, ``advantage_scale`` not applied; with ``beta`` and
+        the clipped ratio as set, i.e. TRL's ``RLOOTrainer`` rather than plain REINFORCE)
     :param reward_ramp: S20.2: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000
         timesteps up to the env's configured weight
     :param protected_rollouts: S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed
@@ -328,7 +330,8 @@ class GRPO(RolloutSampling, LMAlgorithm):
         returns = self._dist.gather(returns)  # (K, G): every rank's groups, in rank order
         mine = slice(self._dist.rank * local, (self._dist.rank + 1) * local)
         baseline = self._value_baseline(rows) if self.advantage_baseline == "value" else None
-        scores = advantages.relative_advantages(returns, self.advantage_scale, baseline)  # (K, G)
+        loo = self.advantage_baseline == "leave_one_out"  # RLOO
+        scores = advantages.relative_advantages(returns, self.advantage_scale, baseline, loo)  # (K, G)
         if self.competition is not None:
             scores = scores * self._competition_scale(returns)[:, None]  # (K, G)
         uniform = objective.uniform_group_mask(returns)  # (K,)

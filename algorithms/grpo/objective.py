@@ -83,6 +83,25 @@ def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -
     return torch.where(uniform, 0.0, advantages)  # (K, G)
 
 
+def leave_one_out_advantages(rewards: Tensor) -> Tensor:
+    """RLOO's advantages ``A_i = r_i - mean_{j != i} r_j`` (Kool et al. 2019; Ahmadian et al. 2024, arXiv
+    2402.14740): each completion's baseline is the mean reward of the other ``G - 1`` of its group, so the
+    baseline does not depend on the completion it scores. Equal to ``G / (G - 1) * (r_i - mean_group(r))``; not
+    divided by a std. A group whose rewards are all equal gets exactly zero advantages.
+
+    :param rewards: rewards, shape ``(K, G)`` with ``G >= 2``
+    :return: advantages, shape ``(K, G)``
+    """
+    _check_rewards(rewards)
+    group = rewards.shape[1]
+    if group < 2:
+        raise ValueError(f"leave-one-out advantages need at least 2 completions per group, got G={group}.")
+    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group - 1)  # (K, G)
+    uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1)
+    return torch.where(uniform, 0.0, rewards - others_mean)  # (K, G)
+
+
 def grpo_loss(
     logp: Tensor,
     old_logp: Tensor,

@@ -2,7 +2,8 @@
 the diagnostics (S24).
 
 Where it sits in the data flow: :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
-:class:`~algorithms.common.batch.RolloutBatch` (plus replayed rows), splits it with :func:`minibatches`,
+:class:`~algorithms.common.batch.RolloutBatch` (plus replayed rows), splits it with
+:func:`~algorithms.common.batch.minibatches` (shared with PPO),
 computes :func:`minibatch_loss` (the policy's log-probs, :func:`~algorithms.grpo.objective.grpo_loss`, the
 value head's MSE) and steps the optimizer through the guarded step of
 :class:`~algorithms.common.lm_algorithm.LMAlgorithm`.
@@ -10,13 +11,11 @@ value head's MSE) and steps the optimizer through the guarded step of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch as th
 
-from algorithms.common.batch import RolloutBatch
-from algorithms.common.distributed import Distributed
+from algorithms.common.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
 from algorithms.common.policies import TransformerPolicy
 from algorithms.grpo import controls, objective
 
@@ -41,39 +40,6 @@ class GroupDiagnostics:
     norms: th.Tensor
     spread: float
     stability: float
-
-
-def minibatches(
-    batch: RolloutBatch,
-    batch_size: int | None,
-    sequential: bool,
-    aggregation: str,
-    generator: th.Generator,
-    dist: Distributed,
-    placeholder: bool = False,
-) -> Iterator[tuple[RolloutBatch, float]]:
-    """Shuffled minibatches of ``batch_size`` rows (``None``: the whole batch), or one group after the other
-    (``sequential``, S14).
-
-    Each comes with its ``share``: the part of the whole job's minibatch (all ranks) it holds, by rows, or by
-    tokens with ``aggregation="token"``; the loss is weighted by it, so the gradients summed over the ranks are
-    those of the job's minibatch. Every rank yields the same number of minibatches; a ``placeholder`` batch
-    (this rank's groups all left out) has share 0."""
-    if sequential:
-        groups = sorted(set().union(*dist.gather_objects(set(th.unique(batch.groups).tolist()))))
-        parts = [(batch.groups == group).nonzero().squeeze(1) for group in groups]
-    else:
-        size = batch_size or len(batch)
-        count = int(dist.sum(-(-len(batch) // size)) // dist.world_size) if dist.enabled else None
-        order = th.randperm(len(batch), generator=generator).to(batch.prompt_ids.device)
-        parts = list(order.split(size)) if count is None else list(order.tensor_split(max(count, 1)))
-    for rows in parts:
-        part = batch.select(rows) if len(rows) else batch.select(th.zeros(1, dtype=th.long, device=rows.device))
-        if not len(rows) or placeholder:
-            amount = 0.0
-        else:
-            amount = float(part.completion_mask.sum() if aggregation == "token" else len(rows))
-        yield part, amount / max(dist.sum(amount), 1e-12)
 
 
 def minibatch_loss(
