@@ -15,10 +15,11 @@ completion.
   a quarter fresh), ``all`` (the three + ``mask_truncated=True``).
 - **Budget**: ``--seconds`` of training per run (the clock pauses while a snapshot is evaluated), snapshots at
   ``--checkpoints`` equal steps of it, each scored on the same ``--held-out`` problems (sampled, seed 0).
-  ``--seeds`` seeds per arm. Runs go one after the other in this process, 2 threads.
+  ``--seeds`` seeds per arm. Runs go one after the other in this process, with one torch thread: on the
+  2-core machine shared with other jobs (load average 6-10), two threads made a GRPO iteration about 10x slower
+  (OpenMP threads spin-waiting for each other), one thread ran the cold start 3x and GRPO 10x faster.
 
-Command (what ``benchmarks/RESULTS.md`` records; about 35 minutes on 2 cores shared with other jobs, where one
-iteration of 32 completions took about 25 s)::
+Command (what ``benchmarks/RESULTS.md`` records; about 35 minutes on 2 cores shared with other jobs)::
 
     python benchmarks/options.py --results benchmarks/RESULTS.md
 """
@@ -187,14 +188,14 @@ def plot(results: dict[str, dict[str, list[dict]]], starts: dict[str, dict[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=30.0, help="training seconds per run")
-    parser.add_argument("--checkpoints", type=int, default=2, help="held-out evaluations per run")
+    parser.add_argument("--seconds", type=float, default=40.0, help="training seconds per run")
+    parser.add_argument("--checkpoints", type=int, default=3, help="held-out evaluations per run")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--sft-steps", type=int, default=30)
-    parser.add_argument("--held-out", type=int, default=40)
+    parser.add_argument("--sft-steps", type=int, default=300)
+    parser.add_argument("--held-out", type=int, default=100)
     parser.add_argument("--tasks", nargs="*", default=list(TASKS))
     parser.add_argument("--arms", nargs="*", default=list(ARMS))
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (see the module docstring)")
     parser.add_argument("--results", type=Path)
     args = parser.parse_args()
 
@@ -224,8 +225,8 @@ def main() -> None:
         f"{minutes:.0f} minutes in all.",
         "",
         f"torch {torch.__version__}, Python {platform.python_version()}; CPU {cpu_name()} ({cpu_flags()}), "
-        f"{args.threads} threads, no GPU; other processes used {100 * others:.0f}% of the machine's CPUs during "
-        f"the runs (a shared machine: seconds are noisy). Built-in tiny model, one shared {args.sft_steps}-step "
+        f"{args.threads} torch thread(s), no GPU; other processes used {100 * others:.0f}% of the machine's CPUs "
+        f"during the runs (a shared machine: seconds are noisy). Built-in tiny model, one shared {args.sft_steps}-step "
         f"cold start per task; then {args.seconds:g} s of GRPO training per run (K=4 x G=8, lr 5e-5, "
         f"batch_size 16, otherwise GRPO's defaults), {args.seeds} seeds per arm, held-out success on the same "
         f"{args.held_out} problems at difficulty 0.1 (sampled, seed 0) at {args.checkpoints} snapshots. The "

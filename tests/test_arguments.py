@@ -102,3 +102,16 @@ def test_reward_errors_are_counted_in_tensorboard(tmp_path) -> None:
         model.learn(8)
     events = EventAccumulator(str(tmp_path / "GRPO_1")).Reload()
     assert [e.value for e in events.Scalars("rollout/reward_errors")] == [4.0]
+
+
+def test_every_grpo_argument_has_a_rule_and_a_docstring_entry() -> None:
+    import inspect
+
+    from algorithms.common.arguments import LM_ALGORITHM_RULES
+    from algorithms.grpo.arguments import GRPO_RULES
+
+    names = set(inspect.signature(GRPO.__init__).parameters) - {"self", "_init_setup_model"}
+    undocumented = [name for name in names if f":param {name}:" not in (GRPO.__doc__ or "")]
+    assert not undocumented
+    unchecked = names - set(LM_ALGORITHM_RULES) - set(GRPO_RULES) - {"policy", "env", "policy_kwargs", "device"}
+    assert not unchecked

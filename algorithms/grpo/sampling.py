@@ -109,6 +109,7 @@ class RolloutSampling:
             self._prompt_pool.set_state(value)
 
     def _problem_keys(self, n: int) -> list[dict[str, Any]]:
+        """The env's stream (``"uniform"``), or the pool's choice plus fresh problems at the current level."""
         if self._prompt_pool is None:
             return super()._problem_keys(n)
         level = float(self.env.get_attr("difficulty", indices=[0])[0])
