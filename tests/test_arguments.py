@@ -81,8 +81,10 @@ class Scorer:
         return [0.5] * len(completions)
 
 
-def scored_env(every: int) -> DummyVecEnv:
-    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_model=Scorer(every)))])
+def scored_env(every: int, n_envs: int = 1) -> DummyVecEnv:
+    """Envs sharing one scorer; each env scores its completions of a rollout in one call (``score_ahead``)."""
+    scorer = Scorer(every)
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_model=scorer))] * n_envs)
 
 
 def test_every_completion_erring_stops_training_with_the_error() -> None:
@@ -95,13 +97,13 @@ def test_reward_errors_are_counted_in_tensorboard(tmp_path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     model = GRPO(
-        "TransformerPolicy", scored_env(2), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY,
+        "TransformerPolicy", scored_env(2, n_envs=2), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY,
         tensorboard_log=str(tmp_path),
     )  # fmt: skip
     with pytest.warns(RuntimeWarning, match="scorer call"):
         model.learn(8)
     events = EventAccumulator(str(tmp_path / "GRPO_1")).Reload()
-    assert [e.value for e in events.Scalars("rollout/reward_errors")] == [4.0]
+    assert [e.value for e in events.Scalars("rollout/reward_errors")] == [4.0]  # env 1's call raised: its 4 of 8
 
 
 def test_every_grpo_argument_has_a_rule_and_a_docstring_entry() -> None:
