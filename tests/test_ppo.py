@@ -209,3 +209,14 @@ def test_group_size_one_is_ppo_s_and_not_grpo_s() -> None:
 def test_bad_arguments(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make_model(**kwargs)
+
+
+def test_an_lmppo_zip_loads_for_serving(tmp_path) -> None:
+    from algorithms.deploy.loading import load_policy
+
+    model = make_model()
+    model.save(tmp_path / "ppo.zip")
+    policy, tokenizer = load_policy(tmp_path / "ppo.zip")
+    assert policy.vocab_size == len(tokenizer)
+    for mine, saved in zip(policy.parameters(), model.policy.parameters(), strict=True):
+        assert th.equal(mine, saved)

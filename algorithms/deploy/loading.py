@@ -82,12 +82,15 @@ def load_policy(
         return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
     if not location.is_file():
         raise ValueError(
-            f"model {os.fspath(path)!r} does not exist: pass a GRPO zip (model.save), a save_pretrained folder, "
-            "or an INT8 export folder"
+            f"model {os.fspath(path)!r} does not exist: pass a GRPO or LMPPO zip (model.save), a save_pretrained "
+            "folder, or an INT8 export folder"
         )
-    from algorithms import GRPO
+    import algorithms
+    from algorithms.common.serialization import read_model_file
 
-    policy = GRPO.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
+    name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
+    algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
+    policy = algorithm.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
     tokenizer = load_tokenizer(tokenizer)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
     return policy, tokenizer
