@@ -116,6 +116,7 @@ def main() -> None:
     from algorithms.deploy import distill, quantize_int8, save_int8
 
     torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)  # save_pretrained's atomic folder needs its parent to exist
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     start = usage()
     config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", args.preset)
