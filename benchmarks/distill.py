@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import cpu_name, update_results
+from common import cpu_flags, cpu_name, others_share, update_results, usage
 
 SECTION = "## Distillation and INT8: teacher, student, PTQ and QAT (S25, S26)"
 #: the default student: narrower and shallower than the built-in tiny model (128 wide, 4 layers, 0.80M parameters)
@@ -116,7 +116,9 @@ def main() -> None:
     from algorithms.deploy import distill, quantize_int8, save_int8
 
     torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)  # save_pretrained's atomic folder needs its parent to exist
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    start = usage()
     config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", args.preset)
     env = _make_env("R1Zero-v0", 1, config.get("env_kwargs", {}), args.seed)
     tokenizer = env.get_attr("tokenizer", indices=[0])[0]
@@ -140,10 +142,12 @@ def main() -> None:
         ("student QAT INT8", args.out / "student-qat-int8"),
     ]
     rows = [measure(name, path, path, env, teacher.policy, problems, args.repeats) for name, path in models]
+    others = others_share(start, usage())
     body = "\n\n".join([
         f"Command: `python {' '.join(sys.argv)}` ({datetime.date.today()}).",
-        f"torch {torch.__version__}, Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no GPU, "
-        f"{args.threads} torch thread(s); other workers share this machine (`uptime` before the run: {load}). "
+        f"torch {torch.__version__}, Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()} "
+        f"(flags: {cpu_flags()}), no GPU, {args.threads} torch thread(s); other workers share this machine: their "
+        f"processes used {others:.0%} of the CPUs during the run (`uptime` before it: {load}). "
         f"Teacher: `{args.teacher}`; student: `{args.student}`, {args.steps} steps of {args.batch_size} prompts "
         f"(float: {seconds['student']:.0f} s, QAT: {seconds['student-qat']:.0f} s). {args.problems} held-out "
         "problems at the preset's difficulty; tokens/s of greedy generation (batch: all problems in one call; one "

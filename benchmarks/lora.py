@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import busy_cpu_seconds, cpu_name, memory_mib, update_results
+from common import busy_cpu_seconds, cpu_flags, cpu_name, memory_mib, update_results
 
 SECTION = "## LoRA vs full fine-tuning (CPU)"
 LORA = {"r": 16, "alpha": 32, "target_modules": "all-linear"}
@@ -144,8 +144,9 @@ def table(args: argparse.Namespace, size: str, training: dict, generation: dict,
     lines = [
         f"Command: `python benchmarks/lora.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
         "",
-        f"Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no GPU, shared with other workers "
-        f"(`uptime` before the run: {load}); {args.threads} torch threads. GRPO on R1Zero-v0 (compact template), "
+        f"Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()} (flags: {cpu_flags()}), no GPU, "
+        f"shared with other workers (`uptime` before the run: {load}); {args.threads} torch threads. GRPO on "
+        "R1Zero-v0 (compact template), "
         f"{batch} completions of up to {args.new_tokens} tokens per iteration, beta 0.04, fp32; LoRA r=16, alpha=32, "
         f"all linear layers. Seconds: the mean of {args.iterations} timed iteration(s) after a warm-up one; "
         'memory: peak RSS minus RSS after the imports; each row a fresh process. "Others": the share of the CPUs '

@@ -36,7 +36,7 @@ import httpx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import busy_cpu_seconds, cpu_name, update_results
+from common import busy_cpu_seconds, cpu_flags, cpu_name, update_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Serving: dynamic batching vs one at a time (S27)"
@@ -205,8 +205,9 @@ def main() -> None:
     others = max(0.0, busy_cpu_seconds() - busy - (own_cpu_seconds() - mine)) / (wall * os.cpu_count()) * 100
     body = "\n\n".join([
         f"Command: `python {' '.join(sys.argv)}` ({datetime.date.today()}).",
-        f"torch {torch.__version__}, Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()}, no GPU; "
-        f"server: 1 process, {args.threads} torch thread(s); the client runs on the same machine. Prompts: "
+        f"torch {torch.__version__}, Python {platform.python_version()}; {os.cpu_count()}-core {cpu_name()} "
+        f"(flags: {cpu_flags()}), no GPU; server: 1 process, {args.threads} torch thread(s); the client runs on the "
+        "same machine. Prompts: "
         f"{len(prompts)} distinct, {lengths[0]}-{lengths[-1]} characters (tokens), max_tokens {args.max_tokens}, "
         f"greedy; {args.duration:.0f} s per level. Other workers share this machine: their processes used "
         f"{others:.0f}% of the CPUs during the run (`uptime` before it: {load}).",
