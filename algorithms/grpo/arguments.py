@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
+import inspect
+
 from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
-from algorithms.common.losses import IMPORTANCE_LEVELS
+from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.grpo import objective
 
-AGGREGATIONS = ("sequence", "token", "constant")
 #: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)
-REPLAY_BUFFER_KEYS = (
-    "capacity",
-    "max_tokens",
-    "alpha",
-    "beta",
-    "beta_end",
-    "beta_steps",
-    "high_reward_threshold",
-    "high_reward_boost",
-    "reward_range",
+REPLAY_BUFFER_KEYS = tuple(
+    name
+    for name in inspect.signature(PrioritizedTrajectoryBuffer.__init__).parameters
+    if name not in ("self", "pad_id", "seed")
 )
 
 GRPO_RULES: dict[str, Rule] = {
@@ -30,7 +26,7 @@ GRPO_RULES: dict[str, Rule] = {
     "ent_coef": schedule(updates=True),
     "vf_coef": number(low=0.0),
     "advantage_scale": choice(*objective.ADVANTAGE_SCALES),
-    "loss_aggregation": choice(*AGGREGATIONS),
+    "loss_aggregation": choice(*AGGREGATION_MODES),
     "drop_uniform_groups": boolean(),
     "importance_level": choice(*IMPORTANCE_LEVELS),
     "sequence_clip_range": number(low=0.0),
