@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import builtins
-import contextlib
 import math
-import os
 import random
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -30,6 +25,7 @@ from grpo_gym.rewards import (
 )
 from grpo_gym.tasks import make_task
 from grpo_gym.tasks.base import Problem, Task, Verdict
+from tests.guards import nothing_executes
 
 
 class SumTask(Task):
@@ -567,34 +563,6 @@ def test_reward_model_path_string_is_validated() -> None:
 
 
 # ---------------------------------------------------------------- property-based fuzzing (hypothesis)
-
-
-@contextlib.contextmanager
-def nothing_executes():
-    """Make eval / exec / compile, importing a module not yet loaded, os.system / os.popen and starting a
-    subprocess fail while the code under test runs (imports of loaded modules, e.g. numpy's lazy internal
-    ones, return the cached module and run nothing)."""
-    real_import = builtins.__import__
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("something tried to execute code")
-
-    def guarded_import(name: str, *args: object, **kwargs: object) -> object:
-        if name not in sys.modules:
-            raise AssertionError(f"something tried to import {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    targets = [(builtins, name, forbidden) for name in ("eval", "exec", "compile")]
-    targets += [(builtins, "__import__", guarded_import), (os, "system", forbidden), (os, "popen", forbidden)]
-    targets += [(subprocess, "Popen", forbidden)]
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
-    for owner, name, replacement in targets:
-        setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
 
 
 PIECES = ["<think>", "</think>", "<answer>", "</answer>", "<Answer>", "<answer >", "42", "12", "30", "-7", " ", "\n",

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import builtins
-import contextlib
-import os
 import random
-import subprocess
-import sys
 from fractions import Fraction
 
 import pytest
@@ -21,6 +17,7 @@ from grpo_gym.tasks.safe_expr import (
     format_number,
     try_evaluate,
 )
+from tests.guards import nothing_executes
 
 
 @pytest.mark.parametrize(
@@ -167,34 +164,6 @@ def test_format_number() -> None:
 
 
 # ---------------------------------------------------------------- property-based fuzzing (hypothesis)
-
-
-@contextlib.contextmanager
-def nothing_executes():
-    """Make eval / exec / compile, importing a module not yet loaded, os.system / os.popen and starting a
-    subprocess fail while the code under test runs (imports of loaded modules, e.g. numpy's lazy internal
-    ones, return the cached module and run nothing)."""
-    real_import = builtins.__import__
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("something tried to execute code")
-
-    def guarded_import(name: str, *args: object, **kwargs: object) -> object:
-        if name not in sys.modules:
-            raise AssertionError(f"something tried to import {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    targets = [(builtins, name, forbidden) for name in ("eval", "exec", "compile")]
-    targets += [(builtins, "__import__", guarded_import), (os, "system", forbidden), (os, "popen", forbidden)]
-    targets += [(subprocess, "Popen", forbidden)]
-    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
-    for owner, name, replacement in targets:
-        setattr(owner, name, replacement)
-    try:
-        yield
-    finally:
-        for owner, name, value in saved:
-            setattr(owner, name, value)
 
 
 def test_the_guard_catches_execution() -> None:
