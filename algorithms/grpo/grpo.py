@@ -28,11 +28,12 @@ from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
 from algorithms.grpo.arguments import GRPO_RULES
 from algorithms.grpo.sampling import RolloutSampling, truncated_rows
+from algorithms.grpo.seed_controls import SeedControls
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
 
-class GRPO(RolloutSampling, LMAlgorithm):
+class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
     """Group Relative Policy Optimization for language models on ``R1Zero-v0``-style envs.
 
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
@@ -356,29 +357,6 @@ class GRPO(RolloutSampling, LMAlgorithm):
             rows, keep, scores[mine].flatten(), returns[mine].flatten(), groups, self.policy.pad_token_id, self.device
         )
 
-    def _value_baseline(self, rows: Rows) -> th.Tensor:
-        """S9: ``(K, G)`` the value head's estimate of each episode's first prompt (a group shares its prompt)."""
-        baseline = self._dist.gather(advantages.value_baseline(self.policy, rows, self.group_size))  # (K, G)
-        self.logger.record("train/value_baseline", baseline.mean().item())
-        return baseline
-
-    def _competition_scale(self, returns: th.Tensor) -> th.Tensor:
-        """S10/S11: ``(K,)`` multipliers of the groups' advantages (the winning group's x the coefficient)."""
-        result = advantages.competition(returns, self.competition, self.competition_coef, self._between_variance)
-        self._between_variance = result.between_variance
-        self.logger.record("train/competition_coef", result.coef)
-        self.logger.record("train/winning_groups", int((result.scale != 1).sum()))
-        return result.scale
-
-    def _diversity_guard(self, returns: th.Tensor, rows: Rows) -> th.Tensor:
-        """S12: ``(K,)`` groups to leave out: the signal-free ones, when the per-group entropy spread is too wide."""
-        entropies = self._dist.gather(advantages.group_entropies(rows, self.group_size, self._local_groups))  # (K,)
-        dropped, spread = advantages.diversity_left_out(entropies, returns, self.diversity_threshold)
-        self.logger.record("diversity/entropy_spread", spread)
-        self.logger.record("diversity/triggered", float(spread > self.diversity_threshold))
-        self.logger.record("diversity/dropped_groups", int(dropped.sum()))
-        return dropped
-
     # ------------------------------------------------------------------ update
     def train(self) -> None:
         """GRPO update on the last rollout: ``n_epochs`` passes in minibatches of ``batch_size`` completions."""
@@ -442,17 +420,6 @@ class GRPO(RolloutSampling, LMAlgorithm):
         if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
             stats["grad_norm"] = grad_norm
         return loss, stats, log_probs
-
-    def _log_group_gradients(self, groups: update.GroupDiagnostics) -> None:
-        """S24: per-group gradient norms, their spread (warning above 0.3) and the groups' agreement."""
-        self.logger.record("groups/grad_norm_mean", float(groups.norms.mean()))
-        self.logger.record("groups/grad_norm_spread", groups.spread)
-        self.logger.record("groups/stability", groups.stability)
-        if groups.spread > controls.GRAD_SPREAD_WARNING:
-            warnings.warn(
-                f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (S24)",
-                stacklevel=4,
-            )
 
     def _log_train(self, history: dict[str, list[float]], settings: update.LossSettings) -> None:
         if self.diagnostics and np.mean(history["entropy"]) < controls.ENTROPY_WARNING:
