@@ -147,7 +147,7 @@ def _stop_on_signals(checkpoint: Any, hint: str) -> Iterator[dict[str, int]]:
 def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
-    from algorithms.common.resume import MODEL, REPLAY, latest_checkpoint, read_run
+    from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run
 
     if not args.resume:
         model, env, plan = _setup(args)
@@ -179,7 +179,7 @@ def train(args: argparse.Namespace) -> int:
     exit 130 / 143; ``--resume`` continues from the newest to the same total. With several processes (torchrun)
     every rank trains its groups; rank 0 alone evaluates, prints and saves."""
     from algorithms.common.evaluation import EvalResult, format_table
-    from algorithms.common.resume import IterationCheckpoint, check_writable_dir, check_writable_file
+    from algorithms.common.saving.checkpoints import IterationCheckpoint, check_writable_dir, check_writable_file
 
     save_path = check_writable_file(args.save_path) if args.save_path else None  # before any work
     directory = check_writable_dir(_checkpoint_dir(args))
@@ -240,7 +240,7 @@ def sft(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     """Held-out success of a saved model at each ``--difficulty``, as a table."""
     from algorithms.common.evaluation import evaluate_difficulties, format_table
-    from algorithms.common.state import recorded_env_kwargs
+    from algorithms.common.saving.run_state import recorded_env_kwargs
 
     extra = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.config is None and args.preset is None:  # the env the model file records

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_name, memory_mib, update_results

@@ -55,8 +55,8 @@ def tokens_per_second(policy, ids: torch.Tensor, mask: torch.Tensor, repeats: in
 
 
 def measure(name: str, path: Path, size_path: Path, env, teacher, problems, repeats: int) -> dict:
-    from algorithms.common.batch import left_pad
     from algorithms.common.evaluation import evaluate_problems
+    from algorithms.common.rollout.batch import left_pad
     from algorithms.deploy import distillation_kl, load_policy
     from algorithms.deploy.commands import size_on_disk
 

@@ -7,7 +7,7 @@ the built-in EOS; ``model.generate`` gets ``do_sample=True`` and the pad id. Row
 Tokens/s counts the generated tokens (each row up to and including its EOS), divided by the wall time of the
 call; the calls alternate (ours, generate, ours, ...) after a warm-up call each, and the median is reported.
 
-Rows: ``ours`` (the default decoder for this model: :class:`~algorithms.common.decoders.LlamaDecoder`),
+Rows: ``ours`` (the default decoder for this model: :class:`~algorithms.common.generation.decoders.LlamaDecoder`),
 ``ours, decoder="hf"`` (the same loop through the model's own forward, to separate the loop's gains from the
 decoder's) and ``model.generate``. ``--no-eos`` makes every row run to ``--new-tokens`` (no EOS at all), which
 isolates the cost per decoding step from how many rows end early.
@@ -41,7 +41,7 @@ N_GROUPS, GROUP_SIZE = 4, 8
 def prompts(seed: int) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """K distinct env prompts, each repeated G times, left-padded: ``(ids, mask, pad_id, eos_id)``."""
     import grpo_gym
-    from algorithms.common.batch import left_pad
+    from algorithms.common.rollout.batch import left_pad
 
     env = grpo_gym.R1ZeroEnv(template="compact", difficulty=0.5)
     rows = []
@@ -65,8 +65,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from algorithms.common.generation import sample
-    from algorithms.common.models import count_parameters, load_model
+    from algorithms.common.generation.sampler import sample
+    from algorithms.common.model.loading import count_parameters, load_model
 
     model = load_model(args.model, seed=args.seed).eval()
     ids, mask, pad_id, eos_id = prompts(args.seed)

@@ -151,7 +151,7 @@ def start_model(settings: Settings) -> dict[str, Any]:
     import torch
 
     from algorithms import GRPO
-    from algorithms.common.models import count_parameters
+    from algorithms.common.model.loading import count_parameters
 
     torch.set_num_threads(settings.threads)
     env = make_env(settings, tokenizer=None)  # the built-in character tokenizer
@@ -239,7 +239,7 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     import trl
     from transformers import TrainerCallback
 
-    from algorithms.common.precision import cpu_has_native_bf16
+    from algorithms.common.runtime.precision import cpu_has_native_bf16
 
     torch.set_num_threads(settings.threads)
     setup = time.perf_counter()

@@ -90,9 +90,9 @@ def generation_worker(size: str, args: argparse.Namespace) -> dict[str, float]:
     import torch
     from generation import prompts
 
-    from algorithms.common.adapters import apply_lora
-    from algorithms.common.generation import sample
-    from algorithms.common.models import load_model
+    from algorithms.common.generation.sampler import sample
+    from algorithms.common.model.loading import load_model
+    from algorithms.common.model.lora import apply_lora
 
     torch.set_num_threads(args.threads)
     models = {

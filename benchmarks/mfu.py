@@ -60,8 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from algorithms.common.generation import completion_log_probs, sample
-    from algorithms.common.models import count_parameters, load_model
+    from algorithms.common.generation.sampler import completion_log_probs, sample
+    from algorithms.common.model.loading import count_parameters, load_model
     from algorithms.grpo import objective
 
     model = load_model(args.model, seed=0).eval()

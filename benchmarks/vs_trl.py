@@ -302,7 +302,7 @@ def save_model(settings: Settings) -> int:
     """Build the built-in model (random init, ``seed``), write it with the built-in tokenizer to the folder, and
     return its number of parameters."""
     import grpo_gym
-    from algorithms.common.models import count_parameters, load_model
+    from algorithms.common.model.loading import count_parameters, load_model
 
     model = load_model(settings.model, seed=settings.seed)
     model.save_pretrained(settings.folder)

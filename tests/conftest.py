@@ -1,5 +1,5 @@
 """What every test shares: the precision probe's cache (``mixed_precision="auto"`` on a CPU with native bf16,
-:mod:`algorithms.common.precision_probe`) goes to a temporary folder, not the user's ``~/.cache``."""
+:mod:`algorithms.common.runtime.precision_probe`) goes to a temporary folder, not the user's ``~/.cache``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LoRA through peft (algorithms/common/adapters.py): the options, the fast decoder with adapters, the reference as
+"""LoRA through peft (algorithms/common/model/lora.py): the options, the fast decoder with adapters, the reference as
 the base model without a copy, adapter-only files, save/load/resume, and the exported adapter and merged folders."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import grpo_gym
 from algorithms import GRPO
-from algorithms.common.adapters import DEFAULTS, LORA_KEYS, apply_lora, lora_config
-from algorithms.common.checkpointing import checkpoint_every
-from algorithms.common.decoders import HFDecoder, LlamaDecoder, make_decoder
-from algorithms.common.generation import completion_log_probs, sample
-from algorithms.common.models import load_model
+from algorithms.common.generation.decoders import HFDecoder, LlamaDecoder, make_decoder
+from algorithms.common.generation.sampler import completion_log_probs, sample
+from algorithms.common.model.gradient_checkpointing import checkpoint_every
+from algorithms.common.model.loading import load_model
+from algorithms.common.model.lora import DEFAULTS, LORA_KEYS, apply_lora, lora_config
 from grpo_gym.tokenizer import build_char_tokenizer
 from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 

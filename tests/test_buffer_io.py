@@ -1,4 +1,4 @@
-"""algorithms/common/buffer_io.py: replay-buffer files are checked on load and written atomically."""
+"""algorithms/common/replay/buffer_file.py: replay-buffer files are checked on load and written atomically."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 
 VOCAB = 1000
 

@@ -1,4 +1,4 @@
-"""Tests for algorithms/common/buffers.py and its two parts, sum_tree.py (PrioritySampler) and ring_buffer.py
+"""Tests for algorithms/common/replay/trajectory_buffer.py and its two parts, sum_tree.py (PrioritySampler) and ring_buffer.py
 (RingBuffer): sum-tree sampling, ring eviction, the trajectory buffer, save/load."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from algorithms.common.batch import RolloutBatch
-from algorithms.common.buffers import PrioritizedTrajectoryBuffer, PrioritySampler, RingBuffer
+from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer, PrioritySampler, RingBuffer
+from algorithms.common.rollout.batch import RolloutBatch
 
 # Upper 0.1% points of the chi-square distribution (tables; scipy.stats.chi2.ppf(0.999, df)).
 CHI2_999 = {8: 26.124, 9: 27.877}

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from algorithms.common.checkpointing import checkpoint_every, decoder_layers
-from algorithms.common.generation import completion_log_probs
-from algorithms.common.models import load_model
+from algorithms.common.generation.sampler import completion_log_probs
+from algorithms.common.model.gradient_checkpointing import checkpoint_every, decoder_layers
+from algorithms.common.model.loading import load_model
 
 
 def _batch():

@@ -15,8 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import grpo_gym
 from algorithms import GRPO, TransformerPolicy
-from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.cold_start import load_sft_rows, supervised_finetune
+from algorithms.common.rollout.batch import left_pad, right_pad
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE
 from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 

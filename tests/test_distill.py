@@ -14,7 +14,7 @@ from torch import nn
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
 from algorithms.common.evaluation import evaluate_problems, held_out_problems
-from algorithms.common.models import load_model
+from algorithms.common.model.loading import load_model
 from algorithms.deploy import distill, distillation_kl, kl_terms, load_policy, policy_for_model
 from algorithms.deploy.distill import DistillSettings, student_policy_kwargs
 from algorithms.deploy.quantize import int8_layers

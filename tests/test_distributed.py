@@ -112,7 +112,7 @@ def test_compression_runs(tmp_path: Path, compression: str):
 
 
 def test_groups_must_divide_over_the_processes(monkeypatch):
-    from algorithms.common import distributed
+    from algorithms.common.runtime import distributed
 
     monkeypatch.setattr(distributed.Distributed, "__init__", lambda self, **_: setattr(self, "rank", 0)
                         or setattr(self, "world_size", 3))  # fmt: skip

@@ -17,7 +17,7 @@ from algorithms.common.evaluation import (
     format_table,
     held_out_problems,
 )
-from algorithms.common.generation import Completions
+from algorithms.common.generation.sampler import Completions
 from tests.sizes import ENV_KWARGS, TINY_KWARGS
 
 

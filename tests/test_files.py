@@ -1,4 +1,4 @@
-"""algorithms/common/files.py: atomic file and folder writes."""
+"""algorithms/common/saving/atomic.py: atomic file and folder writes."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.common import files
-from algorithms.common.files import atomic_directory, atomic_write, recover_directory
+from algorithms.common.saving import atomic as files
+from algorithms.common.saving.atomic import atomic_directory, atomic_write, recover_directory
 
 
 def names(folder: Path) -> list[str]:

@@ -223,7 +223,7 @@ def run_trl(folder: Path, prompts: list[str], problems: list[Any], texts: dict[s
 
 
 def test_the_same_functions_give_the_same_scores_in_trl_and_here(tmp_path: Path) -> None:
-    from algorithms.common.models import load_model
+    from algorithms.common.model.loading import load_model
 
     folder = tmp_path / "model"
     load_model("tiny", seed=0, **TINY_KWARGS).save_pretrained(folder)

@@ -1,4 +1,4 @@
-"""Tests of algorithms.common.generation: sampling with a KV cache and completion log-probs."""
+"""Tests of algorithms.common.generation.sampler: sampling with a KV cache and completion log-probs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from algorithms.common.generation import completion_log_probs, position_ids_from_mask, sample
-from algorithms.common.models import load_model
+from algorithms.common.generation.sampler import completion_log_probs, position_ids_from_mask, sample
+from algorithms.common.model.loading import load_model
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE, build_char_tokenizer
 
 PAD, EOS = 0, 1
@@ -255,7 +255,7 @@ def test_decoders_draw_the_same_tokens(tiny, qwen2, tokenizer):
 
 
 def test_llama_decoder_applies_only_to_llama_family(tiny, qwen2, gpt2):
-    from algorithms.common.decoders import HFDecoder, LlamaDecoder, make_decoder
+    from algorithms.common.generation.decoders import HFDecoder, LlamaDecoder, make_decoder
 
     assert isinstance(make_decoder(tiny, 8), LlamaDecoder) and isinstance(make_decoder(qwen2, 8), LlamaDecoder)
     assert isinstance(make_decoder(gpt2, 8), HFDecoder) and isinstance(make_decoder(tiny, 8, "hf"), HFDecoder)

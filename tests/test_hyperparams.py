@@ -21,7 +21,7 @@ from algorithms.common.hyperparams import (
     parse_value,
     preset_key,
 )
-from algorithms.common.models import is_builtin_model
+from algorithms.common.model.loading import is_builtin_model
 from tests.sizes import TINY_KWARGS
 
 # what `grpo-gym train` takes out of a preset before the rest goes to GRPO(...) (see algorithms/cli.py)

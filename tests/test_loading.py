@@ -10,7 +10,7 @@ import torch
 
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
-from algorithms.common.vocabulary import has_tokenizer
+from algorithms.common.model.tokenizer_check import has_tokenizer
 from algorithms.deploy.loading import check_tokenizer, load_policy, policy_for_model
 from algorithms.deploy.quantize import Int8Linear, int8_layers, quantize_int8, save_int8
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE, build_char_tokenizer

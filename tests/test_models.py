@@ -1,4 +1,4 @@
-"""Tests of algorithms.common.models: built-in configs, load_model, save/load round trip, errors."""
+"""Tests of algorithms.common.model.loading: built-in configs, load_model, save/load round trip, errors."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from algorithms.common.models import (
+from algorithms.common.model.loading import (
     BUILTIN_EOS_ID,
     BUILTIN_MODELS,
     BUILTIN_PAD_ID,

@@ -198,7 +198,7 @@ def test_grpo_save_pretrained_writes_the_env_tokenizer(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------- value head
 @pytest.mark.parametrize("dtype", [th.float32, th.bfloat16])
 def test_value_head(dtype: th.dtype) -> None:
-    from algorithms.common.models import load_model
+    from algorithms.common.model.loading import load_model
 
     env = make_raw_env()
     model = load_model("tiny", seed=0, dtype=dtype, **TINY_KWARGS)

@@ -9,10 +9,10 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from algorithms.common import precision, precision_probe
-from algorithms.common.generation import completion_log_probs, sample
-from algorithms.common.models import load_model
-from algorithms.common.precision import STAGES, choose_precision, resolve_precision
+from algorithms.common.generation.sampler import completion_log_probs, sample
+from algorithms.common.model.loading import load_model
+from algorithms.common.runtime import precision, precision_probe
+from algorithms.common.runtime.precision import STAGES, choose_precision, resolve_precision
 from tests import test_controls
 from tests.sizes import TINY, TINY_KWARGS
 from tests.test_grpo import make_model, parameters

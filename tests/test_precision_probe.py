@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from algorithms.common import precision_probe
-from algorithms.common.precision_probe import STAGES, ProbeShape, cache_key, cached_figures, measure
+from algorithms.common.runtime import precision_probe
+from algorithms.common.runtime.precision_probe import STAGES, ProbeShape, cache_key, cached_figures, measure
 from tests.sizes import TINY, TINY_KWARGS
 from tests.test_grpo import make_model, parameters
 

@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from algorithms.common.decoders import supports_llama_decoder
-from algorithms.common.generation import sample
-from algorithms.common.models import load_model
+from algorithms.common.generation.decoders import supports_llama_decoder
+from algorithms.common.generation.sampler import sample
+from algorithms.common.model.loading import load_model
 from algorithms.deploy.quantize import (
     METADATA_FILE,
     WEIGHTS_FILE,
@@ -179,7 +179,7 @@ def tokenizer():
 
 
 def test_a_lora_model_is_merged_then_exported(model: nn.Module, tmp_path: Path) -> None:
-    from algorithms.common.adapters import apply_lora
+    from algorithms.common.model.lora import apply_lora
 
     lora = apply_lora(copy.deepcopy(model), {"r": 4, "target_modules": ["q_proj", "v_proj"]}, seed=0)
     for name, parameter in lora.named_parameters():

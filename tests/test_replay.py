@@ -9,7 +9,7 @@ import pytest
 import torch as th
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from algorithms.common.batch import RolloutBatch
+from algorithms.common.rollout.batch import RolloutBatch
 from tests.test_grpo import make_env, make_model
 
 

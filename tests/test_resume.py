@@ -1,4 +1,4 @@
-"""Crash-safe runs (algorithms/common/resume.py and ``grpo-gym train``): checkpoints, --resume, signals."""
+"""Crash-safe runs (algorithms/common/saving/checkpoints.py and ``grpo-gym train``): checkpoints, --resume, signals."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 
 from algorithms import GRPO
 from algorithms.cli import main
-from algorithms.common.resume import (
+from algorithms.common.saving.checkpoints import (
     check_writable_dir,
     check_writable_file,
     latest_checkpoint,

@@ -10,8 +10,8 @@ import torch as th
 from stable_baselines3.common.logger import configure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from algorithms.common.distributed import Distributed
-from algorithms.common.rollout import log_rollout
+from algorithms.common.rollout.rows import log_rollout
+from algorithms.common.runtime.distributed import Distributed
 
 
 def test_reward_components_are_logged_per_name_without_nones(tmp_path: Path) -> None:

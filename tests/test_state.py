@@ -1,4 +1,4 @@
-"""Saving, loading and resuming (algorithms/common/state.py, serialization.py): safe files, exact resume."""
+"""Saving, loading and resuming (algorithms/common/saving/run_state.py, serialization.py): safe files, exact resume."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 
 import grpo_gym
 from algorithms import GRPO
-from algorithms.common.serialization import read_model_file
+from algorithms.common.saving.model_file import read_model_file
 from tests.sizes import ENV_KWARGS, TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,7 +261,7 @@ def test_checkpoint_callback_files_resume(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------------ model objects
 def test_frozen_parameters_stay_frozen_and_out_of_the_file_data(tmp_path: Path) -> None:
-    from algorithms.common.models import load_model
+    from algorithms.common.model.loading import load_model
 
     network = load_model("tiny", num_hidden_layers=2, hidden_size=32, intermediate_size=64, num_attention_heads=2,
                          num_key_value_heads=1, seed=0)  # fmt: skip
@@ -289,7 +289,7 @@ def test_frozen_parameters_stay_frozen_and_out_of_the_file_data(tmp_path: Path) 
 
 
 def test_the_same_seed_gives_the_same_parameters_after_several_updates() -> None:
-    """Needs torch's deterministic CPU kernels in the update (algorithms/common/determinism.py): without them two
+    """Needs torch's deterministic CPU kernels in the update (algorithms/common/runtime/determinism.py): without them two
     runs with the 359-token vocabulary drifted apart in the last bits after 3 updates."""
     first, second = make_model(), make_model()
     first.learn(40)

@@ -1,4 +1,4 @@
-"""The tokenizer guard (algorithms/common/vocabulary.py): every way the env's tokenizer and the model disagree."""
+"""The tokenizer guard (algorithms/common/model/tokenizer_check.py): every way the env's tokenizer and the model disagree."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 import grpo_gym
 from algorithms import GRPO
-from algorithms.common.vocabulary import PADDING_MULTIPLE, check_model_tokenizer
+from algorithms.common.model.tokenizer_check import PADDING_MULTIPLE, check_model_tokenizer
 from grpo_gym.tokenizer import build_char_tokenizer
 from tests.sizes import ENV_KWARGS
 

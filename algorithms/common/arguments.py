@@ -14,8 +14,8 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from algorithms.common.distributed import COMPRESSIONS
-from algorithms.common.precision import PRECISIONS
+from algorithms.common.runtime.distributed import COMPRESSIONS
+from algorithms.common.runtime.precision import PRECISIONS
 from algorithms.common.schedules import UpdateDecay
 from grpo_gym.validation import (
     ArgumentError,

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.losses import aggregate
+from algorithms.common.rollout.batch import left_pad, right_pad
 from grpo_gym.rewards import parse_completion
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
 

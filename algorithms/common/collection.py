@@ -20,10 +20,10 @@ import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.vec_env import VecEnv
 
-from algorithms.common import state
-from algorithms.common.batch import RolloutBatch, left_pad
-from algorithms.common.generation import Completions
-from algorithms.common.rollout import Rows, contexts_from_obs
+from algorithms.common.generation.sampler import Completions
+from algorithms.common.rollout.batch import RolloutBatch, left_pad
+from algorithms.common.rollout.rows import Rows, contexts_from_obs
+from algorithms.common.saving import run_state as state
 
 
 class RolloutCollection:

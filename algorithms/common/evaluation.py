@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from algorithms.common.batch import left_pad
+from algorithms.common.rollout.batch import left_pad
 from grpo_gym.tasks.base import HELD_OUT_SEED
 
 __all__ = [

@@ -15,7 +15,7 @@ several processes (S17), the guarded optimizer step and the reference's log-prob
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
-:mod:`algorithms.common.adapters`); :meth:`LMAlgorithm._reference` gives whichever it is.
+:mod:`algorithms.common.model.lora`); :meth:`LMAlgorithm._reference` gives whichever it is.
 """
 
 from __future__ import annotations
@@ -40,19 +40,19 @@ from stable_baselines3.common.utils import configure_logger, get_system_info, sa
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
-from algorithms.common import state
 from algorithms.common.arguments import LM_ALGORITHM_RULES, check_arguments
-from algorithms.common.batch import RolloutBatch
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
 from algorithms.common.collection import RolloutCollection
-from algorithms.common.determinism import deterministic_on_cpu
-from algorithms.common.distributed import Distributed, GradientSync
+from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.precision import ProbeShape, choose_precision
-from algorithms.common.rollout import TEXT_ONLY
-from algorithms.common.serialization import read_model_file
-from algorithms.common.vocabulary import check_embedding_rows, check_model_tokenizer, model_tokenizer
+from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.rows import TEXT_ONLY
+from algorithms.common.runtime.determinism import deterministic_on_cpu
+from algorithms.common.runtime.distributed import Distributed, GradientSync
+from algorithms.common.runtime.precision import ProbeShape, choose_precision
+from algorithms.common.saving import run_state as state
+from algorithms.common.saving.model_file import read_model_file
 from grpo_gym.validation import check_mapping
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -233,7 +233,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
 
     # ------------------------------------------------------------------ save and load
     #: attributes that, besides the constructor's arguments, a run needs to continue exactly (see
-    #: :mod:`algorithms.common.state`); subclasses add their own
+    #: :mod:`algorithms.common.saving.run_state`); subclasses add their own
     state_attributes: ClassVar[tuple[str, ...]] = (
         "num_timesteps",
         "_n_updates",
@@ -249,7 +249,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
     def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
         """Write the model to ``path`` (``.zip`` added when missing), atomically, as plain JSON and weights:
         the constructor's arguments, the weights and optimizer state, and the run state at the last iteration
-        boundary (see :mod:`algorithms.common.state`). With several processes only rank 0 writes.
+        boundary (see :mod:`algorithms.common.saving.run_state`). With several processes only rank 0 writes.
 
         ``exclude`` and ``include`` (SB3's) are not supported: the file holds arguments and state by name."""
         if exclude or include:
@@ -298,7 +298,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
     def set_parameters(self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device="auto") -> None:
         """SB3's ``set_parameters``, tolerant of a changed ``beta``: a saved reference is dropped when ``beta``
         is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0. A model file is read
-        safely (:func:`~algorithms.common.serialization.read_model_file`); one that holds LoRA adapters only gets
+        safely (:func:`~algorithms.common.saving.model_file.read_model_file`); one that holds LoRA adapters only gets
         the base weights this policy read from the base model's folder."""
         if not isinstance(load_path_or_dict, dict):
             load_path_or_dict = read_model_file(load_path_or_dict)[1]

@@ -12,13 +12,13 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
-from algorithms.common.adapters import DEFAULTS as LORA_DEFAULTS
-from algorithms.common.adapters import apply_lora, frozen_base_names, is_peft_model, lora_record
-from algorithms.common.checkpointing import DEFAULT_EVERY, checkpoint_every
-from algorithms.common.files import atomic_directory
-from algorithms.common.generation import Completions, completion_log_probs, sample
-from algorithms.common.models import is_builtin_model, load_model
-from algorithms.common.precision import autocast, float32_region
+from algorithms.common.generation.sampler import Completions, completion_log_probs, sample
+from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY, checkpoint_every
+from algorithms.common.model.loading import is_builtin_model, load_model
+from algorithms.common.model.lora import DEFAULTS as LORA_DEFAULTS
+from algorithms.common.model.lora import apply_lora, frozen_base_names, is_peft_model, lora_record
+from algorithms.common.runtime.precision import autocast, float32_region
+from algorithms.common.saving.atomic import atomic_directory
 from grpo_gym.validation import check_bool, check_float, check_int, check_mapping
 
 
@@ -42,9 +42,9 @@ class TransformerPolicy(BasePolicy):
     :param lora: train LoRA adapters instead of the whole model (needs ``grpo-gym[peft]``): a dict with keys ``r``
         (16), ``alpha`` (32), ``target_modules`` (``"all-linear"``), ``dropout`` (0.0, the only value: no
         dropout runs), ``adapter_name`` and some of ``peft.LoraConfig``'s own fields (see
-        :data:`~algorithms.common.adapters.LORA_KEYS`). The reference is then the base model (the adapters
+        :data:`~algorithms.common.model.lora.LORA_KEYS`). The reference is then the base model (the adapters
         disabled, no copy), and a model from a folder or hub name saves its adapters only: see
-        :mod:`algorithms.common.adapters`. Recorded by the algorithm for a ready ``PeftModel``.
+        :mod:`algorithms.common.model.lora`. Recorded by the algorithm for a ready ``PeftModel``.
     :param eos_token_id: the env tokenizer's EOS id (a completion ends there)
     :param pad_token_id: the env tokenizer's pad id
     :param temperature: sampling temperature (log-probs use the same scaling)
@@ -54,7 +54,7 @@ class TransformerPolicy(BasePolicy):
         capped at the model's position limit); older context tokens are cut
     :param value_head: add an FP32 value head on the last prompt token (S9's value-network baseline)
     :param gradient_checkpointing: checkpoint the decoder's layers in chunks (S16): ``True`` for every 4 layers,
-        an int N for every N layers, ``False`` for none (:mod:`~algorithms.common.checkpointing`)
+        an int N for every N layers, ``False`` for none (:mod:`~algorithms.common.model.gradient_checkpointing`)
     :param frozen_parameters: names of the model's parameters that do not train (``requires_grad=False``); the
         algorithm records a given model object's frozen ones here, so they stay frozen after ``load``
     :param seed: seeds a built-in model's initial weights
@@ -130,7 +130,7 @@ class TransformerPolicy(BasePolicy):
                 self.model, DEFAULT_EVERY if gradient_checkpointing is True else int(gradient_checkpointing)
             )
         #: the autocast dtype of the model's forward passes per stage ("sampling", "update", "sft"; None or
-        #: missing: float32); the algorithm sets it from its mixed_precision (S15, algorithms.common.precision)
+        #: missing: float32); the algorithm sets it from its mixed_precision (S15, algorithms.common.runtime.precision)
         self.autocast_dtypes: dict[str, th.dtype | None] = {}
         self.model.eval()
         self._freeze(frozen_parameters or [])
@@ -267,7 +267,7 @@ class TransformerPolicy(BasePolicy):
         """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs.
 
         ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings;
-        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sample`; ``temperature`` and
+        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sampler.sample`; ``temperature`` and
         ``top_p`` replace the policy's for this call (the server's per-request settings)."""
         with th.no_grad(), self.autocast("sampling"):
             return sample(
@@ -301,7 +301,7 @@ class TransformerPolicy(BasePolicy):
         """Per-token log-probs ``(B, C)`` (and entropies) of given completions under the current weights, or under
         ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s precision (the cold
         start passes ``"sft"``); ``with_hidden``: also the ``(B, C, H)`` last hidden states (see
-        :func:`~algorithms.common.generation.completion_log_probs`)."""
+        :func:`~algorithms.common.generation.sampler.completion_log_probs`)."""
         with self.autocast(stage):
             return completion_log_probs(
                 model if model is not None else self.model,
@@ -366,7 +366,7 @@ class TransformerPolicy(BasePolicy):
     def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None, merge: bool = False) -> None:
         """Write a standard Hugging Face folder (model, and the tokenizer when given) that
         ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load; atomically: a kill at any
-        instant leaves the old complete folder or the new one (:func:`~algorithms.common.files.atomic_directory`).
+        instant leaves the old complete folder or the new one (:func:`~algorithms.common.saving.atomic.atomic_directory`).
 
         With LoRA: a peft adapter folder (``adapter_config.json`` and the adapter weights, which
         ``peft.PeftModel.from_pretrained(base, directory)`` loads), or with ``merge=True`` a standard model folder

@@ -33,7 +33,7 @@ def distill_command(args: argparse.Namespace) -> int:
     from algorithms.cli import _make_env
     from algorithms.common.evaluation import evaluate_problems, format_table, held_out_problems
     from algorithms.common.hyperparams import load_hyperparams
-    from algorithms.common.vocabulary import has_tokenizer
+    from algorithms.common.model.tokenizer_check import has_tokenizer
     from algorithms.deploy.distill import distill, student_paths
     from algorithms.deploy.loading import load_policy
 

@@ -26,14 +26,14 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import configure_logger
 from tqdm.auto import tqdm
 
-from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.evaluation import held_out_problems
-from algorithms.common.generation import completion_logits
+from algorithms.common.generation.sampler import completion_logits
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.losses import aggregate
-from algorithms.common.models import BUILTIN_MODELS, is_builtin_model
+from algorithms.common.model.loading import BUILTIN_MODELS, is_builtin_model
+from algorithms.common.model.tokenizer_check import has_tokenizer, model_tokenizer
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.vocabulary import has_tokenizer, model_tokenizer
+from algorithms.common.rollout.batch import left_pad, right_pad
 from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import prepare_qat, quantize_int8, save_int8, strip_qat
 from algorithms.grpo import GRPO

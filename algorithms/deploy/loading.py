@@ -17,8 +17,8 @@ import torch as th
 from gymnasium import spaces
 from torch import nn
 
+from algorithms.common.model.tokenizer_check import has_tokenizer
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.vocabulary import has_tokenizer
 from algorithms.deploy.quantize import is_int8_folder, load_int8
 
 
@@ -76,7 +76,7 @@ def load_policy(
         if is_int8_folder(location):
             model = load_int8(location)
         else:
-            from algorithms.common.models import load_model
+            from algorithms.common.model.loading import load_model
 
             model = load_model(os.fspath(location))
         return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
@@ -86,7 +86,7 @@ def load_policy(
             "folder, or an INT8 export folder"
         )
     import algorithms
-    from algorithms.common.serialization import read_model_file
+    from algorithms.common.saving.model_file import read_model_file
 
     name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
     algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it

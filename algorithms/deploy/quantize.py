@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algorithms.common.adapters import is_peft_model
+from algorithms.common.model.lora import is_peft_model
 
 #: the int8 weight levels are -WEIGHT_QMAX..WEIGHT_QMAX
 WEIGHT_QMAX = 127

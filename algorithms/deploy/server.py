@@ -31,8 +31,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from algorithms.common.batch import left_pad
 from algorithms.common.policies import TransformerPolicy
+from algorithms.common.rollout.batch import left_pad
 from algorithms.deploy.batching import DynamicBatcher, Job, QueueFull
 
 

@@ -3,7 +3,7 @@ which groups an update leaves out. Pure functions over tensors.
 
 Where it sits in the data flow: after the rollout, the episodes' returns ``(K, G)`` (all ranks' groups) come
 here; :class:`~algorithms.grpo.grpo.GRPO` keeps the rows of the groups that are not left out, with their
-advantages, in the :class:`~algorithms.common.batch.RolloutBatch` the update trains on. The rules of the
+advantages, in the :class:`~algorithms.common.rollout.batch.RolloutBatch` the update trains on. The rules of the
 seed's controls themselves are in :mod:`algorithms.grpo.controls`.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch as th
 from torch import Tensor
 
-from algorithms.common.batch import left_pad
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout import Rows
+from algorithms.common.rollout.batch import left_pad
+from algorithms.common.rollout.rows import Rows
 from algorithms.grpo import controls, objective
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import inspect
 
 from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
-from algorithms.common.buffers import PrioritizedTrajectoryBuffer
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
+from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.grpo import objective
 
 #: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)

@@ -1,7 +1,7 @@
 """GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API.
 
 The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
-them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout`, advantages and the
+them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout.rows`, advantages and the
 seed's controls in :mod:`algorithms.grpo.advantages` (rules in :mod:`algorithms.grpo.controls`), the update in
 :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`), replay in :mod:`algorithms.grpo.replay`.
 """
@@ -19,11 +19,11 @@ from stable_baselines3.common.utils import FloatSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
 from algorithms.common.arguments import check_arguments
-from algorithms.common.batch import RolloutBatch
-from algorithms.common.buffers import PrioritizedTrajectoryBuffer
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
+from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
+from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
 from algorithms.grpo.arguments import GRPO_RULES
@@ -93,7 +93,7 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
     :param prompt_sampling: ``"uniform"`` (the env's stream of problems) or ``"learnability"``: a pool of the
         last ``prompt_pool_size`` problems drawn, each with a running success estimate ``p``; every rollout takes
         ``fresh_prompt_fraction`` of its problems fresh and the rest from the pool with probability
-        proportional to ``p (1 - p) + 0.01`` (:class:`~algorithms.common.prompt_pool.LearnabilityPool`).
+        proportional to ``p (1 - p) + 0.01`` (:class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`).
         Logged: ``rollout/prompt_priority_mean``, ``rollout/prompt_pool_size``, ``rollout/prompt_fresh_fraction``
     :param prompt_pool_size: the problems the learnability pool holds
     :param fresh_prompt_fraction: the share of each rollout's problems drawn fresh under ``"learnability"``
@@ -122,20 +122,20 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         above 0.3), "group stability" (S18, :func:`~algorithms.grpo.controls.group_stability`) and an entropy
         warning below 0.5; the update is then accumulated group by group (same gradient, K smaller passes)
     :param replay_ratio: fraction of each update's completions replayed from a prioritized trajectory buffer
-        (S3, S5; :class:`~algorithms.common.buffers.PrioritizedTrajectoryBuffer`); 0 (default) is published GRPO.
+        (S3, S5; :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`); 0 (default) is published GRPO.
         Replayed completions keep their sampling log-probs (the importance ratio is clipped as usual), their
         group-relative advantage (computed from their own group's rewards when collected) times their
         importance-sampling weight; after the update their priority becomes ``|advantage| * exp(-drift)``, the
         drift being their mean ``|log ratio|`` per token (how far the policy has moved since they were sampled)
     :param max_replay_age: completions collected more than this many iterations ago are evicted before sampling
     :param replay_buffer_kwargs: arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)
-    :param gradient_compression: with several processes (S17, :mod:`~algorithms.common.distributed`):
+    :param gradient_compression: with several processes (S17, :mod:`~algorithms.common.runtime.distributed`):
         ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"`` (PyTorch's DDP communication hooks)
     :param dist_timeout: seconds a rank waits for the others before the job fails (a hung rank ends the job)
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): the model's forward passes
         (sampling, update, reference) run under autocast; weights, optimizer, value head and loss stay float32;
         fp16 adds a gradient scaler. A step whose gradients are not finite is skipped and counted
-        (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.precision` (bf16/fp16 on a GPU;
+        (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.runtime.precision` (bf16/fp16 on a GPU;
         on a CPU, per stage, float32 unless a probe of the model shows bf16 faster); the choice is in
         ``model.precision``
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly

@@ -1,7 +1,7 @@
 """Mixing prioritized replay (S3, S5) into GRPO's updates.
 
 Where it sits in the data flow: before an update, :func:`draw` takes ``replay_ratio`` of the update's rows from
-the :class:`~algorithms.common.buffers.PrioritizedTrajectoryBuffer` (with their sampling log-probs, their
+the :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (with their sampling log-probs, their
 group's advantage and an importance-sampling weight); the update measures how far the policy has moved from
 each replayed row (:func:`drift`); after it, :func:`update_and_store` gives the replayed rows their new
 priority ``|A| exp(-drift)`` and adds the fresh rollout to the buffer.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch as th
 
-from algorithms.common.batch import RolloutBatch
-from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
+from algorithms.common.rollout.batch import RolloutBatch
 
 #: added to every priority, so that no row's chance of being replayed again is exactly 0
 PRIORITY_FLOOR = 1e-3

@@ -3,7 +3,7 @@ completions ``mask_truncated`` leaves out.
 
 Where it sits in the data flow: :class:`RolloutSampling` is a mixin of :class:`~algorithms.grpo.grpo.GRPO`. It
 chooses the problems of every rollout (:meth:`~RolloutSampling._problem_keys`: the env's stream, or a
-:class:`~algorithms.common.prompt_pool.LearnabilityPool`), and after the rollout's episodes are played
+:class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`), and after the rollout's episodes are played
 (:meth:`~RolloutSampling._extend_rollout`) samples new problems for the groups whose rewards are all equal, until
 none is (or ``max_resample_rounds`` rounds are spent), replacing those groups' rows before the advantages are
 computed. The decision is the pure function :func:`refill_slots`, the loop :func:`dynamic_sampling`.
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch as th
 
-from algorithms.common.prompt_pool import LearnabilityPool
-from algorithms.common.rollout import Rows, episode_returns
+from algorithms.common.replay.prompt_pool import LearnabilityPool
+from algorithms.common.rollout.rows import Rows, episode_returns
 from algorithms.grpo import objective
 
 

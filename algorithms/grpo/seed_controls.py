@@ -8,7 +8,7 @@ import warnings
 
 import torch as th
 
-from algorithms.common.rollout import Rows
+from algorithms.common.rollout.rows import Rows
 from algorithms.grpo import advantages, controls, update
 
 

@@ -2,8 +2,8 @@
 the diagnostics (S24).
 
 Where it sits in the data flow: :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
-:class:`~algorithms.common.batch.RolloutBatch` (plus replayed rows), splits it with
-:func:`~algorithms.common.batch.minibatches` (shared with PPO),
+:class:`~algorithms.common.rollout.batch.RolloutBatch` (plus replayed rows), splits it with
+:func:`~algorithms.common.rollout.batch.minibatches` (shared with PPO),
 computes :func:`minibatch_loss` (the policy's log-probs, :func:`~algorithms.grpo.objective.grpo_loss`, the
 value head's MSE) and steps the optimizer through the guarded step of
 :class:`~algorithms.common.lm_algorithm.LMAlgorithm`.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch as th
 
-from algorithms.common.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
 from algorithms.common.policies import TransformerPolicy
+from algorithms.common.rollout.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
 from algorithms.grpo import controls, objective
 
 

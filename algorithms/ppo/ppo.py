@@ -15,10 +15,10 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common.arguments import check_arguments
-from algorithms.common.batch import RolloutBatch, minibatches
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout import Rows, episode_returns, log_rollout, rows_to_batch
+from algorithms.common.rollout.batch import RolloutBatch, minibatches
+from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import PPO_RULES
 

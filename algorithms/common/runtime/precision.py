@@ -14,7 +14,7 @@ picks, never slower than float32:
   about 45x slower on an AVX2-only EPYC); pass ``"bf16"`` to trade that time for memory.
 - CPU with native bf16: per stage, float32 unless a short probe of *this* model on *this* machine shows bf16
   at least :data:`BF16_MARGIN` (10%) faster: at small sizes the casts and fixed costs can outweigh the faster
-  matmuls. The probe (:mod:`~algorithms.common.precision_probe`) runs once per model shape and machine: its
+  matmuls. The probe (:mod:`~algorithms.common.runtime.precision_probe`) runs once per model shape and machine: its
   figures are cached in memory and in a file under the user's cache folder.
 - Any other device: float32.
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
-from algorithms.common import precision_probe
-from algorithms.common.precision_probe import STAGES, ProbeShape
+from algorithms.common.runtime import precision_probe
+from algorithms.common.runtime.precision_probe import STAGES, ProbeShape
 
 PRECISIONS = ("no", "fp16", "bf16", "auto")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -18,9 +18,9 @@ from typing import IO, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from algorithms.common.buffer_io import load_buffer, save_buffer
-from algorithms.common.ring_buffer import RingBuffer
-from algorithms.common.sum_tree import PrioritySampler
+from algorithms.common.replay.buffer_file import load_buffer, save_buffer
+from algorithms.common.replay.ring_buffer import RingBuffer
+from algorithms.common.replay.sum_tree import PrioritySampler
 
 __all__ = ["PrioritizedTrajectoryBuffer", "PrioritySampler", "RingBuffer", "TrajectoryBatch"]
 
@@ -64,7 +64,7 @@ class TrajectoryBatch:
         return len(self.indices)
 
     def rollout_arrays(self, advantages: ArrayLike | None = None) -> dict[str, np.ndarray]:
-        """The arrays of ``algorithms.common.batch.RolloutBatch`` (same names, shapes and dtypes), as numpy.
+        """The arrays of ``algorithms.common.rollout.batch.RolloutBatch`` (same names, shapes and dtypes), as numpy.
 
         ``advantages`` replaces the stored ones (e.g. recomputed within each group); ``returns`` are the raw rewards.
         Build the batch with ``RolloutBatch(**{k: torch.from_numpy(v) for k, v in batch.rollout_arrays().items()})``.
@@ -126,7 +126,7 @@ class PrioritizedTrajectoryBuffer:
     every array and a JSON header of the settings, the ring's pointers and the RNG state; :meth:`load` checks every
     array and pointer (shapes, dtypes, finite non-negative priorities and masses, token ids in the vocabulary,
     consistent counts) and rebuilds the trees from their leaves, so a loaded buffer samples exactly what the saved
-    one would have (see :mod:`algorithms.common.buffer_io`).
+    one would have (see :mod:`algorithms.common.replay.buffer_file`).
 
     Indices returned by :meth:`sample_batch` name slots: update their priorities before adding more trajectories,
     which may overwrite them.
@@ -280,14 +280,14 @@ class PrioritizedTrajectoryBuffer:
 
     def save(self, path: str | os.PathLike[str] | IO[bytes]) -> None:
         """Write the buffer to ``path``: one ``.npz`` file, written exactly there, atomically (a kill mid-save leaves
-        the previous file); see :mod:`algorithms.common.buffer_io`."""
+        the previous file); see :mod:`algorithms.common.replay.buffer_file`."""
         save_buffer(self, path)
 
     @classmethod
     def load(
         cls, path: str | os.PathLike[str] | IO[bytes], vocab_size: int | None = None
     ) -> PrioritizedTrajectoryBuffer:
-        """Read a buffer written by :meth:`save`, checking everything first (:mod:`algorithms.common.buffer_io`).
+        """Read a buffer written by :meth:`save`, checking everything first (:mod:`algorithms.common.replay.buffer_file`).
 
         :param path: the file (or an open binary file)
         :param vocab_size: the policy's vocabulary size: stored token ids must lie in ``[0, vocab_size)``

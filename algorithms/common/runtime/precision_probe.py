@@ -6,9 +6,9 @@ AMX at the built-in tiny size: a GRPO iteration 14% slower in bf16, its cold-sta
 ``auto`` times *this* model on *this* machine, once, for each stage of a run:
 
 - ``sampling``: :data:`DECODE_STEPS` new tokens through the project's sampler
-  (:func:`~algorithms.common.generation.sample`: KV cache, shared prefill) for the run's K x G rows;
+  (:func:`~algorithms.common.generation.sampler.sample`: KV cache, shared prefill) for the run's K x G rows;
 - ``update``: a forward and backward pass of the completions' log-probs
-  (:func:`~algorithms.common.generation.completion_log_probs`) for rows of prompt + ``max_new_tokens``
+  (:func:`~algorithms.common.generation.sampler.completion_log_probs`) for rows of prompt + ``max_new_tokens``
   tokens, G rows sharing each prompt as in a rollout;
 - ``sft``: the same with a distinct prompt per row, as the cold start's examples.
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from algorithms.common.generation import completion_log_probs, sample
+from algorithms.common.generation.sampler import completion_log_probs, sample
 
 #: the stages of a run that may each run in their own precision
 STAGES = ("sampling", "update", "sft")

@@ -10,7 +10,7 @@
   disabled (``PeftModel.disable_adapter()``), i.e. the **base model**, as TRL's trainers do with a peft model; no
   second copy is kept (``ref_model`` stays None). With a cold start the reference is therefore the base model, not
   the cold-start policy.
-- **Sampling**: the fast Llama-family decoder (:class:`~algorithms.common.decoders.LlamaDecoder`) runs the
+- **Sampling**: the fast Llama-family decoder (:class:`~algorithms.common.generation.decoders.LlamaDecoder`) runs the
   effective weights ``W + scaling * B @ A``, merged once per ``sample()`` call, so a decoding step costs what it
   costs without adapters; other models run through their own (adapted) forward.
 - **Saving**: when the base model comes from a folder or hub name, the model zip holds the adapter weights only

@@ -35,7 +35,7 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 
 def model_tokenizer(source: Any) -> Any | None:
     """The tokenizer saved with a model folder or cached hub model (None: none there, or not a folder/name)."""
-    from algorithms.common.models import is_builtin_model
+    from algorithms.common.model.loading import is_builtin_model
 
     if not isinstance(source, (str, os.PathLike)) or is_builtin_model(source):
         return None

@@ -1,6 +1,6 @@
 """Saving, loading and resuming an :class:`~algorithms.common.lm_algorithm.LMAlgorithm` exactly.
 
-What a saved model holds (the file format is :mod:`algorithms.common.serialization`):
+What a saved model holds (the file format is :mod:`algorithms.common.saving.model_file`):
 
 - the constructor's arguments, by name (so ``load`` builds the same algorithm and validates them again);
 - the weights: the policy, its optimizer state, the frozen reference when there is one (with LoRA on a base
@@ -40,7 +40,7 @@ import torch as th
 from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.serialization import decode, encode, read_model_file, write_model_file
+from algorithms.common.saving.model_file import decode, encode, read_model_file, write_model_file
 from grpo_gym.describe import env_kwargs_from_record, recorded_env_id
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ Where it sits in the data flow: :meth:`LMAlgorithm.collect_rollouts <algorithms.
 samples K problems x G completions in one batch and steps them through the env(s); every completion the env
 scored is recorded in :class:`Rows` (one row per completion, one per turn in multi-turn episodes). The
 algorithm then turns the rows into per-episode returns (:func:`episode_returns`), its own advantages, and a
-:class:`~algorithms.common.batch.RolloutBatch` of the rows it keeps (:func:`rows_to_batch`).
+:class:`~algorithms.common.rollout.batch.RolloutBatch` of the rows it keeps (:func:`rows_to_batch`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import torch as th
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import safe_mean
 
-from algorithms.common.batch import RolloutBatch, left_pad
-from algorithms.common.distributed import Distributed
 from algorithms.common.losses import discounted_returns
+from algorithms.common.rollout.batch import RolloutBatch, left_pad
+from algorithms.common.runtime.distributed import Distributed
 
 #: the outputs a histogram or a text is kept out of (TensorBoard only)
 TEXT_ONLY = ("stdout", "log", "json", "csv")

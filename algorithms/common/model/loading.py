@@ -132,7 +132,7 @@ def load_model(
     """
     from transformers import PreTrainedModel
 
-    from algorithms.common.adapters import is_peft_model
+    from algorithms.common.model.lora import is_peft_model
 
     if isinstance(model, PreTrainedModel) or is_peft_model(model):
         return model

@@ -1,6 +1,6 @@
 """Padding and the rollout batch: the tensors of one rollout, one row per completion, ready for an update.
 
-Where it sits in the data flow: the rollout collection (:mod:`~algorithms.common.rollout`) pads the contexts and
+Where it sits in the data flow: the rollout collection (:mod:`~algorithms.common.rollout.rows`) pads the contexts and
 completions it gathered into a :class:`RolloutBatch`; the update selects minibatches from it; replay concatenates
 replayed rows to it. The cold start and the evaluation pad their prompts with the same :func:`left_pad`.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import torch as th
 
-from algorithms.common.distributed import Distributed
+from algorithms.common.runtime.distributed import Distributed
 
 
 def left_pad(rows: Sequence[th.Tensor], pad_id: int) -> tuple[th.Tensor, th.Tensor]:

@@ -14,8 +14,8 @@ and drops finished rows. Two implementations:
 :func:`make_decoder` picks the first that applies. Both give the same logits up to float rounding. A peft
 ``PeftModel`` runs as the model inside it, whose LoRA layers are injected in place: :class:`LlamaDecoder` then
 uses each projection's effective weights ``W + scaling * B @ A`` (of the active adapters; the base's alone while
-they are disabled, see :func:`~algorithms.common.adapters.effective_linear`), computed once per decoder, i.e. once
-per :func:`~algorithms.common.generation.sample` call, so a decoding step costs what it costs without adapters.
+they are disabled, see :func:`~algorithms.common.model.lora.effective_linear`), computed once per decoder, i.e. once
+per :func:`~algorithms.common.generation.sampler.sample` call, so a decoding step costs what it costs without adapters.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from algorithms.common.adapters import base_network, effective_linear, plain_lora
+from algorithms.common.model.lora import base_network, effective_linear, plain_lora
 
 #: ``config.model_type`` values :class:`LlamaDecoder` runs (same layer layout, RoPE, RMSNorm, gated MLP)
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
@@ -158,8 +158,8 @@ class LlamaDecoder:
 class _LayerWeights:
     """One decoder layer's weights as :class:`LlamaDecoder` uses them: ``(weight, bias)`` pairs for
     ``F.linear`` (no module-call overhead), the q/k/v and gate/up projections fused into one matmul each when
-    ``fuse`` (a concatenated copy, made once per :func:`~algorithms.common.generation.sample` call). A LoRA
-    projection contributes its effective weights (:func:`~algorithms.common.adapters.effective_linear`)."""
+    ``fuse`` (a concatenated copy, made once per :func:`~algorithms.common.generation.sampler.sample` call). A LoRA
+    projection contributes its effective weights (:func:`~algorithms.common.model.lora.effective_linear`)."""
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
@@ -242,7 +242,7 @@ def supports_llama_decoder(model: nn.Module) -> bool:
 
 def _is_plain_linear(layer: nn.Module) -> bool:
     """Whether every projection of a decoder layer computes ``F.linear(x, weight, bias)`` with the weights
-    :func:`~algorithms.common.adapters.effective_linear` gives (a plain ``nn.Linear``, or a vanilla LoRA layer over
+    :func:`~algorithms.common.model.lora.effective_linear` gives (a plain ``nn.Linear``, or a vanilla LoRA layer over
     one), which the decoder calls directly; other modules (fake-quantised, INT8, other adapters) run through the
     model's own forward."""
     attention, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)

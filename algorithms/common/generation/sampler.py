@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.common.adapters import base_network
-from algorithms.common.decoders import forward_parameters, make_decoder
-from algorithms.common.packing import distinct_rows, pack_rows
+from algorithms.common.generation.decoders import forward_parameters, make_decoder
+from algorithms.common.generation.packing import distinct_rows, pack_rows
+from algorithms.common.model.lora import base_network
 
 
 @dataclass
@@ -154,7 +154,7 @@ def sample(
     :param vocab_size: ids ``>= vocab_size`` are never sampled and excluded from the softmax
     :param generator: the ``torch.Generator`` to sample with (on the model's device); ``None``: global RNG
     :param greedy: take the argmax instead of sampling
-    :param decoder: the forward pass, see :func:`~algorithms.common.decoders.make_decoder`: ``"auto"`` (this
+    :param decoder: the forward pass, see :func:`~algorithms.common.generation.decoders.make_decoder`: ``"auto"`` (this
         project's Llama-family decoder when it applies, else the model's own), ``"llama"`` or ``"hf"``
     :param compact_below: drop finished rows once the running share of the batch falls below this (0: never)
     :param noise_offset: this batch's first row within a larger batch whose noise is drawn (see ``noise_rows``)
@@ -231,7 +231,7 @@ def completion_log_probs(
 
     Two layouts give the same values (up to float rounding): ``"padded"``, one row per completion (its
     prompt, then the completion, cut to the longest completion), and ``"packed"``
-    (:mod:`~algorithms.common.packing`: each distinct prompt once, its completions after it, no padding),
+    (:mod:`~algorithms.common.generation.packing`: each distinct prompt once, its completions after it, no padding),
     which does the work of the real tokens only. ``"auto"`` packs when the model takes a custom 4D attention
     mask (``sdpa`` or ``eager`` attention). Positions are those of :func:`sample`, so log-probs follow the
     module's single definition (full temperature-scaled softmax over ids ``< vocab_size``); the entropy is

@@ -7,7 +7,7 @@ A model zip keeps Stable-Baselines3's layout (``data``, ``policy.pth``, ``policy
 - ``arguments``: the constructor arguments by name. Numbers, strings, lists and dicts as they are; schedules by
   their parameters (``{"__schedule__": "linear", "start": ..., ...}``); ``torch.optim`` classes by name
   (``{"__class__": "torch.optim.AdamW"}``); gymnasium spaces by their description.
-- ``state``: what a run needs to continue exactly (see :mod:`algorithms.common.state`); the torch RNG states go
+- ``state``: what a run needs to continue exactly (see :mod:`algorithms.common.saving.run_state`); the torch RNG states go
   to ``pytorch_variables.pth`` as tensors.
 
 A value that has no plain form (a user's own schedule function, say) is written pickled under its key, and
@@ -35,7 +35,7 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.utils import ConstantSchedule, FloatSchedule, LinearSchedule, get_system_info
 
-from algorithms.common.files import atomic_write
+from algorithms.common.saving.atomic import atomic_write
 from algorithms.common.schedules import UpdateDecay
 
 FORMAT = "grpo-gym/1"

@@ -1,8 +1,8 @@
-"""Saving and loading a :class:`~algorithms.common.buffers.PrioritizedTrajectoryBuffer`: one ``.npz``, checked.
+"""Saving and loading a :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`: one ``.npz``, checked.
 
 :func:`save_buffer` writes one ``np.savez`` archive (no pickle): the written part of every array and a JSON
 header (``meta``) of the settings, the ring's pointers, the sampler's counters and RNG state. A path is written
-atomically (:func:`algorithms.common.files.atomic_write`): a kill mid-save leaves the previous file.
+atomically (:func:`algorithms.common.saving.atomic.atomic_write`): a kill mid-save leaves the previous file.
 
 :func:`load_buffer` reads nothing it has not checked. A file that is not a readable archive (truncated, not a
 zip, a failed CRC, pickled members) raises ``ValueError`` saying it is truncated or corrupt and naming the file;
@@ -25,11 +25,11 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from algorithms.common.files import atomic_write
+from algorithms.common.saving.atomic import atomic_write
 from grpo_gym.validation import check_float, check_int, check_mapping
 
 if TYPE_CHECKING:
-    from algorithms.common.buffers import PrioritizedTrajectoryBuffer
+    from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 
 FORMAT = "grpo-gym-prioritized-trajectory-buffer/1"
 _SETTINGS = (
