@@ -1,17 +1,20 @@
-"""Saving and loading a :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`: one ``.npz``, checked.
+"""The file of a :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`: one ``.npz``,
+checked. This module works on the plain data the buffer hands it (``state_arrays()``: a JSON header and arrays);
+it never touches a buffer.
 
-:func:`save_buffer` writes one ``np.savez`` archive (no pickle): the written part of every array and a JSON
+:func:`write_buffer_file` writes one ``np.savez`` archive (no pickle): the written part of every array and a JSON
 header (``meta``) of the settings, the ring's pointers, the sampler's counters and RNG state. A path is written
 atomically (:func:`algorithms.common.saving.atomic.atomic_write`): a kill mid-save leaves the previous file.
 
-:func:`load_buffer` reads nothing it has not checked. A file that is not a readable archive (truncated, not a
-zip, a failed CRC, pickled members) raises ``ValueError`` saying it is truncated or corrupt and naming the file;
-so does any inconsistency, naming what is wrong: unknown or missing arrays or settings; wrong dtypes or shapes;
-ring pointers out of range; live trajectories outside the arena, overlapping, or not adding up to the recorded
-token count; token ids outside ``[0, vocab_size)`` (or negative when no vocabulary is given); non-finite
-log-probs, rewards or timestamps; priorities or masses negative or non-finite; masses that are not
-``priority ** alpha * boost`` (0 for slots holding nothing); a sampler count that is not the number of positive
-masses; iterations not non-decreasing from oldest to newest; a bad RNG state.
+:func:`read_buffer_file` reads an archive, :func:`check_settings` its settings (before the buffer is built from
+them) and :func:`check_buffer_state` everything else, before anything is loaded. A file that is not a readable
+archive (truncated, not a zip, a failed CRC, pickled members) raises ``ValueError`` saying it is truncated or
+corrupt and naming the file; so does any inconsistency, naming what is wrong: unknown or missing arrays or
+settings; wrong dtypes or shapes; ring pointers out of range; live trajectories outside the arena, overlapping, or
+not adding up to the recorded token count; token ids outside ``[0, vocab_size)`` (or negative when no vocabulary
+is given); non-finite log-probs, rewards or timestamps; priorities or masses negative or non-finite; masses that
+are not ``priority ** alpha * boost`` (0 for slots holding nothing); a sampler count that is not the number of
+positive masses; iterations not non-decreasing from oldest to newest; a bad RNG state.
 """
 
 from __future__ import annotations
@@ -20,19 +23,17 @@ import json
 import os
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import numpy as np
 
 from algorithms.common.saving.atomic import atomic_write
 from grpo_gym.validation import check_float, check_int, check_mapping
 
-if TYPE_CHECKING:
-    from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
-
 FORMAT = "grpo-gym-prioritized-trajectory-buffer/1"
-_SETTINGS = (
+SETTINGS = (
     "capacity",
     "max_tokens",
     "alpha",
@@ -45,6 +46,7 @@ _SETTINGS = (
     "pad_id",
 )
 _RING = ("_pos", "_size", "_head", "_used", "_high", "n_added")
+_META = ("format", "settings", "ring", "sampler", "reward_min", "reward_max", "max_priority", "last_iteration")
 _CHUNK_WORDS = 1 << 22
 _ARRAYS = {
     "arena": np.int32,
@@ -54,57 +56,28 @@ _ARRAYS = {
     "priority": np.float64,
     "mass": np.float64,
 }
+Target = str | os.PathLike[str] | IO[bytes]
 
 
-def save_buffer(buffer: PrioritizedTrajectoryBuffer, path: str | os.PathLike[str] | IO[bytes]) -> None:
-    """Write ``buffer`` to ``path`` (atomically when it is a path; as is to an open binary file)."""
-    ring, sampler = buffer.ring, buffer.sampler
-    written = min(ring.n_added, ring.capacity)
-    meta = {
-        "format": FORMAT,
-        "settings": {
-            "capacity": ring.capacity,
-            "max_tokens": ring.max_tokens,
-            "alpha": sampler.alpha,
-            "beta": sampler.beta_start,
-            "beta_end": sampler.beta_end,
-            "beta_steps": sampler.beta_steps,
-            "high_reward_threshold": buffer.high_reward_threshold,
-            "high_reward_boost": buffer.high_reward_boost,
-            "reward_range": buffer.reward_range,
-            "pad_id": ring.pad_id,
-        },
-        "ring": {k: getattr(ring, k) for k in _RING},
-        "sampler": {"n_calls": sampler.n_calls, "count": sampler.count, "rng": sampler.rng.bit_generator.state},
-        "reward_min": buffer.reward_min,
-        "reward_max": buffer.reward_max,
-        "max_priority": buffer.max_priority,
-        "last_iteration": int(buffer.last_iteration),
-    }
-    arrays = {f"field_{name}": values[:written] for name, values in ring.fields.items()}
-    arrays.update(
-        arena=ring._arena[: ring._high],
-        offset=ring._offset[:written],
-        plen=ring._plen[:written],
-        clen=ring._clen[:written],
-        priority=sampler._priority[:written],
-        mass=sampler._sum[sampler._leaves : sampler._leaves + written],
-        meta=np.array(json.dumps(meta)),
-    )
+def file_name(path: Target) -> str:
+    """How errors name ``path``."""
+    return os.fspath(path) if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
+
+
+def write_buffer_file(path: Target, meta: dict[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """Write a buffer's ``state_arrays()`` to ``path`` (atomically when it is a path; as is to an open binary file)."""
+    contents = {**arrays, "meta": np.array(json.dumps({"format": FORMAT, **meta}))}
     if isinstance(path, (str, os.PathLike)):
         with atomic_write(path) as handle:
-            np.savez(handle, **arrays)
+            np.savez(handle, **contents)
     else:
-        np.savez(path, **arrays)
+        np.savez(path, **contents)
 
 
-def load_buffer(
-    cls: type[PrioritizedTrajectoryBuffer], path: str | os.PathLike[str] | IO[bytes], vocab_size: int | None = None
-) -> PrioritizedTrajectoryBuffer:
-    """Read and check a file written by :func:`save_buffer` (see the module docstring for the checks)."""
-    where = os.fspath(path) if isinstance(path, (str, os.PathLike)) else getattr(path, "name", "<stream>")
-    if vocab_size is not None:
-        vocab_size = check_int("vocab_size", vocab_size, low=1)
+def read_buffer_file(path: Target) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The header and arrays of a file written by :func:`write_buffer_file`, unchecked but for being a readable
+    archive of this format (``ValueError`` naming the file otherwise)."""
+    where = file_name(path)
     if isinstance(path, (str, os.PathLike)) and not Path(path).is_file():
         raise ValueError(f"no replay-buffer file at {where!r}")
     try:
@@ -115,59 +88,53 @@ def load_buffer(
         raise ValueError(
             f"{where}: not a readable replay-buffer file: truncated or corrupt ({type(error).__name__}: {error})"
         ) from None
-    try:
-        return _build(cls, meta, arrays, vocab_size)
-    except (ValueError, TypeError, KeyError) as error:
-        raise ValueError(f"{where}: invalid replay-buffer file: {error}") from None
-
-
-def _build(
-    cls: type[PrioritizedTrajectoryBuffer], meta: Any, arrays: dict[str, np.ndarray], vocab_size: int | None
-) -> PrioritizedTrajectoryBuffer:
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"not a saved PrioritizedTrajectoryBuffer (format {found!r})")
-    check_mapping("meta", meta, ("format", "settings", "ring", "sampler", "reward_min", "reward_max",
-                                 "max_priority", "last_iteration"))  # fmt: skip
-    settings = check_mapping("settings", meta["settings"], _SETTINGS, allow_none=False)
-    if set(settings) != set(_SETTINGS):
-        raise ValueError(f"settings: missing {sorted(set(_SETTINGS) - set(settings))}")
-    rr = settings.pop("reward_range")
-    try:
-        buffer = cls(**settings, reward_range=None if rr is None else tuple(rr))
-    except (MemoryError, OSError) as error:
-        raise ValueError(f"cannot allocate a buffer with these settings ({error})") from None
-    ring, sampler = buffer.ring, buffer.sampler
+        raise ValueError(
+            f"{where}: invalid replay-buffer file: not a saved PrioritizedTrajectoryBuffer (format {found!r})"
+        )
+    return meta, arrays
+
+
+def check_settings(meta: dict[str, Any]) -> dict[str, Any]:
+    """The buffer's constructor arguments from the header (every one present, no other key)."""
+    check_mapping("meta", meta, _META)
+    settings = check_mapping("settings", meta["settings"], SETTINGS, allow_none=False)
+    if set(settings) != set(SETTINGS):
+        raise ValueError(f"settings: missing {sorted(set(SETTINGS) - set(settings))}")
+    reward_range = settings["reward_range"]
+    return {**settings, "reward_range": None if reward_range is None else tuple(reward_range)}
+
+
+def check_buffer_state(
+    meta: dict[str, Any],
+    arrays: dict[str, np.ndarray],
+    field_dtypes: Mapping[str, Any],
+    bit_generator: str,
+    vocab_size: int | None,
+) -> None:
+    """Check the header and arrays against the settings they record (see the module docstring); ``field_dtypes``
+    are the ring's per-trajectory fields, ``bit_generator`` the sampler RNG's kind."""
+    settings = meta["settings"]
+    capacity, max_tokens = int(settings["capacity"]), int(settings["max_tokens"])
     pointers = {k: check_int(f"ring.{k}", v, low=0) for k, v in check_mapping("ring", meta["ring"], _RING).items()}
-    written = min(pointers["n_added"], ring.capacity)
-    _check_arrays(arrays, written, pointers["_high"], ring)
-    _check_pointers(pointers, ring)
-    live = (pointers["_pos"] - pointers["_size"] + np.arange(pointers["_size"])) % ring.capacity  # oldest first
+    written = min(pointers["n_added"], capacity)
+    _check_arrays(arrays, written, pointers["_high"], field_dtypes)
+    _check_pointers(pointers, capacity, max_tokens)
+    live = (pointers["_pos"] - pointers["_size"] + np.arange(pointers["_size"])) % capacity  # oldest first
     _check_trajectories(arrays, live, pointers, vocab_size)
-    _check_fields(arrays, live, buffer)
-    count = _check_masses(arrays, live, written, sampler.alpha, buffer.high_reward_boost)
-    # fill the buffer from the checked arrays
-    ring._arena[: pointers["_high"]] = arrays["arena"]
-    for name in ("offset", "plen", "clen"):
-        getattr(ring, f"_{name}")[:written] = arrays[name]
-    for name, values in ring.fields.items():
-        values[:written] = arrays[f"field_{name}"]
-    sampler._priority[:written] = arrays["priority"]
-    if written:
-        sampler._write_range(sampler._leaves, arrays["mass"])
-    for key, value in pointers.items():
-        setattr(ring, key, value)
-    _restore_sampler(sampler, meta["sampler"], count)
-    buffer.reward_min = check_float("reward_min", meta["reward_min"], allow_inf=True)
-    buffer.reward_max = check_float("reward_max", meta["reward_max"], allow_inf=True)
-    buffer.max_priority = check_float("max_priority", meta["max_priority"], low=0.0)
-    buffer.last_iteration = check_int("last_iteration", meta["last_iteration"])
-    return buffer
+    _check_fields(arrays, live, float(settings["high_reward_threshold"]))
+    count = _check_masses(arrays, live, written, float(settings["alpha"]), float(settings["high_reward_boost"]))
+    _check_sampler(meta["sampler"], count, bit_generator)
+    check_float("reward_min", meta["reward_min"], allow_inf=True)
+    check_float("reward_max", meta["reward_max"], allow_inf=True)
+    check_float("max_priority", meta["max_priority"], low=0.0)
+    check_int("last_iteration", meta["last_iteration"])
 
 
-def _check_arrays(arrays: dict[str, np.ndarray], written: int, high: int, ring: Any) -> None:
+def _check_arrays(arrays: dict[str, np.ndarray], written: int, high: int, field_dtypes: Mapping[str, Any]) -> None:
     """Exactly the expected arrays, each 1-D with its dtype and length."""
-    expected = {**_ARRAYS, **{f"field_{k}": v.dtype for k, v in ring.fields.items()}}
+    expected = {**_ARRAYS, **{f"field_{k}": np.dtype(v) for k, v in field_dtypes.items()}}
     if arrays.keys() != expected.keys():
         missing, extra = sorted(expected.keys() - arrays.keys()), sorted(arrays.keys() - expected.keys())
         raise ValueError(f"arrays: missing {missing}, unexpected {extra}")
@@ -180,11 +147,11 @@ def _check_arrays(arrays: dict[str, np.ndarray], written: int, high: int, ring: 
             )
 
 
-def _check_pointers(p: dict[str, int], ring: Any) -> None:
-    if not (p["_pos"] < ring.capacity and p["_size"] <= min(ring.capacity, p["n_added"])):
+def _check_pointers(p: dict[str, int], capacity: int, max_tokens: int) -> None:
+    if not (p["_pos"] < capacity and p["_size"] <= min(capacity, p["n_added"])):
         raise ValueError(f"ring pointers out of range: _pos={p['_pos']}, _size={p['_size']}, n_added={p['n_added']}")
-    if not (p["_head"] <= p["_high"] <= ring.max_tokens and p["_used"] <= p["_high"]):
-        raise ValueError(f"arena pointers out of range: {p} with max_tokens={ring.max_tokens}")
+    if not (p["_head"] <= p["_high"] <= max_tokens and p["_used"] <= p["_high"]):
+        raise ValueError(f"arena pointers out of range: {p} with max_tokens={max_tokens}")
 
 
 def _check_trajectories(arrays: dict[str, np.ndarray], live: np.ndarray, p: dict[str, int], vocab: int | None) -> None:
@@ -223,7 +190,7 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.repeat(starts - first, lengths) + np.arange(total)
 
 
-def _check_fields(arrays: dict[str, np.ndarray], live: np.ndarray, buffer: Any) -> None:
+def _check_fields(arrays: dict[str, np.ndarray], live: np.ndarray, high_reward_threshold: float) -> None:
     reward, raw = arrays["field_reward"][live], arrays["field_raw_reward"][live]
     if not (np.isfinite(raw).all() and np.isfinite(reward).all() and np.abs(reward).max(initial=0) <= 1):
         raise ValueError("rewards must be finite, and normalised rewards in [-1, 1]")
@@ -231,7 +198,7 @@ def _check_fields(arrays: dict[str, np.ndarray], live: np.ndarray, buffer: Any) 
         raise ValueError("advantages must be finite or NaN, timestamps finite")
     if (np.diff(arrays["field_iteration"][live]) < 0).any():
         raise ValueError("collection iterations must be non-decreasing from the oldest trajectory to the newest")
-    if (arrays["field_high"][live] != (reward >= buffer.high_reward_threshold)).any():
+    if (arrays["field_high"][live] != (reward >= high_reward_threshold)).any():
         raise ValueError("the high-reward flags do not match the rewards and high_reward_threshold")
 
 
@@ -254,13 +221,11 @@ def _check_masses(arrays: dict[str, np.ndarray], live: np.ndarray, written: int,
     return int(np.count_nonzero(mass))
 
 
-def _restore_sampler(sampler: Any, state: Any, count: int) -> None:
+def _check_sampler(state: Any, count: int, bit_generator: str) -> None:
     state = check_mapping("sampler", state, ("n_calls", "count", "rng"), allow_none=False)
     if check_int("sampler.count", state.get("count"), low=0) != count:
         raise ValueError(f"sampler.count is {state.get('count')}, but {count} masses are positive")
-    sampler.n_calls = check_int("sampler.n_calls", state.get("n_calls"), low=0)
-    sampler.count = count
+    check_int("sampler.n_calls", state.get("n_calls"), low=0)
     rng_state = state.get("rng")
-    if not isinstance(rng_state, dict) or rng_state.get("bit_generator") != type(sampler.rng.bit_generator).__name__:
-        raise ValueError(f"sampler.rng must be a {type(sampler.rng.bit_generator).__name__} state")
-    sampler.rng.bit_generator.state = rng_state
+    if not isinstance(rng_state, dict) or rng_state.get("bit_generator") != bit_generator:
+        raise ValueError(f"sampler.rng must be a {bit_generator} state")

@@ -9,7 +9,8 @@ last ``capacity`` fresh draws with a running estimate of each one's success rate
 - ``round(n * fresh_fraction)`` fresh problems (never seen: the task's stream, at the env's current level), and
 - the rest drawn from the pool without replacement with probability proportional to
   ``priority = p (1 - p) + floor`` (the floor lets problems at ``p = 0`` or ``1`` come back now and then: the
-  policy may have changed), through the project's sum tree (:class:`~algorithms.common.replay.sum_tree.PrioritySampler`).
+  policy may have changed), through the project's sum tree
+  (:class:`~algorithms.common.replay.sum_tree.PrioritySampler`).
 
 While the pool holds fewer problems than a rollout needs, the rest are fresh. A problem enters the pool after it
 is played (its first estimate is the success rate of its group); when the pool is full the oldest entry leaves.

@@ -62,6 +62,37 @@ class RingBuffer:
         self._high = 0  # arena words ever written (the prefix save() keeps)
         self.n_added = 0  # trajectories ever added
 
+    #: the ring's pointers, as a saved buffer records them (the file format's names)
+    POINTERS = ("_pos", "_size", "_head", "_used", "_high", "n_added")
+
+    def state_arrays(self) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """The ring as plain data: its pointers and the written part of its arrays (``arena``, ``offset``, ``plen``,
+        ``clen`` and ``field_<name>``): what a saved buffer holds."""
+        written = min(self.n_added, self.capacity)
+        arrays = {f"field_{name}": values[:written] for name, values in self.fields.items()}
+        arrays.update(
+            arena=self._arena[: self._high],
+            offset=self._offset[:written],
+            plen=self._plen[:written],
+            clen=self._clen[:written],
+        )
+        return {name: int(getattr(self, name)) for name in self.POINTERS}, arrays
+
+    def load_state_arrays(self, pointers: Mapping[str, int], arrays: Mapping[str, np.ndarray]) -> None:
+        """Put back what :meth:`state_arrays` gave (checked by the caller: see
+        :mod:`algorithms.common.replay.buffer_file`)."""
+        written = min(int(pointers["n_added"]), self.capacity)
+        self._arena[: int(pointers["_high"])] = arrays["arena"]
+        self._offset[:written], self._plen[:written], self._clen[:written] = (
+            arrays["offset"],
+            arrays["plen"],
+            arrays["clen"],
+        )
+        for name, values in self.fields.items():
+            values[:written] = arrays[f"field_{name}"]
+        for name in self.POINTERS:
+            setattr(self, name, int(pointers[name]))
+
     def __len__(self) -> int:
         return self._size
 

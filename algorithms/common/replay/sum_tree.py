@@ -1,10 +1,12 @@
 """Proportional prioritized sampling on a flat-array sum tree (Schaul et al., 2016), numpy only.
 
-Used by :class:`algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (S3, S5); usable on its own over any
-indexed storage.
+Used by :class:`algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (S3, S5); usable on its own
+over any indexed storage.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -66,6 +68,26 @@ class PrioritySampler:
         self.rng = np.random.default_rng(seed)
         self.n_calls = 0  # calls of sample(), for the beta anneal
         self.count = 0  # slots with mass > 0
+
+    def state_arrays(self, written: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The sampler as plain data: its counters and RNG state, and the priorities and masses of the first
+        ``written`` slots (the tree is rebuilt from the masses)."""
+        state = {"n_calls": self.n_calls, "count": self.count, "rng": self.rng.bit_generator.state}
+        arrays = {"priority": self._priority[:written], "mass": self._sum[self._leaves : self._leaves + written]}
+        return state, arrays
+
+    def load_state_arrays(self, state: dict[str, Any], priority: np.ndarray, mass: np.ndarray) -> None:
+        """Put back what :meth:`state_arrays` gave (checked by the caller), rebuilding the trees from the masses."""
+        self._priority[: len(priority)] = priority
+        if len(mass):
+            self._write_range(self._leaves, mass)
+        self.n_calls, self.count = int(state["n_calls"]), int(state["count"])
+        self.rng.bit_generator.state = state["rng"]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the priorities and both trees."""
+        return self._priority.nbytes + self._tree.nbytes
 
     @property
     def beta(self) -> float:

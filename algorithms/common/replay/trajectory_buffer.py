@@ -18,9 +18,10 @@ from typing import IO, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from algorithms.common.replay.buffer_file import load_buffer, save_buffer
+from algorithms.common.replay import buffer_file
 from algorithms.common.replay.ring_buffer import RingBuffer
 from algorithms.common.replay.sum_tree import PrioritySampler
+from grpo_gym.validation import check_int
 
 __all__ = ["PrioritizedTrajectoryBuffer", "PrioritySampler", "RingBuffer", "TrajectoryBatch"]
 
@@ -181,7 +182,7 @@ class PrioritizedTrajectoryBuffer:
     @property
     def nbytes(self) -> int:
         """Bytes of all the buffer's arrays (token arena, slot table, fields, priorities, trees)."""
-        return self.ring.nbytes + self.sampler._priority.nbytes + self.sampler._tree.nbytes
+        return self.ring.nbytes + self.sampler.nbytes
 
     def normalize_rewards(self, rewards: ArrayLike) -> np.ndarray:
         """``rewards`` mapped into [-1, 1] as they would be on ingest now (with ``reward_range=None``: with the range
@@ -278,23 +279,73 @@ class PrioritizedTrajectoryBuffer:
         self.sampler.update(slots, 0.0)
         return len(slots)
 
+    def state_arrays(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The buffer as plain data (what :meth:`save` writes): a JSON-able header (settings, the ring's pointers,
+        the sampler's counters and RNG state, the running statistics) and the written part of every array."""
+        pointers, arrays = self.ring.state_arrays()
+        sampler_state, sampler_arrays = self.sampler.state_arrays(min(self.ring.n_added, self.ring.capacity))
+        meta = {
+            "settings": {
+                "capacity": self.ring.capacity,
+                "max_tokens": self.ring.max_tokens,
+                "alpha": self.sampler.alpha,
+                "beta": self.sampler.beta_start,
+                "beta_end": self.sampler.beta_end,
+                "beta_steps": self.sampler.beta_steps,
+                "high_reward_threshold": self.high_reward_threshold,
+                "high_reward_boost": self.high_reward_boost,
+                "reward_range": self.reward_range,
+                "pad_id": self.ring.pad_id,
+            },
+            "ring": pointers,
+            "sampler": sampler_state,
+            "reward_min": self.reward_min,
+            "reward_max": self.reward_max,
+            "max_priority": self.max_priority,
+            "last_iteration": int(self.last_iteration),
+        }
+        return meta, {**arrays, **sampler_arrays}
+
+    def load_state_arrays(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Put back what :meth:`state_arrays` gave, once checked
+        (:func:`~algorithms.common.replay.buffer_file.check_buffer_state`)."""
+        self.ring.load_state_arrays(meta["ring"], arrays)
+        self.sampler.load_state_arrays(meta["sampler"], arrays["priority"], arrays["mass"])
+        self.reward_min, self.reward_max = float(meta["reward_min"]), float(meta["reward_max"])
+        self.max_priority, self.last_iteration = float(meta["max_priority"]), int(meta["last_iteration"])
+
     def save(self, path: str | os.PathLike[str] | IO[bytes]) -> None:
         """Write the buffer to ``path``: one ``.npz`` file, written exactly there, atomically (a kill mid-save leaves
         the previous file); see :mod:`algorithms.common.replay.buffer_file`."""
-        save_buffer(self, path)
+        buffer_file.write_buffer_file(path, *self.state_arrays())
 
     @classmethod
     def load(
         cls, path: str | os.PathLike[str] | IO[bytes], vocab_size: int | None = None
     ) -> PrioritizedTrajectoryBuffer:
-        """Read a buffer written by :meth:`save`, checking everything first (:mod:`algorithms.common.replay.buffer_file`).
+        """Read a buffer written by :meth:`save`, checking everything first
+        (:mod:`algorithms.common.replay.buffer_file`).
 
         :param path: the file (or an open binary file)
         :param vocab_size: the policy's vocabulary size: stored token ids must lie in ``[0, vocab_size)``
             (``None``: only checked to be >= 0)
         :raises ValueError: naming the file, when it is truncated, corrupt or inconsistent
         """
-        return load_buffer(cls, path, vocab_size)
+        if vocab_size is not None:
+            vocab_size = check_int("vocab_size", vocab_size, low=1)
+        meta, arrays = buffer_file.read_buffer_file(path)
+        try:
+            settings = buffer_file.check_settings(meta)
+            try:
+                buffer = cls(**settings)
+            except (MemoryError, OSError) as error:
+                raise ValueError(f"cannot allocate a buffer with these settings ({error})") from None
+            rng_kind = type(buffer.sampler.rng.bit_generator).__name__
+            buffer_file.check_buffer_state(meta, arrays, _FIELDS, rng_kind, vocab_size)
+            buffer.load_state_arrays(meta, arrays)
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(f"{buffer_file.file_name(path)}: invalid replay-buffer file: {error}") from None
+        return buffer
 
     def _ingest(
         self,
