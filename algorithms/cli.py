@@ -240,7 +240,7 @@ def sft(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     """Held-out success of a saved model at each ``--difficulty``, as a table."""
     from algorithms.common.evaluation import evaluate_difficulties, format_table
-    from algorithms.common.saving.run_state import recorded_env_kwargs
+    from algorithms.common.saving.run_file import recorded_env_kwargs
 
     extra = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.config is None and args.preset is None:  # the env the model file records

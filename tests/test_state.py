@@ -1,4 +1,4 @@
-"""Saving, loading and resuming (algorithms/common/saving/run_state.py, serialization.py): safe files, exact resume."""
+"""Saving, loading and resuming (algorithms/common/saving/run_file.py, serialization.py): safe files, exact resume."""
 
 from __future__ import annotations
 

@@ -94,9 +94,15 @@ def schedule(low: float | None = None, high: float | None = None, allow_none: bo
     return rule
 
 
-def check_arguments(values: dict[str, Any], rules: dict[str, Rule]) -> dict[str, Any]:
-    """Every value checked by its rule: the canonical values, by name."""
-    return {name: rules[name](name, value) for name, value in values.items()}
+class ArgumentChecker:
+    """A constructor's checker: ``self.n_epochs = check("n_epochs", n_epochs)`` returns the value in its canonical
+    type, or raises naming the argument (the rule is ``rules[name]``; an argument without one is a bug)."""
+
+    def __init__(self, rules: dict[str, Rule]) -> None:
+        self.rules = rules
+
+    def __call__(self, name: str, value: Any) -> Any:
+        return self.rules[name](name, value)
 
 
 def finite_learning_rate(value: float) -> float:

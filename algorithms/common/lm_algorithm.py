@@ -1,17 +1,17 @@
 """``LMAlgorithm``: what every on-policy algorithm for language models on R1Zero-style envs shares.
 
 The role SB3's ``OnPolicyAlgorithm`` plays for PPO and A2C: the SB3 surface (``learn``, ``save``/``load``,
-callbacks, logging) and the steps of the data flow that do not depend on how an algorithm turns rewards into
-a loss. One iteration::
+callbacks, logging), rollout collection, and the steps of the data flow that do not depend on how an algorithm
+turns rewards into a loss. One iteration, in the order it runs::
 
     learn ─► collect_rollouts: K problems, G completions each, sampled in one batch (policy.generate),
              stepped through the env(s) ─► Rows ─► _build_batch (the subclass: advantages, kept rows)
           ─► train (the subclass: minibatches, loss, _optimizer_step) ─► dump_logs
 
-Rollout collection lives in :mod:`~algorithms.common.collection` (a mixin of this class).
-Subclasses implement ``_build_batch(rows, generation_seconds)`` and ``train()``, and may override
-``_before_rollout(env)`` and ``_samples_from_reference()``. The cold start, the frozen reference, mixed precision,
-several processes (S17), the guarded optimizer step and the reference's log-probs live here.
+Subclasses implement ``_build_batch(rows, generation_seconds)`` and ``train()``, and may override the hooks
+``_before_rollout(env)``, ``_problem_keys(n)``, ``_after_play(...)`` and ``_samples_from_reference()``. The cold
+start, the frozen reference, mixed precision, several processes (S17), the guarded optimizer step, the reference's
+log-probs and the run state (:meth:`get_run_state` / :meth:`set_run_state`) live here.
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
@@ -24,46 +24,49 @@ import contextlib
 import copy
 import inspect
 import io
+import itertools
 import json
 import os
 import time
+from collections import deque
 from typing import Any, ClassVar, TypeVar
 
 import gymnasium as gym
-import numpy as np
 import torch as th
-from gymnasium import spaces
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.callbacks import CallbackList
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
-from stable_baselines3.common.utils import configure_logger, get_system_info, safe_mean
+from stable_baselines3.common.utils import check_for_correct_spaces, configure_logger, get_system_info, safe_mean
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
-from algorithms.common.arguments import LM_ALGORITHM_RULES, check_arguments
+from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import supervised_finetune
-from algorithms.common.collection import RolloutCollection
+from algorithms.common.env_util import rollout_token_ids
+from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch
-from algorithms.common.rollout.rows import TEXT_ONLY
+from algorithms.common.rollout.batch import RolloutBatch, left_pad
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, contexts_from_obs
+from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.common.runtime.distributed import Distributed, GradientSync
 from algorithms.common.runtime.precision import ProbeShape, choose_precision
-from algorithms.common.saving import run_state as state
-from algorithms.common.saving.model_file import read_model_file
+from algorithms.common.saving import run_file
+from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
 from grpo_gym.validation import check_mapping
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
-#: the arguments SB3's BaseAlgorithm stores itself
-BASE_ALGORITHM_ARGUMENTS = {"learning_rate", "stats_window_size", "tensorboard_log", "verbose", "seed"}
 #: the keys policy_kwargs may hold: TransformerPolicy's arguments but those the algorithm passes itself
 POLICY_KEYS = tuple(
     name
     for name in inspect.signature(TransformerPolicy.__init__).parameters
     if name not in ("self", "observation_space", "action_space", "lr_schedule")
 )
+#: constructor arguments a file does not record (the caller supplies them at load), and attributes of other names
+NOT_SAVED = ("self", "policy", "env", "device", "_init_setup_model")
+ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
 
 
 def _tokenizer_of(model: Any) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def _tokenizer_of(model: Any) -> dict[str, Any]:
     return {"tokenizer": os.fspath(model)} if model_tokenizer(model) is not None else {}
 
 
-class LMAlgorithm(RolloutCollection, BaseAlgorithm):
+class LMAlgorithm(BaseAlgorithm):
     """Base class of the language-model algorithms (GRPO, the PPO baseline): see the module docstring.
 
     The constructor arguments are documented on the subclasses, which pass them through.
@@ -106,30 +109,38 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         seed: int | None,
         device: th.device | str,
     ) -> None:
-        given = dict(locals())
-        checked = check_arguments({name: given[name] for name in LM_ALGORITHM_RULES}, LM_ALGORITHM_RULES)
-        if checked["sft_data"] is not None and not os.path.isfile(checked["sft_data"]):
-            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
+        check = ArgumentChecker(LM_ALGORITHM_RULES)
+        self._dist = Distributed(timeout=check("dist_timeout", dist_timeout))
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
             env = gym.make(env, **_tokenizer_of((policy_kwargs or {}).get("model")))
-        self._dist = Distributed(timeout=checked["dist_timeout"])
-        device = self._dist.device(device)
-        if not self._dist.is_main:  # S17: only rank 0 logs and prints
-            checked["tensorboard_log"], checked["verbose"] = None, 0
+        main = self._dist.is_main  # S17: only rank 0 logs and prints
         super().__init__(
             policy,
             env,
-            learning_rate=checked["learning_rate"],
+            learning_rate=check("learning_rate", learning_rate),
             policy_kwargs=check_mapping("policy_kwargs", policy_kwargs, POLICY_KEYS),
-            stats_window_size=checked["stats_window_size"],
-            tensorboard_log=checked["tensorboard_log"],
-            verbose=checked["verbose"],
-            device=device,
+            stats_window_size=check("stats_window_size", stats_window_size),
+            tensorboard_log=check("tensorboard_log", tensorboard_log) if main else None,
+            verbose=check("verbose", verbose) if main else 0,
+            device=self._dist.device(device),
             support_multi_env=True,
-            seed=checked["seed"],
+            seed=check("seed", seed),
         )
-        for name in LM_ALGORITHM_RULES.keys() - BASE_ALGORITHM_ARGUMENTS:
-            setattr(self, name, checked[name])
+        self.n_groups = check("n_groups", n_groups)
+        self.group_size = check("group_size", group_size)
+        self.max_grad_norm = check("max_grad_norm", max_grad_norm)
+        self.gamma = check("gamma", gamma)
+        self.gradient_compression = check("gradient_compression", gradient_compression)
+        self.dist_timeout = check("dist_timeout", dist_timeout)
+        self.mixed_precision = check("mixed_precision", mixed_precision)
+        self.cold_start = check("cold_start", cold_start)
+        self.sft_steps = check("sft_steps", sft_steps)
+        self.sft_batch_size = check("sft_batch_size", sft_batch_size)
+        self.sft_learning_rate = check("sft_learning_rate", sft_learning_rate)
+        self.sft_data = check("sft_data", sft_data)
+        if self.sft_data is not None and not os.path.isfile(self.sft_data):
+            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
+        self.curriculum = check("curriculum", curriculum)
         self._sync: GradientSync | None = None
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
@@ -139,24 +150,22 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         self._cold_start_done = False
         self._token_info: dict[str, int] = {}
         self._rollout: RolloutBatch | None = None
-        self._in_rollout = False  # a rollout is being collected: a save records the state at its start
-        self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None
+        self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None  # the state a save records
         self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
+        self._curriculum: CurriculumCallback | None = None
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
-        """Seeds, the sampler's generator, the problem seeds, the policy, mixed precision, the reference."""
+        """Seeds, the rollouts' randomness, the policy, mixed precision, the reference."""
         self._setup_lr_schedule()
         self.set_random_seed(self.seed)
-        # one seed for the whole job (every rank draws the same numbers): the problems and the sampling noise of
-        # group k at iteration t do not depend on the number of processes (see collect_rollouts)
+        # one seed for the whole job (every rank draws the same numbers): see RolloutSeeds
         seed = self.seed if self.seed is not None else int(self._dist.gather_objects(int(th.randint(2**62, (1,))))[0])
-        self._sampling_seed = seed
-        self._generator = th.Generator(device=self.device)
-        self._generator.manual_seed(seed)
-        self._problem_rng = np.random.default_rng(seed)
+        self._seeds = RolloutSeeds(seed, self.device)
         if self.env is not None:
-            self._check_env(self.env)
+            world = self._dist.world_size
+            name = type(self).__name__
+            self._token_info = rollout_token_ids(self.env, name, self.n_groups, world, self.group_size)
         tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
         verified = tokenizer is not None and check_model_tokenizer(tokenizer, self.policy_kwargs.get("model"))
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
@@ -187,26 +196,6 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
         return False
 
-    def _check_env(self, env: VecEnv) -> None:
-        """Read the token ids the policy needs from the env, and reject what the algorithm cannot train on."""
-        if not isinstance(env.action_space, spaces.MultiDiscrete):
-            name = type(self).__name__
-            raise ValueError(f"{name} trains on whole completions: make the env with action_mode='sequence'")
-        if self.n_groups % self._dist.world_size:
-            raise ValueError(
-                f"n_groups ({self.n_groups}) must be a multiple of the number of processes ({self._dist.world_size}): "
-                "each process trains whole groups"
-            )
-        if (self._local_groups * self.group_size) % env.num_envs:
-            raise ValueError(
-                f"n_groups / processes * group_size ({self._local_groups * self.group_size}) must be a multiple of the "
-                f"number of envs ({env.num_envs})"
-            )
-        if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
-            raise ValueError("multi-turn episodes (max_turns > 1) are collected with one env: pass n_envs=1")
-        codec = env.get_attr("codec", indices=[0])[0]
-        self._token_info = {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}
-
     def _frozen_copy(self) -> th.nn.Module | None:
         """A frozen copy of the policy's network; None with LoRA, whose reference is the base model (see
         :meth:`_reference`)."""
@@ -231,9 +220,176 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         """The groups this process trains: K / world size."""
         return self.n_groups // self._dist.world_size
 
-    # ------------------------------------------------------------------ save and load
-    #: attributes that, besides the constructor's arguments, a run needs to continue exactly (see
-    #: :mod:`algorithms.common.saving.run_state`); subclasses add their own
+    # ------------------------------------------------------------------ rollouts
+    def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:
+        """Sample K problems, G completions each in one batch, step them through the env, store the batch.
+
+        Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
+        episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
+        Multi-turn episodes (one env) answer again from the env's new context until they end. A subclass may then
+        play more and change the rows (:meth:`_after_play`, e.g. dynamic sampling) before the batch is built.
+        Returns False when a callback stopped training.
+        """
+        self._boundary = self.get_run_state()  # an iteration boundary: what a save during the rollout records
+        callback.on_rollout_start()
+        self.policy.set_training_mode(False)
+        self._before_rollout(env)
+        episode_problems = [p for p in self._draw_problems(env) for _ in range(self.group_size)]
+        self._seeds.reseed_for_rollout(self._iteration)
+        rows, finished = Rows(), []  # (Monitor episode, is_success) of the episodes that ended
+        noise = {"noise_offset": self._dist.rank * len(episode_problems), "noise_rows": self.n_groups * self.group_size}
+        generation_seconds = self._play(env, callback, episode_problems, rows, finished, job_steps=True, **noise)
+        if generation_seconds is None:
+            return False
+        extra_seconds = self._after_play(env, callback, rows, finished, episode_problems)
+        if extra_seconds is None:
+            return False
+        self._merge_episode_infos(finished)
+        self._check_reward_errors(rows)
+        self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
+        self._boundary = None
+        callback.update_locals(locals())
+        callback.on_rollout_end()
+        return True
+
+    def _play(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        episode_problems: list[Any],
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        job_steps: bool,
+        noise_offset: int,
+        noise_rows: int,
+    ) -> float | None:
+        """Play one episode per entry of ``episode_problems`` (sampled in one batch, stepped ``n_envs`` at a time),
+        adding their rows (episodes numbered from 0) to ``rows``; the generation seconds, or None when a callback
+        stopped training. ``job_steps``: every rank plays as many episodes, so a step counts ``n_envs x world size``
+        timesteps; else ``n_envs`` (the caller adds the other ranks' completions)."""
+        n_envs = env.num_envs
+        chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
+        prompts: list[th.Tensor] = []
+        for chunk in chunks:
+            env.set_options([{"problem": episode_problems[e]} for e in chunk])
+            prompts.extend(contexts_from_obs(env.reset(), self.policy.context_limit))
+        timer = time.perf_counter()
+        first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
+        generation_seconds = time.perf_counter() - timer
+        self._score_ahead(env, episode_problems, first.tokens.cpu().numpy())
+        for chunk in chunks:
+            env.set_options([{"problem": episode_problems[e]} for e in chunk])
+            env.reset()
+            contexts = [prompts[e] for e in chunk]
+            completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
+            log_probs = first.log_probs[chunk.start : chunk.stop]
+            for turn in itertools.count():
+                new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
+                self.num_timesteps += n_envs * (self._dist.world_size if job_steps else 1)  # the job's completions
+                callback.update_locals(locals())
+                if not callback.on_step():
+                    return None
+                self._update_info_buffer(infos, dones)
+                ended = [info for info, done in zip(infos, dones, strict=True) if done]
+                finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
+                rows.add(chunk, turn, contexts, completions, log_probs, rewards, infos)
+                if dones.all():
+                    break
+                contexts = contexts_from_obs(new_obs, self.policy.context_limit)  # multi-turn: answer again
+                timer = time.perf_counter()
+                answer = self._sample(contexts)
+                generation_seconds += time.perf_counter() - timer
+                completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
+        return generation_seconds
+
+    @staticmethod
+    def _score_ahead(env: VecEnv, problems: list[Any], actions: Any) -> None:
+        """Each env scores the first turns it will play in one batch (one call per reward function, one reward-model
+        forward); its ``step`` then returns those results. Env ``i`` plays episodes ``i, i + n_envs, ...``."""
+        n_envs = env.num_envs
+        for i in range(min(n_envs, len(problems))):
+            env.env_method("score_ahead", problems[i::n_envs], list(actions[i::n_envs]), indices=[i])
+
+    def _draw_problems(self, env: VecEnv, slots: list[int] | None = None) -> list[Any]:
+        """This rank's problems for the groups ``slots`` (indices among the job's K; default: all K). Every rank
+        draws the problems of all of them (:meth:`_problem_keys`) and plays its own: the same groups whatever the
+        number of processes (the sampler is reseeded per iteration for the same reason)."""
+        slots = list(range(self.n_groups)) if slots is None else slots
+        keys = self._problem_keys(len(slots))
+        first = self._dist.rank * self._local_groups
+        local = [(slot - first, key) for slot, key in zip(slots, keys, strict=True)]
+        mine = [(k, key) for k, key in local if 0 <= k < self._local_groups]
+        return [env.env_method("sample_problem", **key, indices=[k % env.num_envs])[0] for k, key in mine]
+
+    def _problem_keys(self, n: int) -> list[dict[str, Any]]:
+        """The ``sample_problem`` arguments of the next ``n`` problems (the env's stream; a subclass may choose)."""
+        return self._seeds.problem_keys(n)
+
+    def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
+        ids, mask = left_pad(prompts, self.policy.pad_token_id)
+        sampler = self._reference() if self._samples_from_reference() else contextlib.nullcontext(None)
+        with sampler as model:
+            return self.policy.generate(
+                ids.to(self.device),
+                mask.to(self.device),
+                generator=self._seeds.generator,
+                model=model,
+                noise_offset=noise_offset,
+                noise_rows=noise_rows,
+            )
+
+    def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
+        """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
+        if not self._dist.enabled:
+            return
+        for rank, episodes in enumerate(self._dist.gather_objects(finished)):
+            if rank == self._dist.rank:
+                continue
+            for episode, success in episodes:
+                if episode is not None:
+                    self.ep_info_buffer.extend([episode])
+                if success is not None:
+                    self.ep_success_buffer.append(success)
+
+    def _check_reward_errors(self, rows: Rows) -> None:
+        """Log ``rollout/reward_errors`` (completions whose reward raised, every rank's); when every completion of
+        the iteration erred, stop training with that error (the env has warned with each first one)."""
+        errors = [info["reward_errors"] for info in rows.infos if info.get("reward_errors")]
+        failed, total = self._dist.sum(float(len(errors))), self._dist.sum(float(len(rows.infos)))
+        self.logger.record("rollout/reward_errors", failed)
+        if total and failed == total:
+            component, message = next(iter(errors[0].items())) if errors else ("?", "on another process")
+            raise RuntimeError(
+                f"the reward of every completion of this iteration raised an error ({component}: {message}); "
+                "fix the reward function or verifier (R1ZeroEnv(on_reward_error='raise') shows the traceback)"
+            )
+
+    # hooks of the subclasses
+    def _before_rollout(self, env: VecEnv) -> None:
+        """Called at the start of every rollout (e.g. to move a reward weight)."""
+
+    def _after_play(
+        self, env: VecEnv, callback: BaseCallback, rows: Rows, finished: list[tuple[Any, Any]], problems: list[Any]
+    ) -> float | None:
+        """Called after the rollout's episodes are played, before the batch is built: a subclass may play more
+        episodes and change ``rows`` (and the episodes' ``problems``) in place. Returns the extra generation
+        seconds, or None when a callback stopped training."""
+        return 0.0
+
+    def _samples_from_reference(self) -> bool:
+        """Whether the frozen reference (:meth:`_reference`) samples this rollout instead of the policy."""
+        return False
+
+    def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
+        """The rollout's rows as the batch the update trains on (the subclass's advantages)."""
+        raise NotImplementedError
+
+    def train(self) -> None:
+        """Update the policy on the last rollout (the subclass's loss)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ run state, save and load
+    #: attributes that, besides the constructor's arguments, a run needs to continue exactly; subclasses add theirs
     state_attributes: ClassVar[tuple[str, ...]] = (
         "num_timesteps",
         "_n_updates",
@@ -241,23 +397,75 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         "_skipped_steps",
         "_cold_start_done",
         "_episode_num",
-        "_sampling_seed",
         "_current_progress_remaining",
         "_token_info",
     )
 
+    def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
+        """The run state now (see :mod:`algorithms.common.saving.run_file`): a JSON-able dict and the torch RNG
+        states (tensors)."""
+        problems, generator = self._seeds.get_state()
+        state = {name: getattr(self, name) for name in self.state_attributes}
+        state.update(
+            _sampling_seed=self._seeds.seed,
+            problem_rng=problems,
+            ep_info_buffer=[dict(info) for info in self.ep_info_buffer or []],
+            ep_success_buffer=[bool(success) for success in self.ep_success_buffer or []],
+            **run_file.global_rng_state(),
+        )
+        if self.env is not None and self.env.has_attr("get_state"):
+            state["env_states"] = self.env.env_method("get_state")
+        if self._curriculum is not None:
+            state["curriculum"] = self._curriculum.get_state()
+        return encode(state), {**run_file.torch_rng_state(), "generator": generator}
+
+    def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
+        """Put back what :meth:`get_run_state` gave; the env states are applied when training starts (after SB3's
+        ``_setup_learn`` resets the envs)."""
+        for name in self.state_attributes:
+            if name in state:
+                setattr(self, name, state[name])
+        self.ep_info_buffer = deque(state.get("ep_info_buffer", []), maxlen=self._stats_window_size)
+        self.ep_success_buffer = deque(state.get("ep_success_buffer", []), maxlen=self._stats_window_size)
+        self._seeds.seed = int(state.get("_sampling_seed", self._seeds.seed))
+        self._seeds.set_state(state["problem_rng"], rng["generator"])
+        run_file.set_global_rng_state(state)
+        run_file.set_torch_rng_state(rng)
+        self._pending_env_states = state.get("env_states")
+        if "curriculum" in state:
+            self._curriculum = CurriculumCallback.from_state(state["curriculum"])
+
+    def _constructor_arguments(self) -> dict[str, Any]:
+        """The constructor's arguments, read back from the attributes they were stored in."""
+        names = [name for name in inspect.signature(type(self).__init__).parameters if name not in NOT_SAVED]
+        arguments = {name: getattr(self, ATTRIBUTE_OF.get(name, name)) for name in names}
+        return {**arguments, "policy_kwargs": run_file.plain_policy_kwargs(arguments.get("policy_kwargs"))}
+
     def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
         """Write the model to ``path`` (``.zip`` added when missing), atomically, as plain JSON and weights:
         the constructor's arguments, the weights and optimizer state, and the run state at the last iteration
-        boundary (see :mod:`algorithms.common.saving.run_state`). With several processes only rank 0 writes.
+        boundary (see :mod:`algorithms.common.saving.run_file`). With several processes only rank 0 writes.
 
         ``exclude`` and ``include`` (SB3's) are not supported: the file holds arguments and state by name."""
         if exclude or include:
             raise ValueError(
                 "save() writes the constructor's arguments and the run state; exclude/include are not supported"
             )
-        if self._dist.is_main:
-            state.save(self, path)
+        if not self._dist.is_main:
+            return
+        state, rng = self._boundary or self.get_run_state()
+        data = {
+            "algorithm": type(self).__name__,
+            "policy_class": self.policy_class.__name__,
+            "observation_space": encode(self.observation_space),
+            "action_space": encode(self.action_space),
+            "arguments": encode(self._constructor_arguments()),
+            "state": state,
+            "env": run_file.env_record(self.env),
+        }
+        parameters = self.get_parameters()
+        parameters["policy"] = self.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
+        write_model_file(path, data, parameters, {"rng": rng})
 
     @classmethod
     def load(  # type: ignore[override]
@@ -287,9 +495,27 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         states back."""
         if print_system_info:
             get_system_info()
-        return state.load(  # type: ignore[return-value]
-            cls, path, env, device, custom_objects, allow_pickle, env_objects, rebuild_env, **kwargs
-        )
+        saved = run_file.read_run(path, custom_objects, allow_pickle)
+        if saved.algorithm != cls.__name__:
+            name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
+            raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
+        if env is None and rebuild_env and saved.env:
+            env = run_file.rebuild_env(saved.env, dict(env_objects or {}), saved.arguments.get("seed"))
+        elif env_objects:
+            raise ValueError("env_objects rebuild the recorded env: pass them without env=")
+        if env is not None:
+            env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
+            check_for_correct_spaces(env, saved.observation_space, saved.action_space)
+        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in saved.arguments}}
+        model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
+        if env is None:
+            model.observation_space, model.action_space = saved.observation_space, saved.action_space
+        model.__dict__.update({key: value for key, value in kwargs.items() if key not in saved.arguments})
+        model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
+        model._setup_model()
+        model.set_parameters(saved.state_dicts, exact_match=True, device=device)
+        model.set_run_state(saved.state, saved.rng)
+        return model
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
@@ -336,7 +562,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         if self.curriculum:  # one curriculum per model: its level carries over from one learn() to the next
-            self._curriculum = getattr(self, "_curriculum", None) or CurriculumCallback()
+            self._curriculum = self._curriculum or CurriculumCallback()
             callback = CallbackList([callback, self._curriculum])
             callback.init_callback(self)
         self.logger.record("precision/choice", self.precision.describe(), exclude=TEXT_ONLY)  # with the next dump
@@ -367,10 +593,6 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
             self._pending_env_states = None
         return result
 
-    def train(self) -> None:
-        """Update the policy on the last rollout (the subclass's loss)."""
-        raise NotImplementedError
-
     def _needs_cold_start(self) -> bool:
         if self._cold_start_done or self.sft_steps <= 0:
             return False
@@ -382,24 +604,21 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
             self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
         with deterministic_on_cpu(self.device):
-            stats = self._supervised_finetune()
+            stats = supervised_finetune(
+                self.policy,
+                self.env,
+                steps=self.sft_steps,
+                batch_size=self.sft_batch_size,
+                learning_rate=self.sft_learning_rate,
+                data=self.sft_data,
+                generator=self._seeds.generator,
+                logger=self.logger,
+                verbose=self.verbose,
+            )
         self._cold_start_done = True
         if self.ref_model is not None:
             self.ref_model = self._frozen_copy()
         return stats
-
-    def _supervised_finetune(self) -> dict[str, float]:
-        return supervised_finetune(
-            self.policy,
-            self.env,
-            steps=self.sft_steps,
-            batch_size=self.sft_batch_size,
-            learning_rate=self.sft_learning_rate,
-            data=self.sft_data,
-            generator=self._generator,
-            logger=self.logger,
-            verbose=self.verbose,
-        )
 
     # ------------------------------------------------------------------ update helpers
     def _start_gradient_sync(self) -> None:

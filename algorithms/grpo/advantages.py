@@ -1,15 +1,13 @@
-"""GRPO's advantages: group-relative (or value-relative) scores, the seed's competition between groups, and
-which groups an update leaves out. Pure functions over tensors.
+"""GRPO's advantages: group-relative (or value-relative) scores, and which groups an update leaves out. Pure
+functions over tensors (the seed's competition and diversity guard, which change them, are in
+:mod:`algorithms.grpo.controls`).
 
 Where it sits in the data flow: after the rollout, the episodes' returns ``(K, G)`` (all ranks' groups) come
 here; :class:`~algorithms.grpo.grpo.GRPO` keeps the rows of the groups that are not left out, with their
-advantages, in the :class:`~algorithms.common.rollout.batch.RolloutBatch` the update trains on. The rules of the
-seed's controls themselves are in :mod:`algorithms.grpo.controls`.
+advantages, in the :class:`~algorithms.common.rollout.batch.RolloutBatch` the update trains on.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch as th
 from torch import Tensor
@@ -18,15 +16,6 @@ from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import left_pad
 from algorithms.common.rollout.rows import Rows
 from algorithms.grpo import controls, objective
-
-
-@dataclass(frozen=True)
-class Competition:
-    """What the competition between groups (S10, S11) did to one rollout's advantages."""
-
-    scale: Tensor  # (K,) the multiplier of each group's advantages
-    coef: float  # the winning groups' multiplier
-    between_variance: float  # the running mean of the between-group variance after this rollout (S11's reference)
 
 
 def relative_advantages(
@@ -58,31 +47,6 @@ def group_entropies(rows: Rows, group_size: int, n_groups: int) -> Tensor:
     log_probs, masks = th.stack([rows.log_probs[i] for i in first]), th.stack([rows.masks[i] for i in first])
     groups = th.as_tensor([rows.episodes[i] // group_size for i in first])
     return controls.group_entropies(log_probs, masks, groups, n_groups)
-
-
-def competition(returns: Tensor, mode: str, coef: float, between_variance: float) -> Competition:
-    """S10 (``mode="fixed"``: the winning group's advantages x ``coef``) or S11 (``"adaptive"``: the coefficient
-    follows this rollout's between-group reward variance relative to its running mean ``between_variance``).
-
-    :param returns: ``(K, G)`` the rollout's returns
-    :param mode: ``"fixed"`` or ``"adaptive"``
-    :param coef: S10's coefficient (the adaptive one's base)
-    :param between_variance: the running mean so far (0: none yet)
-    """
-    if mode == "adaptive":
-        between = float(returns.mean(1).var(unbiased=False))
-        coef = controls.adaptive_competition_coef(between, between_variance, base=coef)
-        between_variance = 0.9 * between_variance + 0.1 * between if between_variance else between
-    return Competition(controls.competition_scale(returns, coef), coef, between_variance)  # scale: (K,)
-
-
-def diversity_left_out(entropies: Tensor, returns: Tensor, threshold: float) -> tuple[Tensor, float]:
-    """S12: ``(K,)`` groups to leave out (the signal-free ones, when the spread of the per-group entropies
-    ``(K,)`` exceeds ``threshold``), and that spread."""
-    spread = controls.diversity_spread(entropies)
-    if spread > threshold:
-        return controls.signal_free_groups(returns), spread
-    return th.zeros(returns.shape[0], dtype=th.bool), spread
 
 
 def left_out_groups(uniform: Tensor, drop_uniform: bool, diversity: Tensor | None = None) -> Tensor:

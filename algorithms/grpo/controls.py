@@ -6,6 +6,8 @@ Each function reads like its rule; :class:`~algorithms.grpo.grpo.GRPO` switches 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -106,3 +108,38 @@ def group_stability(gradients: Tensor) -> float:
     k = len(live)
     mean_off_diagonal = (cosine.sum() - cosine.diagonal().sum()) / (k * (k - 1))
     return float((1 + mean_off_diagonal) / 2)
+
+
+# ---------------------------------------------------------------------------------------------- as GRPO applies them
+@dataclass(frozen=True)
+class Competition:
+    """What the competition between groups (S10, S11) did to one rollout's advantages."""
+
+    scale: Tensor  # (K,) the multiplier of each group's advantages
+    coef: float  # the winning groups' multiplier
+    between_variance: float  # the running mean of the between-group variance after this rollout (S11's reference)
+
+
+def competition(returns: Tensor, mode: str, coef: float, between_variance: float) -> Competition:
+    """S10 (``mode="fixed"``: the winning group's advantages x ``coef``) or S11 (``"adaptive"``: the coefficient
+    follows this rollout's between-group reward variance relative to its running mean ``between_variance``).
+
+    :param returns: ``(K, G)`` the rollout's returns
+    :param mode: ``"fixed"`` or ``"adaptive"``
+    :param coef: S10's coefficient (the adaptive one's base)
+    :param between_variance: the running mean so far (0: none yet)
+    """
+    if mode == "adaptive":
+        between = float(returns.mean(1).var(unbiased=False))
+        coef = adaptive_competition_coef(between, between_variance, base=coef)
+        between_variance = 0.9 * between_variance + 0.1 * between if between_variance else between
+    return Competition(competition_scale(returns, coef), coef, between_variance)  # scale: (K,)
+
+
+def diversity_left_out(entropies: Tensor, returns: Tensor, threshold: float) -> tuple[Tensor, float]:
+    """S12: ``(K,)`` groups to leave out (the signal-free ones, when the spread of the per-group entropies
+    ``(K,)`` exceeds ``threshold``), and that spread."""
+    spread = diversity_spread(entropies)
+    if spread > threshold:
+        return signal_free_groups(returns), spread
+    return torch.zeros(returns.shape[0], dtype=torch.bool), spread

@@ -1,13 +1,15 @@
 """GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API.
 
 The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
-them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout.rows`, advantages and the
-seed's controls in :mod:`algorithms.grpo.advantages` (rules in :mod:`algorithms.grpo.controls`), the update in
-:mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`), replay in :mod:`algorithms.grpo.replay`.
+them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout.rows`, dynamic sampling
+in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the seed's controls in
+:mod:`algorithms.grpo.controls`, the update in :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`),
+replay in :mod:`algorithms.grpo.replay`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from typing import Any, TypeVar
@@ -18,22 +20,22 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import FloatSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
-from algorithms.common.arguments import check_arguments
+from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
+from algorithms.common.replay.prompt_pool import LearnabilityPool
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
 from algorithms.grpo.arguments import GRPO_RULES
-from algorithms.grpo.sampling import RolloutSampling, truncated_rows
-from algorithms.grpo.seed_controls import SeedControls
+from algorithms.grpo.sampling import Refills, dynamic_sampling, group_outcomes, replace_groups, truncated_rows
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
 
-class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
+class GRPO(LMAlgorithm):
     """Group Relative Policy Optimization for language models on ``R1Zero-v0``-style envs.
 
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
@@ -236,24 +238,48 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
             seed=seed,
             device=device,
         )
-        given = dict(locals())
-        for name, value in check_arguments({k: given[k] for k in GRPO_RULES}, GRPO_RULES).items():
-            setattr(self, name, value)  # every GRPO argument is checked here, the shared ones by LMAlgorithm
-        self.replay_buffer_kwargs = dict(self.replay_buffer_kwargs or {})
+        check = ArgumentChecker(GRPO_RULES)  # GRPO's own arguments; the shared ones are checked by LMAlgorithm
+        self.group_size = check("group_size", group_size)
+        self.n_epochs = check("n_epochs", n_epochs)
+        self.batch_size = check("batch_size", batch_size)
+        self.clip_range = check("clip_range", clip_range)
+        self.clip_range_high = check("clip_range_high", clip_range_high)
+        self.beta = check("beta", beta)
+        self.ent_coef = check("ent_coef", ent_coef)
+        self.vf_coef = check("vf_coef", vf_coef)
+        self.advantage_scale = check("advantage_scale", advantage_scale)
+        self.loss_aggregation = check("loss_aggregation", loss_aggregation)
+        self.drop_uniform_groups = check("drop_uniform_groups", drop_uniform_groups)
+        self.importance_level = check("importance_level", importance_level)
+        self.sequence_clip_range = check("sequence_clip_range", sequence_clip_range)
+        self.sequence_clip_range_high = check("sequence_clip_range_high", sequence_clip_range_high)
+        self.dynamic_sampling = check("dynamic_sampling", dynamic_sampling)
+        self.max_resample_rounds = check("max_resample_rounds", max_resample_rounds)
+        self.mask_truncated = check("mask_truncated", mask_truncated)
+        self.prompt_sampling = check("prompt_sampling", prompt_sampling)
+        self.prompt_pool_size = check("prompt_pool_size", prompt_pool_size)
+        self.fresh_prompt_fraction = check("fresh_prompt_fraction", fresh_prompt_fraction)
+        self.competition = check("competition", competition)
+        self.competition_coef = check("competition_coef", competition_coef)
+        self.diversity_guard = check("diversity_guard", diversity_guard)
+        self.diversity_threshold = check("diversity_threshold", diversity_threshold)
+        self.update_mode = check("update_mode", update_mode)
+        self.advantage_baseline = check("advantage_baseline", advantage_baseline)
+        self.reward_ramp = check("reward_ramp", reward_ramp)
+        self.protected_rollouts = check("protected_rollouts", protected_rollouts)
+        self.diagnostics = check("diagnostics", diagnostics)
+        self.replay_ratio = check("replay_ratio", replay_ratio)
+        self.max_replay_age = check("max_replay_age", max_replay_age)
+        self.replay_buffer_kwargs = dict(check("replay_buffer_kwargs", replay_buffer_kwargs) or {})
         self._between_variance = 0.0  # running mean of the between-group reward variance (S11's reference)
         self._reward_model_target: float | None = None  # the configured weight that reward_ramp rises to
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
+        self._prompt_pool: LearnabilityPool | None = None
         self._groups_seen = 0
         if _init_setup_model:
             self._setup_model()
 
-    state_attributes = (
-        *LMAlgorithm.state_attributes,
-        "_between_variance",
-        "_reward_model_target",
-        "_groups_seen",
-        "_prompt_pool_state",
-    )
+    state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_reward_model_target", "_groups_seen")
 
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:
@@ -270,13 +296,26 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
                 f"dynamic_sampling replaces whole groups: group_size ({self.group_size}) must be a multiple of the "
                 f"number of envs ({self.env.num_envs})"
             )
-        self._setup_prompt_pool()
+        if self.prompt_sampling == "learnability":
+            pool_seed = self._seeds.seed
+            self._prompt_pool = LearnabilityPool(self.prompt_pool_size, self.fresh_prompt_fraction, seed=pool_seed)
         if self.replay_ratio > 0:
             kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
             self.replay_buffer = PrioritizedTrajectoryBuffer(**kwargs)
 
     def _needs_reference(self) -> bool:
         return self.beta > 0 or self.protected_rollouts > 0
+
+    def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
+        """:meth:`LMAlgorithm.get_run_state`, with the prompt pool (plain data)."""
+        state, rng = super().get_run_state()
+        state["_prompt_pool_state"] = None if self._prompt_pool is None else self._prompt_pool.get_state()
+        return state, rng
+
+    def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
+        super().set_run_state(state, rng)
+        if state.get("_prompt_pool_state") is not None and self._prompt_pool is not None:
+            self._prompt_pool.set_state(state["_prompt_pool_state"])
 
     def save_replay_buffer(self, path: str | os.PathLike) -> None:
         """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""
@@ -288,7 +327,7 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         """Read a replay buffer written by :meth:`save_replay_buffer` into this model."""
         self.replay_buffer = PrioritizedTrajectoryBuffer.load(path, vocab_size=self.policy.vocab_size)
 
-    # ------------------------------------------------------------------ learning loop
+    # ------------------------------------------------------------------ rollouts
     def learn(
         self: SelfGRPO,
         total_timesteps: int,
@@ -311,6 +350,17 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         env.env_method("set_reward_weights", {"consistency": weight})
         self.logger.record("train/reward_model_weight", weight)
 
+    def _problem_keys(self, n: int) -> list[dict[str, Any]]:
+        """The env's stream (``"uniform"``), or the prompt pool's choice plus fresh problems at the current level."""
+        if self._prompt_pool is None:
+            return super()._problem_keys(n)
+        level = float(self.env.get_attr("difficulty", indices=[0])[0])
+
+        def fresh(m: int) -> list[dict[str, Any]]:
+            return [{**key, "difficulty": level} for key in self._seeds.problem_keys(m)]
+
+        return [key for _, key in self._prompt_pool.draw(n, fresh)]
+
     def _samples_from_reference(self) -> bool:
         """S20.3: the frozen cold-start policy (the reference; with LoRA the base model) samples the first
         ``protected_rollouts`` rollouts."""
@@ -319,6 +369,60 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         protected = self._iteration < self.protected_rollouts
         self.logger.record("rollout/protected", float(protected))
         return protected
+
+    def _after_play(self, env, callback, rows: Rows, finished: list, problems: list) -> float | None:
+        """Dynamic sampling (``dynamic_sampling``: refill rounds, see :mod:`~algorithms.grpo.sampling`) and the
+        prompt pool's update with every drawn problem's success rate (``prompt_sampling``)."""
+        if not self.dynamic_sampling and self._prompt_pool is None:
+            return 0.0
+        uniform, success = group_outcomes(rows, self._local_groups, self.group_size, self.gamma)  # (K_local,) x 2
+        uniform, success = self._dist.gather(uniform.float()) > 0.5, self._dist.gather(success)  # (K,) x 2
+        refills = Refills(rates=success.tolist())
+        if self.dynamic_sampling:
+            generator_state = self._seeds.generator.get_state()
+            play = functools.partial(self._refill_round, env, callback, rows, finished, problems, refills)
+            result = dynamic_sampling(uniform.tolist(), play, self.max_resample_rounds)
+            if result is None:
+                return None
+            self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
+            self.logger.record("rollout/resample_rounds", result[0])
+            self.logger.record("rollout/resampled_groups", result[1])
+        if self._prompt_pool is not None:
+            fresh = sum(slot < 0 for slot, _ in self._prompt_pool.awaiting) / max(len(self._prompt_pool.awaiting), 1)
+            self._prompt_pool.observe_awaiting(refills.rates)
+            self.logger.record("rollout/prompt_priority_mean", float(np.mean(self._prompt_pool.priorities())))
+            self.logger.record("rollout/prompt_pool_size", self._prompt_pool.size)
+            self.logger.record("rollout/prompt_fresh_fraction", fresh)
+        return refills.seconds
+
+    def _refill_round(self, env, callback, rows, finished, problems, refills: Refills, slots: list[int]):
+        """One refill round: new problems for the job's groups ``slots``, this rank's played and put in place of its
+        old groups (``rows`` and ``problems`` change in place, ``refills`` records the round). Returns every new
+        group's uniform flag (in ``slots`` order), or None when a callback stopped training."""
+        group, first = self.group_size, self._dist.rank * self._local_groups
+        drawn = self._draw_problems(env, slots)  # this rank's, in slots order
+        mine = [slot - first for slot in slots if 0 <= slot - first < self._local_groups]
+        refills.rounds += 1
+        self._seeds.reseed_for_refill(self._iteration, refills.rounds)
+        new, before = Rows(), self.num_timesteps
+        if mine:
+            offset = next(i for i, slot in enumerate(slots) if slot - first in mine) * group
+            episodes = [p for p in drawn for _ in range(group)]
+            seconds = self._play(env, callback, episodes, new, finished, False, offset, len(slots) * group)
+            if seconds is None:
+                return None
+            refills.seconds += seconds
+            for k, problem in zip(mine, drawn, strict=True):
+                problems[k * group : (k + 1) * group] = [problem] * group
+        self.num_timesteps = before + int(self._dist.sum(self.num_timesteps - before))  # every rank's completions
+        flags, rates = group_outcomes(new, len(mine), group, self.gamma) if mine else ([], [])
+        results = dict(zip(mine, zip(list(map(bool, flags)), list(map(float, rates)), strict=True), strict=True))
+        merged = {}
+        for rank, part in enumerate(self._dist.gather_objects(results)):
+            merged.update({k + rank * self._local_groups: value for k, value in part.items()})
+        replace_groups(rows, new, mine, group)
+        refills.rates.extend(merged[slot][1] for slot in slots)
+        return [merged[slot][0] for slot in slots]
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
@@ -330,15 +434,9 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         returns = episode_returns(rows, local * group, self.gamma).view(local, group)  # (K_local, G)
         returns = self._dist.gather(returns)  # (K, G): every rank's groups, in rank order
         mine = slice(self._dist.rank * local, (self._dist.rank + 1) * local)
-        baseline = self._value_baseline(rows) if self.advantage_baseline == "value" else None
-        loo = self.advantage_baseline == "leave_one_out"  # RLOO
-        scores = advantages.relative_advantages(returns, self.advantage_scale, baseline, loo)  # (K, G)
-        if self.competition is not None:
-            scores = scores * self._competition_scale(returns)[:, None]  # (K, G)
+        scores = self._advantages(rows, returns)  # (K, G)
         uniform = objective.uniform_group_mask(returns)  # (K,)
-        diversity = self._diversity_guard(returns, rows) if self.diversity_guard else None
-        drop_uniform = self.drop_uniform_groups or self.dynamic_sampling  # what refills could not fix is left out
-        left_out = advantages.left_out_groups(uniform, drop_uniform, diversity)[mine].tolist()
+        left_out = self._left_out_groups(rows, returns, uniform)[mine].tolist()
         cut = truncated_rows(rows, [self.policy.eos_token_id]) if self.mask_truncated else [False] * len(rows.infos)
         keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // group] and not cut[i]]
         self._placeholder = not keep  # this rank's groups all left out: one row with no weight keeps ranks in step
@@ -356,6 +454,37 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         return rows_to_batch(
             rows, keep, scores[mine].flatten(), returns[mine].flatten(), groups, self.policy.pad_token_id, self.device
         )
+
+    def _advantages(self, rows: Rows, returns: th.Tensor) -> th.Tensor:
+        """``(K, G)`` advantages of the ``(K, G)`` returns: relative to the group (or S9's value baseline, or RLOO's
+        leave-one-out mean), then S10/S11's competition between groups."""
+        baseline = None
+        if self.advantage_baseline == "value":  # S9: the value head's estimate of each group's prompt
+            baseline = self._dist.gather(advantages.value_baseline(self.policy, rows, self.group_size))  # (K, G)
+            self.logger.record("train/value_baseline", baseline.mean().item())
+        loo = self.advantage_baseline == "leave_one_out"  # RLOO
+        scores = advantages.relative_advantages(returns, self.advantage_scale, baseline, loo)  # (K, G)
+        if self.competition is None:
+            return scores
+        result = controls.competition(returns, self.competition, self.competition_coef, self._between_variance)
+        self._between_variance = result.between_variance
+        self.logger.record("train/competition_coef", result.coef)
+        self.logger.record("train/winning_groups", int((result.scale != 1).sum()))
+        return scores * result.scale[:, None]  # (K, G)
+
+    def _left_out_groups(self, rows: Rows, returns: th.Tensor, uniform: th.Tensor) -> th.Tensor:
+        """``(K,)`` the groups the update leaves out: uniform ones (``drop_uniform_groups``, and what dynamic
+        sampling could not fix) and S12's diversity guard's."""
+        dropped = None
+        if self.diversity_guard:
+            entropies = advantages.group_entropies(rows, self.group_size, self._local_groups)  # (K_local,)
+            entropies = self._dist.gather(entropies)  # (K,)
+            dropped, spread = controls.diversity_left_out(entropies, returns, self.diversity_threshold)
+            self.logger.record("diversity/entropy_spread", spread)
+            self.logger.record("diversity/triggered", float(spread > self.diversity_threshold))
+            self.logger.record("diversity/dropped_groups", int(dropped.sum()))
+        drop_uniform = self.drop_uniform_groups or self.dynamic_sampling
+        return advantages.left_out_groups(uniform, drop_uniform, dropped)
 
     # ------------------------------------------------------------------ update
     def train(self) -> None:
@@ -379,7 +508,7 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
                 self.batch_size,
                 self.update_mode == "sequential",
                 self.loss_aggregation,
-                self._generator,
+                self._seeds.generator,
                 self._dist,
                 self._placeholder,
             )
@@ -410,7 +539,7 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         if self.diagnostics:
             scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
             loss, stats, log_probs, groups = update.backward_by_group(self.policy, minibatch, settings, share, scale)
-            self._log_group_gradients(groups)
+            update.log_group_gradients(self.logger, groups)
             grad_norm = self._optimizer_step(None)
         else:
             loss, stats, log_probs = update.minibatch_loss(self.policy, minibatch, settings)

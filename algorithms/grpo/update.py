@@ -11,9 +11,11 @@ value head's MSE) and steps the optimizer through the guarded step of
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch as th
+from stable_baselines3.common.logger import Logger
 
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
@@ -116,3 +118,14 @@ def backward_by_group(
         norms, controls.gradient_spread(norms), controls.group_stability(th.stack(gradients))
     )
     return loss_sum, stats_sum, log_probs, diagnostics
+
+
+def log_group_gradients(logger: Logger, groups: GroupDiagnostics) -> None:
+    """S24: per-group gradient norms, their spread (warning above 0.3) and the groups' agreement."""
+    logger.record("groups/grad_norm_mean", float(groups.norms.mean()))
+    logger.record("groups/grad_norm_spread", groups.spread)
+    logger.record("groups/stability", groups.stability)
+    if groups.spread > controls.GRAD_SPREAD_WARNING:
+        warnings.warn(
+            f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (S24)", stacklevel=4
+        )

@@ -14,7 +14,7 @@ import torch as th
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
-from algorithms.common.arguments import check_arguments
+from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches
@@ -123,8 +123,6 @@ class LMPPO(LMAlgorithm):
         device: th.device | str = "auto",
         _init_setup_model: bool = True,
     ) -> None:
-        given = dict(locals())
-        checked = check_arguments({name: given[name] for name in PPO_RULES}, PPO_RULES)
         policy_kwargs = {} if policy_kwargs is None else policy_kwargs
         if isinstance(policy_kwargs, dict):  # anything else: LMAlgorithm's check names the fix
             if policy_kwargs.get("value_head", True) is not True:
@@ -154,8 +152,18 @@ class LMPPO(LMAlgorithm):
             seed=seed,
             device=device,
         )
-        for name, value in checked.items():
-            setattr(self, name, value)
+        check = ArgumentChecker(PPO_RULES)  # LMPPO's own arguments; the shared ones are checked by LMAlgorithm
+        self.n_epochs = check("n_epochs", n_epochs)
+        self.batch_size = check("batch_size", batch_size)
+        self.clip_range = check("clip_range", clip_range)
+        self.clip_range_vf = check("clip_range_vf", clip_range_vf)
+        self.ent_coef = check("ent_coef", ent_coef)
+        self.vf_coef = check("vf_coef", vf_coef)
+        self.gae_lambda = check("gae_lambda", gae_lambda)
+        self.normalize_advantage = check("normalize_advantage", normalize_advantage)
+        self.kl_coef = check("kl_coef", kl_coef)
+        self.kl_placement = check("kl_placement", kl_placement)
+        self.target_kl = check("target_kl", target_kl)
         self._explained_variance = float("nan")
         if _init_setup_model:
             self._setup_model()
@@ -226,7 +234,7 @@ class LMPPO(LMAlgorithm):
         history: dict[str, list[float]] = {}
         stopped = False
         for _ in range(self.n_epochs):
-            parts = minibatches(self._rollout, self.batch_size, False, "token", self._generator, self._dist)
+            parts = minibatches(self._rollout, self.batch_size, False, "token", self._seeds.generator, self._dist)
             for minibatch, share in parts:
                 loss, stats = self._loss(minibatch, clip_range, clip_range_vf, ent_coef)
                 approx_kl = self._dist.sum(float(stats["approx_kl"])) / self._dist.world_size

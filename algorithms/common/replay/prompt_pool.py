@@ -70,6 +70,7 @@ class LearnabilityPool:
         self.keys: list[Key | None] = [None] * self.capacity  # slot -> sample_problem arguments
         self.success = np.zeros(self.capacity)  # slot -> running success estimate
         self.next_slot = 0  # where the next new problem goes (the oldest entry once full)
+        self.awaiting: list[tuple[int, Key]] = []  # drawn, outcome not yet observed (empty between rollouts)
 
     @property
     def size(self) -> int:
@@ -91,7 +92,14 @@ class LearnabilityPool:
             self.sampler.update([slot], 0.0)  # without replacement within one draw
         self._reprioritise(picked)
         new = fresh(n - len(picked))
-        return [(slot, dict(self.keys[slot])) for slot in picked] + [(-1, dict(key)) for key in new]
+        drawn = [(slot, dict(self.keys[slot])) for slot in picked] + [(-1, dict(key)) for key in new]
+        self.awaiting.extend(drawn)
+        return drawn
+
+    def observe_awaiting(self, rates: list[float]) -> None:
+        """:meth:`observe` the problems drawn since the last call, given their success rates in drawing order."""
+        drawn, self.awaiting = self.awaiting, []
+        self.observe(list(zip(drawn, rates, strict=True)))
 
     def observe(self, outcomes: list[tuple[tuple[int, Key], float]]) -> None:
         """Record each drawn problem's observed success rate: pool entries update their estimate, fresh problems

@@ -1,7 +1,7 @@
 """Crash-safe runs: checkpoints at iteration boundaries (the newest two kept) and resuming from the newest.
 
 A checkpoint is a folder ``<checkpoint dir>/iteration_<n>/`` holding ``model.zip`` (see
-:mod:`algorithms.common.saving.run_state`: weights, optimizer, RNG states, counters, env and curriculum state),
+:mod:`algorithms.common.saving.run_file`: weights, optimizer, RNG states, counters, env and curriculum state),
 ``replay.npz`` when the model has a replay buffer, and ``run.json`` (what the command line needs to finish the
 run: its total, the held-out results measured before training). The folder is written under a temporary name
 and renamed into place, so a kill at any instant leaves the previous checkpoints complete and at most a

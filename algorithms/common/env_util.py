@@ -1,0 +1,42 @@
+"""The envs a run trains on: :func:`make_env` builds them (the command line, a saved run's record and the benchmarks
+all use it), :func:`rollout_token_ids` checks one for rollouts of whole completions and reads its EOS and pad ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gymnasium import spaces
+from stable_baselines3.common.env_util import make_vec_env
+from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
+
+import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+
+
+def make_env(env_id: str, n_envs: int = 1, env_kwargs: dict[str, Any] | None = None, seed: int | None = None) -> VecEnv:
+    """``n_envs`` copies of the registered env ``env_id`` made with ``env_kwargs``, in a ``DummyVecEnv`` (each
+    wrapped in SB3's ``Monitor``), seeded from ``seed``."""
+    return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs or {}, vec_env_cls=DummyVecEnv)
+
+
+def rollout_token_ids(env: VecEnv, algorithm: str, n_groups: int, world_size: int, group_size: int) -> dict[str, int]:
+    """Check that ``env`` can play an algorithm's rollouts (whole completions; whole groups per process; rows a
+    multiple of the envs; multi-turn with one env) and return the token ids the policy needs from it:
+    ``{"eos_token_id", "pad_token_id"}``. ``ValueError`` naming the fix otherwise."""
+    if not isinstance(env.action_space, spaces.MultiDiscrete):
+        raise ValueError(f"{algorithm} trains on whole completions: make the env with action_mode='sequence'")
+    if n_groups % world_size:
+        raise ValueError(
+            f"n_groups ({n_groups}) must be a multiple of the number of processes ({world_size}): "
+            "each process trains whole groups"
+        )
+    local_rows = n_groups // world_size * group_size
+    if local_rows % env.num_envs:
+        raise ValueError(
+            f"n_groups / processes * group_size ({local_rows}) must be a multiple of the number of envs "
+            f"({env.num_envs})"
+        )
+    if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
+        raise ValueError("multi-turn episodes (max_turns > 1) are collected with one env: pass n_envs=1")
+    codec = env.get_attr("codec", indices=[0])[0]
+    return {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}

@@ -1,0 +1,168 @@
+"""What a saved run holds, on plain data: the algorithm hands this module dicts and tensors, never itself.
+
+A model file (the format is :mod:`algorithms.common.saving.model_file`) holds:
+
+- the constructor's arguments, by name (so ``load`` builds the same algorithm and validates them again);
+- the weights: the policy, its optimizer state, the frozen reference when there is one (with LoRA on a base
+  model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again);
+- the run state (:meth:`LMAlgorithm.get_run_state <algorithms.common.lm_algorithm.LMAlgorithm.get_run_state>`):
+  ``num_timesteps``, the update and iteration counters, skipped steps and the algorithm's own counters; the RNG
+  states of torch, numpy, Python, the sampler's generator and the problem stream; each env's
+  :meth:`~grpo_gym.R1ZeroEnv.get_state` (reached through the VecEnv); the curriculum's level; the episode
+  statistics SB3 logs (``rollout/ep_rew_mean``, ``rollout/success_rate``);
+- the env's record (:meth:`~grpo_gym.R1ZeroEnv.describe`: its id and constructor arguments as JSON, and which
+  objects a file cannot hold) with the number of envs: ``load`` without ``env`` rebuilds that env (a DummyVecEnv),
+  given back what the record says must be passed (``env_objects={"reward_funcs": {...}}``).
+
+Checkpoints are taken at iteration boundaries: a save requested while a rollout is being collected (e.g. by
+SB3's ``CheckpointCallback``, which saves from ``on_step``) records the state at the start of that rollout —
+the last finished iteration — with the weights, which do not change during a rollout. Loading it and calling
+``learn(..., reset_num_timesteps=False)`` collects that rollout again, so nothing is counted and lost.
+
+With the same seed, ``learn(2N)`` and ``learn(N); save; load; learn(N, reset_num_timesteps=False)`` end with
+bit-identical parameters and optimizer state on CPU (replay buffers travel with ``save_replay_buffer``). As in
+SB3, a schedule of the remaining progress is relative to each ``learn`` call's total, so exactness across
+``learn`` calls holds for constant schedules and :class:`~algorithms.common.schedules.UpdateDecay` (the
+defaults), not for ``lin_<x>`` schedules split over calls.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch as th
+
+from algorithms.common.env_util import make_env
+from algorithms.common.saving.model_file import decode, read_model_file
+from grpo_gym.describe import env_kwargs_from_record, recorded_env_id
+
+
+@dataclass
+class SavedRun:
+    """A model file read back and decoded: what :meth:`LMAlgorithm.load` builds the algorithm from."""
+
+    algorithm: str  # the class name the file was saved by
+    policy_class: str
+    observation_space: Any
+    action_space: Any
+    arguments: dict[str, Any]  # the constructor's arguments, decoded
+    state: dict[str, Any]  # the run state, decoded
+    state_dicts: dict[str, Any]  # the weights
+    rng: dict[str, th.Tensor]  # the torch RNG states
+    env: dict[str, Any] | None  # the env record, see :func:`env_record`
+
+
+def read_run(
+    path: str | os.PathLike | io.BufferedIOBase,
+    custom_objects: dict[str, Any] | None = None,
+    allow_pickle: bool = False,
+) -> SavedRun:
+    """Read and decode the model file at ``path``; ``custom_objects`` replace saved arguments by name (an entry that
+    would need unpickling is refused, naming it, unless replaced here or ``allow_pickle``)."""
+    data, state_dicts, variables = read_model_file(path)
+    custom = dict(custom_objects or {})
+    arguments = {
+        key: custom[key] if key in custom else decode(value, key, allow_pickle)
+        for key, value in data.get("arguments", {}).items()
+    }
+    return SavedRun(
+        algorithm=str(data.get("algorithm")),
+        policy_class=data["policy_class"],
+        observation_space=decode(data["observation_space"], "observation_space"),
+        action_space=decode(data["action_space"], "action_space"),
+        arguments=arguments,
+        state=decode(data["state"], "state", allow_pickle),
+        state_dicts=state_dicts,
+        rng=variables.get("rng", {}),
+        env=data.get("env"),
+    )
+
+
+def plain_policy_kwargs(policy_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``policy_kwargs`` as a file records them: a model object given as ``model`` is left out (its architecture is
+    in ``model_config``, its weights in the file), a path-like ``model`` becomes a string."""
+    kwargs = dict(policy_kwargs or {})
+    model = kwargs.get("model")
+    if "model" in kwargs and not isinstance(model, (str, os.PathLike)):
+        kwargs["model"] = None
+    elif isinstance(model, os.PathLike):
+        kwargs["model"] = os.fspath(model)
+    return kwargs
+
+
+# ---------------------------------------------------------------------------------------------- global RNGs
+def global_rng_state() -> dict[str, Any]:
+    """numpy's and Python's global RNG states as JSON data."""
+    kind, keys, position, has_gauss, gauss = np.random.get_state()
+    version, internal, python_gauss = random.getstate()
+    return {
+        "numpy_rng": [kind, keys.tolist(), int(position), int(has_gauss), float(gauss)],
+        "python_rng": [version, list(internal), python_gauss],
+    }
+
+
+def set_global_rng_state(state: dict[str, Any]) -> None:
+    """Put back what :func:`global_rng_state` gave."""
+    kind, keys, position, has_gauss, gauss = state["numpy_rng"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), position, has_gauss, gauss))
+    version, internal, python_gauss = state["python_rng"]
+    random.setstate((version, tuple(internal), python_gauss))
+
+
+def torch_rng_state() -> dict[str, th.Tensor]:
+    """torch's global RNG states (CPU, and every CUDA device when there is one)."""
+    rng = {"torch": th.get_rng_state()}
+    if th.cuda.is_available():
+        rng.update({f"cuda_{i}": s for i, s in enumerate(th.cuda.get_rng_state_all())})
+    return rng
+
+
+def set_torch_rng_state(rng: dict[str, th.Tensor]) -> None:
+    """Put back what :func:`torch_rng_state` gave."""
+    th.set_rng_state(rng["torch"])
+    cuda = [rng[key] for key in sorted(rng) if key.startswith("cuda_")]
+    if cuda and th.cuda.is_available():
+        th.cuda.set_rng_state_all(cuda)
+
+
+# ---------------------------------------------------------------------------------------------- the env record
+def env_record(env: Any) -> dict[str, Any] | None:
+    """``{"record": <the first env's describe()>, "n_envs": N}``, or None for an env that cannot describe itself
+    (not an :class:`~grpo_gym.R1ZeroEnv`)."""
+    if env is None or not env.has_attr("describe"):
+        return None
+    return {"record": env.env_method("describe", indices=[0])[0], "n_envs": env.num_envs}
+
+
+def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, dict[str, Any], int]:
+    """The env id, constructor arguments and number of envs recorded in the model file at ``path``; ``objects``
+    are what the record says must be passed (and may override recorded values). ``ValueError`` when the file
+    holds no env record (a model saved without an env) or an object is missing (the message names each)."""
+    data = read_model_file(path)[0]
+    saved = data.get("env")
+    if not saved:
+        raise ValueError(f"{os.fspath(path)} records no env (saved without one, or not an R1Zero-v0 env): pass env=")
+    record = saved["record"]
+    return recorded_env_id(record), env_kwargs_from_record(record, **objects), int(saved["n_envs"])
+
+
+def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None) -> Any:
+    """The VecEnv the record describes, or None with a warning saying why (an object the record needs is missing,
+    a recorded file is absent here, ...): the model then predicts and exports but does not train."""
+    record = saved["record"]
+    try:
+        env_id, kwargs = recorded_env_id(record), env_kwargs_from_record(record, **objects)
+        return make_env(env_id, int(saved["n_envs"]), kwargs, seed)
+    except Exception as error:  # any failure to rebuild: the model itself still loads
+        warnings.warn(
+            f"the recorded env was not rebuilt, the model predicts but cannot train ({type(error).__name__}: "
+            f"{error}); pass env= or env_objects=",
+            stacklevel=3,
+        )
+        return None
