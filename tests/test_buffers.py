@@ -1,5 +1,5 @@
-"""Tests for algorithms/common/replay/trajectory_buffer.py and its two parts, sum_tree.py (PrioritySampler) and ring_buffer.py
-(RingBuffer): sum-tree sampling, ring eviction, the trajectory buffer, save/load."""
+"""Tests for algorithms/common/replay/trajectory_buffer.py and its two parts, sum_tree.py (PrioritySampler) and
+ring_buffer.py (RingBuffer): sum-tree sampling, ring eviction, the trajectory buffer, save/load."""
 
 from __future__ import annotations
 

@@ -289,8 +289,8 @@ def test_frozen_parameters_stay_frozen_and_out_of_the_file_data(tmp_path: Path) 
 
 
 def test_the_same_seed_gives_the_same_parameters_after_several_updates() -> None:
-    """Needs torch's deterministic CPU kernels in the update (algorithms/common/runtime/determinism.py): without them two
-    runs with the 359-token vocabulary drifted apart in the last bits after 3 updates."""
+    """Needs torch's deterministic CPU kernels in the update (algorithms/common/runtime/determinism.py): without them
+    two runs with the 359-token vocabulary drifted apart in the last bits after 3 updates."""
     first, second = make_model(), make_model()
     first.learn(40)
     second.learn(40)

@@ -1,4 +1,5 @@
-"""The tokenizer guard (algorithms/common/model/tokenizer_check.py): every way the env's tokenizer and the model disagree."""
+"""The tokenizer guard (algorithms/common/model/tokenizer_check.py): every way the env's tokenizer and the model
+disagree."""
 
 from __future__ import annotations
 

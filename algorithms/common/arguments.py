@@ -112,7 +112,7 @@ def finite_learning_rate(value: float) -> float:
     return value
 
 
-#: the arguments every :class:`~algorithms.common.lm_algorithm.LMAlgorithm` takes
+#: the arguments every :class:`~algorithms.common.base_class.LMBaseAlgorithm` takes
 LM_ALGORITHM_RULES: dict[str, Rule] = {
     "learning_rate": schedule(low=0.0),
     "n_groups": integer(low=1),

@@ -267,8 +267,8 @@ class TransformerPolicy(BasePolicy):
         """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs.
 
         ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings;
-        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sampler.sample`; ``temperature`` and
-        ``top_p`` replace the policy's for this call (the server's per-request settings)."""
+        ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sampler.sample`; ``temperature``
+        and ``top_p`` replace the policy's for this call (the server's per-request settings)."""
         with th.no_grad(), self.autocast("sampling"):
             return sample(
                 model if model is not None else self.model,
@@ -366,7 +366,8 @@ class TransformerPolicy(BasePolicy):
     def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None, merge: bool = False) -> None:
         """Write a standard Hugging Face folder (model, and the tokenizer when given) that
         ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load; atomically: a kill at any
-        instant leaves the old complete folder or the new one (:func:`~algorithms.common.saving.atomic.atomic_directory`).
+        instant leaves the old complete folder or the new one
+        (:func:`~algorithms.common.saving.atomic.atomic_directory`).
 
         With LoRA: a peft adapter folder (``adapter_config.json`` and the adapter weights, which
         ``peft.PeftModel.from_pretrained(base, directory)`` loads), or with ``merge=True`` a standard model folder

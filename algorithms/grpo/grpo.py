@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
-from typing import Any, TypeVar
+from typing import Any
 
-import numpy as np
 import torch as th
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
@@ -30,9 +28,7 @@ from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
 from algorithms.grpo.arguments import GRPO_RULES
-from algorithms.grpo.sampling import Refills, dynamic_sampling, group_outcomes, replace_groups, truncated_rows
-
-SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
+from algorithms.grpo.sampling import RolloutSampling, truncated_rows
 
 
 class GRPO(LMAlgorithm):
@@ -42,14 +38,10 @@ class GRPO(LMAlgorithm):
     whatever the number of envs; rewards from ``env.step``; advantages relative to each group
     (:func:`objective.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen reference and
     an entropy bonus (:func:`objective.grpo_loss`); global gradient clipping; an optimizer step per minibatch.
-    No value network: GRPO builds on :class:`~algorithms.common.lm_algorithm.LMAlgorithm` (rollouts of K x G
-    completions, the cold start, save/load, the guarded optimizer step) rather than SB3's ``OnPolicyAlgorithm``,
-    whose ``RolloutBuffer``, GAE and ``policy(obs) -> (actions, values, log_probs)`` do not fit completions scored
-    per group. ``num_timesteps`` counts completions (one env step each). The steps of an iteration are in
-    :mod:`~algorithms.grpo.advantages`, :mod:`~algorithms.grpo.update` and :mod:`~algorithms.grpo.replay`.
-
-    With a freshly initialised built-in model the first ``learn()`` runs the cold-start SFT stage (S20.1) on
-    the task's gold solutions (or ``sft_data``) before GRPO; ``cold_start=False`` skips it.
+    No value network: GRPO builds on :class:`~algorithms.common.lm_algorithm.LMAlgorithm` rather than SB3's
+    ``OnPolicyAlgorithm``, whose ``RolloutBuffer`` and GAE do not fit completions scored per group.
+    ``num_timesteps`` counts completions (one env step each). With a freshly initialised built-in model the first
+    ``learn()`` runs the cold-start SFT stage (S20.1) before GRPO. The options' details are in the README.
 
     :param policy: ``"TransformerPolicy"`` or the class
     :param env: an env, a VecEnv or a registered id (``"R1Zero-v0"``); sequence action mode
@@ -60,9 +52,8 @@ class GRPO(LMAlgorithm):
     :param batch_size: completions per minibatch (``None``: the whole rollout, one update per epoch)
     :param clip_range: the lower clip epsilon of the importance ratio (0.2), constant or schedule
     :param clip_range_high: the upper clip epsilon (``None``: same as ``clip_range``; DAPO's clip-higher: 0.28)
-    :param beta: weight of the k3 KL penalty to the reference model (DeepSeekMath: 0.04; TRL defaults to 0).
-        The reference (a frozen copy of the policy after the cold start) is only built when ``beta > 0``; with
-        LoRA adapters (``policy_kwargs={"lora": ...}``) it is the base model, the adapters disabled, with no copy
+    :param beta: weight of the k3 KL penalty to the reference (DeepSeekMath: 0.04; TRL: 0): a frozen copy of the
+        policy after the cold start, built only when ``beta > 0``; with LoRA the base model (adapters disabled)
     :param ent_coef: entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default S23:
         0.01 decaying to 0.001 over 10,000 updates)
     :param max_grad_norm: global gradient-norm clip (S13: 0.5)
@@ -73,30 +64,20 @@ class GRPO(LMAlgorithm):
         ``"none"`` (Dr. GRPO)
     :param loss_aggregation: ``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)
     :param drop_uniform_groups: leave groups whose rewards are all equal out of the update (S29)
-    :param importance_level: ``"token"`` (GRPO: a ratio per token, clipped by ``clip_range``/``clip_range_high``) or
-        ``"sequence"`` (GSPO, Zheng et al. 2025: the sequence's length-normalised ratio
-        ``s_i = exp(mean_t(log pi - log pi_old))`` at every token, clipped by the ``sequence_clip_range*``
-        arguments; with ``loss_aggregation="sequence"`` the paper's objective exactly; ``train/clip_fraction``
-        is then the fraction of sequences clipped)
-    :param sequence_clip_range: GSPO's lower clip epsilon of ``s_i`` (the paper's 3e-4: a sequence ratio is a
-        geometric mean over tokens, so it stays much closer to 1 than a token ratio)
-    :param sequence_clip_range_high: GSPO's upper clip epsilon of ``s_i`` (the paper's 4e-4)
-    :param dynamic_sampling: DAPO's dynamic sampling, refilling: after the rollout, the groups whose rewards are all
-        equal are replaced by groups of new problems, sampled again, until none is or ``max_resample_rounds``
-        rounds are spent; groups still uniform then are left out of the update (as ``drop_uniform_groups``).
-        Logged: ``rollout/resampled_groups``, ``rollout/resample_rounds``. Needs ``group_size`` to be a multiple
-        of the number of envs. See :mod:`~algorithms.grpo.sampling`
-    :param max_resample_rounds: the most refill rounds per rollout (each costs up to K x G more completions,
-        counted in ``num_timesteps``)
-    :param mask_truncated: leave completions cut at ``max_new_tokens`` without EOS out of the loss (DAPO's
-        overlong filtering); they still count in their group's advantages. Logged:
-        ``rollout/truncated_fraction``. DAPO's soft overlong penalty is the env's ``length`` reward component
-        (``reward_weights={"length": 1.0}``, its buffer ``overlong_buffer``)
-    :param prompt_sampling: ``"uniform"`` (the env's stream of problems) or ``"learnability"``: a pool of the
-        last ``prompt_pool_size`` problems drawn, each with a running success estimate ``p``; every rollout takes
-        ``fresh_prompt_fraction`` of its problems fresh and the rest from the pool with probability
-        proportional to ``p (1 - p) + 0.01`` (:class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`).
-        Logged: ``rollout/prompt_priority_mean``, ``rollout/prompt_pool_size``, ``rollout/prompt_fresh_fraction``
+    :param importance_level: ``"token"`` (GRPO: a ratio per token) or ``"sequence"`` (GSPO, Zheng et al. 2025: the
+        length-normalised sequence ratio ``exp(mean_t(log pi - log pi_old))`` at every token, clipped by the
+        ``sequence_clip_range*`` arguments)
+    :param sequence_clip_range: GSPO's lower clip epsilon of the sequence ratio (the paper's 3e-4)
+    :param sequence_clip_range_high: GSPO's upper clip epsilon of the sequence ratio (the paper's 4e-4)
+    :param dynamic_sampling: DAPO's dynamic sampling, refilling: groups whose rewards are all equal are replaced by
+        groups of new problems until none is or ``max_resample_rounds`` rounds are spent (the rest are left out);
+        needs ``group_size`` to be a multiple of the number of envs (:mod:`~algorithms.grpo.sampling`)
+    :param max_resample_rounds: the most refill rounds per rollout (their completions count in ``num_timesteps``)
+    :param mask_truncated: leave completions cut at ``max_new_tokens`` without EOS out of the loss (DAPO's overlong
+        filtering); they still count in their group's advantages
+    :param prompt_sampling: ``"uniform"`` (the env's stream) or ``"learnability"``: ``fresh_prompt_fraction`` of each
+        rollout's problems fresh, the rest from a pool of recent ones with probability ``p (1 - p) + 0.01``
+        (:class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`)
     :param prompt_pool_size: the problems the learnability pool holds
     :param fresh_prompt_fraction: the share of each rollout's problems drawn fresh under ``"learnability"``
     :param competition: competition between groups: ``None`` (off), ``"fixed"`` (S10: the winning group's
@@ -108,38 +89,27 @@ class GRPO(LMAlgorithm):
     :param diversity_threshold: S12's spread (0.15)
     :param update_mode: ``"joint"`` (one step on all groups, as published) or ``"sequential"`` (S14: one step
         per group, in turn)
-    :param advantage_baseline: ``"group"`` (the group's mean reward, GRPO), ``"value"`` (S9: the FP32 value
-        head's estimate for the prompt; needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"``
-        (RLOO: the mean reward of the group's other completions, ``advantage_scale`` not applied; with ``beta`` and
-        the clipped ratio as set, i.e. TRL's ``RLOOTrainer`` rather than plain REINFORCE)
+    :param advantage_baseline: ``"group"`` (the group's mean reward, GRPO), ``"value"`` (S9: the value head's
+        estimate for the prompt; needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"`` (RLOO)
     :param reward_ramp: S20.2: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000
         timesteps up to the env's configured weight
-    :param protected_rollouts: S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed
-        says "the first 3 groups"; read as the first 3 rollouts, since the first rollout's groups come from the
-        cold-start weights anyway); their sampling log-probs are the frozen policy's, so the importance ratio
-        corrects for it. With LoRA the frozen policy is the base model (the reference, see ``beta``)
+    :param protected_rollouts: S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed's
+        "first 3 groups" read as the first 3 rollouts); the importance ratio corrects for it
     :param curriculum: S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of
         every env from the rolling success rate (``curriculum/difficulty``)
-    :param diagnostics: S24: per-group reward histograms, per-group gradient norms and their spread (warning
-        above 0.3), "group stability" (S18, :func:`~algorithms.grpo.controls.group_stability`) and an entropy
-        warning below 0.5; the update is then accumulated group by group (same gradient, K smaller passes)
-    :param replay_ratio: fraction of each update's completions replayed from a prioritized trajectory buffer
-        (S3, S5; :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`); 0 (default) is published GRPO.
-        Replayed completions keep their sampling log-probs (the importance ratio is clipped as usual), their
-        group-relative advantage (computed from their own group's rewards when collected) times their
-        importance-sampling weight; after the update their priority becomes ``|advantage| * exp(-drift)``, the
-        drift being their mean ``|log ratio|`` per token (how far the policy has moved since they were sampled)
+    :param diagnostics: S24: per-group reward histograms, gradient norms and their spread, "group stability"
+        (S18) and warnings; the update is then accumulated group by group (the same gradient)
+    :param replay_ratio: fraction of each update's completions replayed from a prioritized trajectory buffer (S3,
+        S5; :mod:`~algorithms.grpo.replay`): their sampling log-probs, their group's advantage times an
+        importance weight; 0 (default) is published GRPO
     :param max_replay_age: completions collected more than this many iterations ago are evicted before sampling
     :param replay_buffer_kwargs: arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)
     :param gradient_compression: with several processes (S17, :mod:`~algorithms.common.runtime.distributed`):
         ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"`` (PyTorch's DDP communication hooks)
     :param dist_timeout: seconds a rank waits for the others before the job fails (a hung rank ends the job)
-    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): the model's forward passes
-        (sampling, update, reference) run under autocast; weights, optimizer, value head and loss stay float32;
-        fp16 adds a gradient scaler. A step whose gradients are not finite is skipped and counted
-        (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.runtime.precision` (bf16/fp16 on a GPU;
-        on a CPU, per stage, float32 unless a probe of the model shows bf16 faster); the choice is in
-        ``model.precision``
+    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): forward passes under autocast,
+        weights, optimizer and loss in float32 (:mod:`~algorithms.common.runtime.precision`; the choice of
+        ``"auto"`` is in ``model.precision``); a step with non-finite gradients is skipped and counted
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
         initialised built-in model), ``True`` or ``False``
     :param sft_steps: SFT gradient steps (the seed preset: 5000)
@@ -299,6 +269,10 @@ class GRPO(LMAlgorithm):
         if self.prompt_sampling == "learnability":
             pool_seed = self._seeds.seed
             self._prompt_pool = LearnabilityPool(self.prompt_pool_size, self.fresh_prompt_fraction, seed=pool_seed)
+        self._sampling = RolloutSampling(
+            self.dynamic_sampling, self.max_resample_rounds, self._prompt_pool, self.group_size, self._local_groups,
+            self.gamma, self._dist,
+        )  # fmt: skip
         if self.replay_ratio > 0:
             kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
             self.replay_buffer = PrioritizedTrajectoryBuffer(**kwargs)
@@ -307,7 +281,7 @@ class GRPO(LMAlgorithm):
         return self.beta > 0 or self.protected_rollouts > 0
 
     def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
-        """:meth:`LMAlgorithm.get_run_state`, with the prompt pool (plain data)."""
+        """:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`, with the prompt pool (plain data)."""
         state, rng = super().get_run_state()
         state["_prompt_pool_state"] = None if self._prompt_pool is None else self._prompt_pool.get_state()
         return state, rng
@@ -328,18 +302,6 @@ class GRPO(LMAlgorithm):
         self.replay_buffer = PrioritizedTrajectoryBuffer.load(path, vocab_size=self.policy.vocab_size)
 
     # ------------------------------------------------------------------ rollouts
-    def learn(
-        self: SelfGRPO,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str = "GRPO",
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfGRPO:
-        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
-        return super().learn(total_timesteps, callback, log_interval, tb_log_name, reset_num_timesteps, progress_bar)
-
     def _before_rollout(self, env: VecEnv) -> None:
         """S20.2: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
         if not self.reward_ramp:
@@ -371,58 +333,14 @@ class GRPO(LMAlgorithm):
         return protected
 
     def _after_play(self, env, callback, rows: Rows, finished: list, problems: list) -> float | None:
-        """Dynamic sampling (``dynamic_sampling``: refill rounds, see :mod:`~algorithms.grpo.sampling`) and the
-        prompt pool's update with every drawn problem's success rate (``prompt_sampling``)."""
-        if not self.dynamic_sampling and self._prompt_pool is None:
-            return 0.0
-        uniform, success = group_outcomes(rows, self._local_groups, self.group_size, self.gamma)  # (K_local,) x 2
-        uniform, success = self._dist.gather(uniform.float()) > 0.5, self._dist.gather(success)  # (K,) x 2
-        refills = Refills(rates=success.tolist())
-        if self.dynamic_sampling:
-            generator_state = self._seeds.generator.get_state()
-            play = functools.partial(self._refill_round, env, callback, rows, finished, problems, refills)
-            result = dynamic_sampling(uniform.tolist(), play, self.max_resample_rounds)
-            if result is None:
-                return None
-            self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
-            self.logger.record("rollout/resample_rounds", result[0])
-            self.logger.record("rollout/resampled_groups", result[1])
-        if self._prompt_pool is not None:
-            fresh = sum(slot < 0 for slot, _ in self._prompt_pool.awaiting) / max(len(self._prompt_pool.awaiting), 1)
-            self._prompt_pool.observe_awaiting(refills.rates)
-            self.logger.record("rollout/prompt_priority_mean", float(np.mean(self._prompt_pool.priorities())))
-            self.logger.record("rollout/prompt_pool_size", self._prompt_pool.size)
-            self.logger.record("rollout/prompt_fresh_fraction", fresh)
-        return refills.seconds
-
-    def _refill_round(self, env, callback, rows, finished, problems, refills: Refills, slots: list[int]):
-        """One refill round: new problems for the job's groups ``slots``, this rank's played and put in place of its
-        old groups (``rows`` and ``problems`` change in place, ``refills`` records the round). Returns every new
-        group's uniform flag (in ``slots`` order), or None when a callback stopped training."""
-        group, first = self.group_size, self._dist.rank * self._local_groups
-        drawn = self._draw_problems(env, slots)  # this rank's, in slots order
-        mine = [slot - first for slot in slots if 0 <= slot - first < self._local_groups]
-        refills.rounds += 1
-        self._seeds.reseed_for_refill(self._iteration, refills.rounds)
-        new, before = Rows(), self.num_timesteps
-        if mine:
-            offset = next(i for i, slot in enumerate(slots) if slot - first in mine) * group
-            episodes = [p for p in drawn for _ in range(group)]
-            seconds = self._play(env, callback, episodes, new, finished, False, offset, len(slots) * group)
-            if seconds is None:
-                return None
-            refills.seconds += seconds
-            for k, problem in zip(mine, drawn, strict=True):
-                problems[k * group : (k + 1) * group] = [problem] * group
-        self.num_timesteps = before + int(self._dist.sum(self.num_timesteps - before))  # every rank's completions
-        flags, rates = group_outcomes(new, len(mine), group, self.gamma) if mine else ([], [])
-        results = dict(zip(mine, zip(list(map(bool, flags)), list(map(float, rates)), strict=True), strict=True))
-        merged = {}
-        for rank, part in enumerate(self._dist.gather_objects(results)):
-            merged.update({k + rank * self._local_groups: value for k, value in part.items()})
-        replace_groups(rows, new, mine, group)
-        refills.rates.extend(merged[slot][1] for slot in slots)
-        return [merged[slot][0] for slot in slots]
+        """Dynamic sampling's refill rounds and the prompt pool's update
+        (:class:`~algorithms.grpo.sampling.RolloutSampling`); each refill round is played by
+        :meth:`~algorithms.common.lm_algorithm.LMAlgorithm._play_again`."""
+        generator_state = self._seeds.generator.get_state()
+        play = functools.partial(self._play_again, env, callback, finished, problems)
+        seconds = self._sampling.after_play(rows, play, self.logger)
+        self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
+        return seconds
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
@@ -495,7 +413,10 @@ class GRPO(LMAlgorithm):
         settings = self._loss_settings()
         self._start_gradient_sync()
         fresh = batch = self._rollout
-        drawn = self._draw_replay(len(fresh))
+        drawn = None
+        if self.replay_buffer is not None:
+            args = (self.replay_buffer, len(fresh), self.replay_ratio, self._iteration, self.max_replay_age)
+            drawn = replay.draw(*args, self.device, self.logger)
         if drawn is not None:
             batch = fresh.concat(drawn)
         if self.beta > 0:
@@ -520,7 +441,7 @@ class GRPO(LMAlgorithm):
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
         if self.replay_buffer is not None:
             replay.update_and_store(self.replay_buffer, fresh, drawn, drifts, self._iteration)
-        self._log_train(history, settings)
+        update.log_train(self.logger, history, settings, self._skipped_steps, self._n_updates, self.diagnostics)
 
     def _loss_settings(self) -> update.LossSettings:
         """The loss's coefficients at the current progress (and update count, for :class:`UpdateDecay`)."""
@@ -549,30 +470,3 @@ class GRPO(LMAlgorithm):
         if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
             stats["grad_norm"] = grad_norm
         return loss, stats, log_probs
-
-    def _log_train(self, history: dict[str, list[float]], settings: update.LossSettings) -> None:
-        if self.diagnostics and np.mean(history["entropy"]) < controls.ENTROPY_WARNING:
-            warnings.warn(
-                f"policy entropy {np.mean(history['entropy']):.3f} < {controls.ENTROPY_WARNING} (S24)", stacklevel=3
-            )
-        for key, values in history.items():
-            self.logger.record(f"train/{key}", float(np.mean(values)))
-        self.logger.record("train/skipped_steps", self._skipped_steps)
-        self.logger.record("train/optimizer_steps", len(history.get("loss", [])))  # per rollout: groups when sequential
-        self.logger.record("train/ent_coef", settings.ent_coef)
-        self.logger.record("train/clip_range", settings.clip_low)
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
-
-    # ------------------------------------------------------------------ prioritized replay (S3, S5)
-    def _draw_replay(self, n_fresh: int) -> RolloutBatch | None:
-        """Rows replayed from the buffer into this update (None: no buffer, or none this time)."""
-        if self.replay_buffer is None:
-            return None
-        drawn = replay.draw(
-            self.replay_buffer, n_fresh, self.replay_ratio, self._iteration, self.max_replay_age, self.device
-        )
-        self.logger.record("replay/fraction", drawn.fraction)
-        self.logger.record("replay/size", len(self.replay_buffer))
-        if drawn.ages is not None:
-            self.logger.record("replay/age_mean", float(np.mean(drawn.ages)))
-        return drawn.batch

@@ -1,18 +1,17 @@
 """Mixing prioritized replay (S3, S5) into GRPO's updates.
 
 Where it sits in the data flow: before an update, :func:`draw` takes ``replay_ratio`` of the update's rows from
-the :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (with their sampling log-probs, their
-group's advantage and an importance-sampling weight); the update measures how far the policy has moved from
+the :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (with their sampling log-probs,
+their group's advantage and an importance-sampling weight); the update measures how far the policy has moved from
 each replayed row (:func:`drift`); after it, :func:`update_and_store` gives the replayed rows their new
 priority ``|A| exp(-drift)`` and adds the fresh rollout to the buffer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import torch as th
+from stable_baselines3.common.logger import Logger
 
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch
@@ -21,32 +20,36 @@ from algorithms.common.rollout.batch import RolloutBatch
 PRIORITY_FLOOR = 1e-3
 
 
-@dataclass(frozen=True)
-class Draw:
-    """The replayed rows of one update (``None``: none this time) and what to log of them."""
-
-    batch: RolloutBatch | None
-    fraction: float
-    ages: np.ndarray | None
-
-
 def draw(
-    buffer: PrioritizedTrajectoryBuffer, n_fresh: int, ratio: float, iteration: int, max_age: int, device: th.device
-) -> Draw:
-    """Rows drawn from ``buffer`` so that they make ``ratio`` of an update with ``n_fresh`` fresh rows; rows
-    collected more than ``max_age`` iterations before ``iteration`` are evicted first."""
+    buffer: PrioritizedTrajectoryBuffer,
+    n_fresh: int,
+    ratio: float,
+    iteration: int,
+    max_age: int,
+    device: th.device,
+    logger: Logger | None = None,
+) -> RolloutBatch | None:
+    """Rows drawn from ``buffer`` so that they make ``ratio`` of an update with ``n_fresh`` fresh rows (None: too
+    few in the buffer, or none wanted); rows collected more than ``max_age`` iterations before ``iteration`` are
+    evicted first. Logged: ``replay/fraction``, ``replay/size``, ``replay/age_mean``."""
     buffer.evict_older_than(iteration - max_age)
     wanted = round(n_fresh * ratio / (1 - ratio))
-    if wanted == 0 or buffer.sampler.count < wanted:
-        return Draw(None, 0.0, None)
-    drawn = buffer.sample_batch(wanted)
-    arrays = {name: th.as_tensor(value, device=device) for name, value in drawn.rollout_arrays().items()}
-    replayed = RolloutBatch(
-        **arrays,
-        weights=th.as_tensor(drawn.weights, dtype=th.float32, device=device),
-        slots=th.as_tensor(drawn.indices, device=device),
-    )
-    return Draw(replayed, wanted / (wanted + n_fresh), iteration - drawn.iterations)
+    replayed, fraction, ages = None, 0.0, None
+    if wanted and buffer.sampler.count >= wanted:
+        drawn = buffer.sample_batch(wanted)
+        arrays = {name: th.as_tensor(value, device=device) for name, value in drawn.rollout_arrays().items()}
+        replayed = RolloutBatch(
+            **arrays,
+            weights=th.as_tensor(drawn.weights, dtype=th.float32, device=device),
+            slots=th.as_tensor(drawn.indices, device=device),
+        )
+        fraction, ages = wanted / (wanted + n_fresh), iteration - drawn.iterations
+    if logger is not None:
+        logger.record("replay/fraction", fraction)
+        logger.record("replay/size", len(buffer))
+        if ages is not None:
+            logger.record("replay/age_mean", float(np.mean(ages)))
+    return replayed
 
 
 def drift(log_probs: th.Tensor, minibatch: RolloutBatch) -> dict[int, float]:

@@ -2,11 +2,11 @@
 leaves out (the learnability-prioritised prompts are :class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`,
 which GRPO owns).
 
-Where it sits in the data flow: after the rollout's episodes are played, :meth:`GRPO._after_play
-<algorithms.grpo.grpo.GRPO._after_play>` runs :func:`dynamic_sampling`: new problems for the groups whose rewards
-are all equal, until none is (or ``max_resample_rounds`` rounds are spent), replacing those groups' rows
-(:func:`replace_groups`) before the advantages are computed. The decision is the pure function
-:func:`refill_slots`; what the rounds played accumulates in :class:`Refills`.
+Where it sits in the data flow: after the rollout's episodes are played, GRPO's :class:`RolloutSampling` runs
+:func:`dynamic_sampling`: new problems for the groups whose rewards are all equal, until none is (or
+``max_resample_rounds`` rounds are spent), replacing those groups' rows (:func:`replace_groups`) before the
+advantages are computed, then tells the prompt pool how each drawn problem went. The decision is the pure function
+:func:`refill_slots`; what the rounds played accumulates in :class:`Refills`; GRPO plays the episodes.
 
 Several processes: every rank sees every group's outcome (all-gathered), so every rank decides the same rounds and
 the same slots; each rank plays the new groups that fall in its own share of the K, with the sampling noise of
@@ -15,12 +15,17 @@ their place among all the new groups (so the result does not depend on the numbe
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
+import numpy as np
 import torch as th
+from stable_baselines3.common.logger import Logger
 
+from algorithms.common.replay.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows, episode_returns
+from algorithms.common.runtime.distributed import Distributed
 from algorithms.grpo import objective
 
 
@@ -92,3 +97,80 @@ def replace_groups(rows: Rows, new: Rows, slots: list[int], group_size: int) -> 
     for name in (f.name for f in fields(Rows)):
         setattr(rows, name, [getattr(source, name)[i] for _, source, i in entries])
     rows.episodes = [episode for episode, _, _ in entries]
+
+
+#: GRPO's side of a refill round: ``play(slots, mine, refill_round)`` draws new problems for the job's groups
+#: ``slots``, plays this rank's (``mine``: local group indices) and returns their rows and generation seconds, or
+#: None when a callback stopped training
+PlayRefill = Callable[[list[int], list[int], int], "tuple[Rows, float] | None"]
+
+
+class RolloutSampling:
+    """What GRPO does with a rollout once its episodes are played: DAPO's refill rounds (``dynamic``) and the
+    prompt pool's update with every drawn problem's success rate. An object GRPO owns; GRPO plays the episodes.
+
+    :param dynamic: run refill rounds (``GRPO(dynamic_sampling=True)``)
+    :param max_rounds: the most refill rounds per rollout
+    :param pool: the learnability pool the rollout's problems were drawn from, or None
+    :param group_size: G
+    :param local_groups: the groups this process plays (K / processes)
+    :param gamma: the discount of multi-turn returns
+    :param dist: the job's processes (outcomes are all-gathered: every rank decides the same rounds)
+    """
+
+    def __init__(
+        self,
+        dynamic: bool,
+        max_rounds: int,
+        pool: LearnabilityPool | None,
+        group_size: int,
+        local_groups: int,
+        gamma: float,
+        dist: Distributed,
+    ) -> None:
+        self.dynamic, self.max_rounds, self.pool = dynamic, max_rounds, pool
+        self.group_size, self.local_groups, self.gamma, self.dist = group_size, local_groups, gamma, dist
+
+    def after_play(self, rows: Rows, play: PlayRefill, logger: Logger) -> float | None:
+        """Refill ``rows`` in place (when dynamic), update the pool; the refills' generation seconds, or None when a
+        callback stopped training. Logged: ``rollout/resample_rounds``, ``rollout/resampled_groups`` and the pool's
+        ``rollout/prompt_priority_mean``, ``rollout/prompt_pool_size``, ``rollout/prompt_fresh_fraction``."""
+        if not self.dynamic and self.pool is None:
+            return 0.0
+        uniform, success = group_outcomes(rows, self.local_groups, self.group_size, self.gamma)  # (K_local,) x 2
+        uniform, success = self.dist.gather(uniform.float()) > 0.5, self.dist.gather(success)  # (K,) x 2
+        refills = Refills(rates=success.tolist())
+        if self.dynamic:
+            one_round = functools.partial(self._refill_round, rows, play, refills)
+            result = dynamic_sampling(uniform.tolist(), one_round, self.max_rounds)
+            if result is None:
+                return None
+            logger.record("rollout/resample_rounds", result[0])
+            logger.record("rollout/resampled_groups", result[1])
+        if self.pool is not None:
+            fresh = sum(slot < 0 for slot, _ in self.pool.awaiting) / max(len(self.pool.awaiting), 1)
+            self.pool.observe_awaiting(refills.rates)
+            logger.record("rollout/prompt_priority_mean", float(np.mean(self.pool.priorities())))
+            logger.record("rollout/prompt_pool_size", self.pool.size)
+            logger.record("rollout/prompt_fresh_fraction", fresh)
+        return refills.seconds
+
+    def _refill_round(self, rows: Rows, play: PlayRefill, refills: Refills, slots: list[int]) -> list[bool] | None:
+        """One round: the job's groups ``slots`` played anew (this rank's by ``play``), their rows put in place of the
+        old groups'; every new group's uniform flag, in ``slots`` order (None: stopped)."""
+        first = self.dist.rank * self.local_groups
+        mine = [slot - first for slot in slots if 0 <= slot - first < self.local_groups]
+        refills.rounds += 1
+        played = play(slots, mine, refills.rounds)
+        if played is None:
+            return None
+        new, seconds = played
+        refills.seconds += seconds
+        flags, rates = group_outcomes(new, len(mine), self.group_size, self.gamma) if mine else ([], [])
+        results = dict(zip(mine, zip(list(map(bool, flags)), list(map(float, rates)), strict=True), strict=True))
+        merged = {}
+        for rank, part in enumerate(self.dist.gather_objects(results)):
+            merged.update({k + rank * self.local_groups: value for k, value in part.items()})
+        replace_groups(rows, new, mine, self.group_size)
+        refills.rates.extend(merged[slot][1] for slot in slots)
+        return [merged[slot][0] for slot in slots]

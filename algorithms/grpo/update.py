@@ -6,7 +6,7 @@ Where it sits in the data flow: :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.tra
 :func:`~algorithms.common.rollout.batch.minibatches` (shared with PPO),
 computes :func:`minibatch_loss` (the policy's log-probs, :func:`~algorithms.grpo.objective.grpo_loss`, the
 value head's MSE) and steps the optimizer through the guarded step of
-:class:`~algorithms.common.lm_algorithm.LMAlgorithm`.
+:class:`~algorithms.common.base_class.LMBaseAlgorithm`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch as th
 from stable_baselines3.common.logger import Logger
 
@@ -129,3 +130,26 @@ def log_group_gradients(logger: Logger, groups: GroupDiagnostics) -> None:
         warnings.warn(
             f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (S24)", stacklevel=4
         )
+
+
+def log_train(
+    logger: Logger,
+    history: dict[str, list[float]],
+    settings: LossSettings,
+    skipped_steps: int,
+    n_updates: int,
+    diagnostics: bool,
+) -> None:
+    """Record the update's means (``train/<stat>``), its counters and coefficients; with the diagnostics (S24), warn
+    when the policy's entropy fell below 0.5."""
+    if diagnostics and np.mean(history["entropy"]) < controls.ENTROPY_WARNING:
+        warnings.warn(
+            f"policy entropy {np.mean(history['entropy']):.3f} < {controls.ENTROPY_WARNING} (S24)", stacklevel=3
+        )
+    for key, values in history.items():
+        logger.record(f"train/{key}", float(np.mean(values)))
+    logger.record("train/skipped_steps", skipped_steps)
+    logger.record("train/optimizer_steps", len(history.get("loss", [])))  # per rollout: groups when sequential
+    logger.record("train/ent_coef", settings.ent_coef)
+    logger.record("train/clip_range", settings.clip_low)
+    logger.record("train/n_updates", n_updates, exclude="tensorboard")

@@ -1,7 +1,9 @@
 """The tokenizer guard: the env's tokenizer and the policy's model must speak the same vocabulary.
 
-Checked when an algorithm builds its policy (:meth:`LMAlgorithm._setup_model`: :func:`check_model_tokenizer`
-before, :func:`check_embedding_rows` after; a model with fewer rows than the tokenizer's ids is the policy's error):
+Checked when an algorithm builds its policy
+(:meth:`LMBaseAlgorithm._setup_model <algorithms.common.base_class.LMBaseAlgorithm._setup_model>`:
+:func:`check_model_tokenizer` before, :func:`check_embedding_rows` after; a model with fewer rows than the
+tokenizer's ids is the policy's error):
 
 - when the model comes from a folder (or hub name) that ships its own tokenizer, that tokenizer must equal
   the env's: the same token-to-id map and the same special tokens (EOS, pad); a model trained with other ids

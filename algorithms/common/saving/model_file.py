@@ -7,8 +7,8 @@ A model zip keeps Stable-Baselines3's layout (``data``, ``policy.pth``, ``policy
 - ``arguments``: the constructor arguments by name. Numbers, strings, lists and dicts as they are; schedules by
   their parameters (``{"__schedule__": "linear", "start": ..., ...}``); ``torch.optim`` classes by name
   (``{"__class__": "torch.optim.AdamW"}``); gymnasium spaces by their description.
-- ``state``: what a run needs to continue exactly (see :mod:`algorithms.common.saving.run_file`); the torch RNG states go
-  to ``pytorch_variables.pth`` as tensors.
+- ``state``: what a run needs to continue exactly (see :mod:`algorithms.common.saving.run_file`); the torch RNG
+  states go to ``pytorch_variables.pth`` as tensors.
 
 A value that has no plain form (a user's own schedule function, say) is written pickled under its key, and
 :func:`read_model_file` refuses such an entry, naming the key, unless the caller passes a replacement in

@@ -5,7 +5,7 @@ A model file (the format is :mod:`algorithms.common.saving.model_file`) holds:
 - the constructor's arguments, by name (so ``load`` builds the same algorithm and validates them again);
 - the weights: the policy, its optimizer state, the frozen reference when there is one (with LoRA on a base
   model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again);
-- the run state (:meth:`LMAlgorithm.get_run_state <algorithms.common.lm_algorithm.LMAlgorithm.get_run_state>`):
+- the run state (:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`):
   ``num_timesteps``, the update and iteration counters, skipped steps and the algorithm's own counters; the RNG
   states of torch, numpy, Python, the sampler's generator and the problem stream; each env's
   :meth:`~grpo_gym.R1ZeroEnv.get_state` (reached through the VecEnv); the curriculum's level; the episode
@@ -45,7 +45,8 @@ from grpo_gym.describe import env_kwargs_from_record, recorded_env_id
 
 @dataclass
 class SavedRun:
-    """A model file read back and decoded: what :meth:`LMAlgorithm.load` builds the algorithm from."""
+    """A model file read back and decoded: what
+    :meth:`LMBaseAlgorithm.load <algorithms.common.base_class.LMBaseAlgorithm.load>` builds the algorithm from."""
 
     algorithm: str  # the class name the file was saved by
     policy_class: str

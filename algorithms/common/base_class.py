@@ -1,0 +1,407 @@
+"""``LMBaseAlgorithm``: the parts of a language-model algorithm that are not its learning loop.
+
+The role SB3's ``BaseAlgorithm`` (``base_class.py``) plays under ``OnPolicyAlgorithm``: the constructor's shared
+arguments, the policy with its mixed precision (S15), the frozen reference, the rollouts' seeds
+(:class:`~algorithms.common.rollout.seeds.RolloutSeeds`), several processes (S17), the guarded optimizer step, the
+run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`) and ``save`` / ``load``
+(the file's contents: :mod:`algorithms.common.saving.run_file`). The learning loop and rollout collection are
+:class:`~algorithms.common.lm_algorithm.LMAlgorithm`'s.
+
+The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
+network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
+:mod:`algorithms.common.model.lora`); :meth:`LMBaseAlgorithm._reference` gives whichever it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import io
+import json
+import os
+from collections import deque
+from typing import Any, ClassVar, TypeVar
+
+import gymnasium as gym
+import torch as th
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.utils import check_for_correct_spaces, get_system_info
+
+import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
+from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
+from algorithms.common.callbacks import CurriculumCallback
+from algorithms.common.env_util import rollout_token_ids
+from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
+from algorithms.common.policies import TransformerPolicy
+from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.seeds import RolloutSeeds
+from algorithms.common.runtime.distributed import Distributed, GradientSync
+from algorithms.common.runtime.precision import ProbeShape, choose_precision
+from algorithms.common.saving import run_file
+from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
+from grpo_gym.validation import check_mapping
+
+SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
+#: the keys policy_kwargs may hold: TransformerPolicy's arguments but those the algorithm passes itself
+POLICY_KEYS = tuple(
+    name
+    for name in inspect.signature(TransformerPolicy.__init__).parameters
+    if name not in ("self", "observation_space", "action_space", "lr_schedule")
+)
+#: constructor arguments a file does not record (the caller supplies them at load), and attributes of other names
+NOT_SAVED = ("self", "policy", "env", "device", "_init_setup_model")
+ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
+
+
+def _tokenizer_of(model: Any) -> dict[str, Any]:
+    """``{"tokenizer": folder}`` when the model comes from a folder or hub name that ships a tokenizer: an env
+    made from an id then speaks the model's vocabulary (the tokenizer guard's fix, applied for the caller)."""
+    return {"tokenizer": os.fspath(model)} if model_tokenizer(model) is not None else {}
+
+
+class LMBaseAlgorithm(BaseAlgorithm):
+    """Base class of :class:`~algorithms.common.lm_algorithm.LMAlgorithm`: see the module docstring.
+
+    The constructor arguments are documented on the algorithms (GRPO, LMPPO), which pass them through.
+    """
+
+    policy_aliases: ClassVar[dict[str, type[TransformerPolicy]]] = {"TransformerPolicy": TransformerPolicy}
+    policy: TransformerPolicy
+
+    def __init__(
+        self,
+        policy: str | type[TransformerPolicy],
+        env: GymEnv | str | None,
+        learning_rate: float | Schedule,
+        n_groups: int,
+        group_size: int,
+        max_grad_norm: float,
+        gamma: float,
+        gradient_compression: str | None,
+        dist_timeout: float,
+        mixed_precision: str,
+        cold_start: bool | str,
+        sft_steps: int,
+        sft_batch_size: int,
+        sft_learning_rate: float,
+        sft_data: str | None,
+        curriculum: bool,
+        stats_window_size: int,
+        tensorboard_log: str | None,
+        policy_kwargs: dict[str, Any] | None,
+        verbose: int,
+        seed: int | None,
+        device: th.device | str,
+    ) -> None:
+        check = ArgumentChecker(LM_ALGORITHM_RULES)
+        self._dist = Distributed(timeout=check("dist_timeout", dist_timeout))
+        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
+            env = gym.make(env, **_tokenizer_of((policy_kwargs or {}).get("model")))
+        main = self._dist.is_main  # S17: only rank 0 logs and prints
+        super().__init__(
+            policy,
+            env,
+            learning_rate=check("learning_rate", learning_rate),
+            policy_kwargs=check_mapping("policy_kwargs", policy_kwargs, POLICY_KEYS),
+            stats_window_size=check("stats_window_size", stats_window_size),
+            tensorboard_log=check("tensorboard_log", tensorboard_log) if main else None,
+            verbose=check("verbose", verbose) if main else 0,
+            device=self._dist.device(device),
+            support_multi_env=True,
+            seed=check("seed", seed),
+        )
+        self.n_groups = check("n_groups", n_groups)
+        self.group_size = check("group_size", group_size)
+        self.max_grad_norm = check("max_grad_norm", max_grad_norm)
+        self.gamma = check("gamma", gamma)
+        self.gradient_compression = check("gradient_compression", gradient_compression)
+        self.dist_timeout = check("dist_timeout", dist_timeout)
+        self.mixed_precision = check("mixed_precision", mixed_precision)
+        self.cold_start = check("cold_start", cold_start)
+        self.sft_steps = check("sft_steps", sft_steps)
+        self.sft_batch_size = check("sft_batch_size", sft_batch_size)
+        self.sft_learning_rate = check("sft_learning_rate", sft_learning_rate)
+        self.sft_data = check("sft_data", sft_data)
+        if self.sft_data is not None and not os.path.isfile(self.sft_data):
+            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
+        self.curriculum = check("curriculum", curriculum)
+        self._sync: GradientSync | None = None
+        self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
+        self._skipped_steps = 0
+        self.ref_model: th.nn.Module | None = None
+        self._n_updates = 0
+        self._iteration = 0
+        self._cold_start_done = False
+        self._token_info: dict[str, int] = {}
+        self._rollout: RolloutBatch | None = None
+        self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None  # the state a save records
+        self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
+        self._curriculum: CurriculumCallback | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _setup_model(self) -> None:
+        """Seeds, the rollouts' randomness, the policy, mixed precision, the reference."""
+        self._setup_lr_schedule()
+        self.set_random_seed(self.seed)
+        # one seed for the whole job (every rank draws the same numbers): see RolloutSeeds
+        seed = self.seed if self.seed is not None else int(self._dist.gather_objects(int(th.randint(2**62, (1,))))[0])
+        self._seeds = RolloutSeeds(seed, self.device)
+        if self.env is not None:
+            world = self._dist.world_size
+            name = type(self).__name__
+            self._token_info = rollout_token_ids(self.env, name, self.n_groups, world, self.group_size)
+        tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
+        verified = tokenizer is not None and check_model_tokenizer(tokenizer, self.policy_kwargs.get("model"))
+        kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
+        self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
+        self.policy = self.policy.to(self.device)
+        rows = self._local_groups * self.group_size  # what the probe of mixed_precision="auto" times (CPU only)
+        shape = ProbeShape.of(self.policy, rows, prompts=self._local_groups, sft_rows=self.sft_batch_size)
+        choice = choose_precision(self.mixed_precision, self.device, self.policy, shape) if self._dist.is_main else None
+        self.precision = self._dist.gather_objects(choice)[0]  # rank 0 probes (when auto needs it); all run its choice
+        self.policy.autocast_dtypes = self.precision.dtypes
+        self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
+        if self.verbose >= 1:
+            print(self.precision.describe())
+        if tokenizer is not None:
+            check_embedding_rows(tokenizer, self.policy.model, self.policy.model_name, verified)
+        config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
+        # the architecture (so load() rebuilds it offline) and the frozen parameters (so they stay frozen)
+        self.policy_kwargs = {
+            **self.policy_kwargs,
+            "model_config": config,
+            "frozen_parameters": self.policy.frozen_parameters,
+            **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
+        }
+        if self._needs_reference():
+            self.ref_model = self._frozen_copy()
+
+    def _needs_reference(self) -> bool:
+        """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
+        return False
+
+    def _frozen_copy(self) -> th.nn.Module | None:
+        """A frozen copy of the policy's network; None with LoRA, whose reference is the base model (see
+        :meth:`_reference`)."""
+        if self.policy.lora is not None:
+            return None
+        reference = copy.deepcopy(self.policy.model).eval()
+        reference.requires_grad_(False)
+        return reference
+
+    @contextlib.contextmanager
+    def _reference(self):
+        """The frozen reference network for the duration of the block: ``ref_model``, or with LoRA the policy's own
+        network with its adapters disabled (the base model, no copy)."""
+        if self.policy.lora is None or self.ref_model is not None:
+            yield self.ref_model
+            return
+        with self.policy.model.disable_adapter():
+            yield self.policy.model
+
+    @property
+    def _local_groups(self) -> int:
+        """The groups this process trains: K / world size."""
+        return self.n_groups // self._dist.world_size
+
+    # ------------------------------------------------------------------ run state, save and load
+    #: attributes that, besides the constructor's arguments, a run needs to continue exactly; subclasses add theirs
+    state_attributes: ClassVar[tuple[str, ...]] = (
+        "num_timesteps",
+        "_n_updates",
+        "_iteration",
+        "_skipped_steps",
+        "_cold_start_done",
+        "_episode_num",
+        "_current_progress_remaining",
+        "_token_info",
+    )
+
+    def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
+        """The run state now (see :mod:`algorithms.common.saving.run_file`): a JSON-able dict and the torch RNG
+        states (tensors)."""
+        problems, generator = self._seeds.get_state()
+        state = {name: getattr(self, name) for name in self.state_attributes}
+        state.update(
+            _sampling_seed=self._seeds.seed,
+            problem_rng=problems,
+            ep_info_buffer=[dict(info) for info in self.ep_info_buffer or []],
+            ep_success_buffer=[bool(success) for success in self.ep_success_buffer or []],
+            **run_file.global_rng_state(),
+        )
+        if self.env is not None and self.env.has_attr("get_state"):
+            state["env_states"] = self.env.env_method("get_state")
+        if self._curriculum is not None:
+            state["curriculum"] = self._curriculum.get_state()
+        return encode(state), {**run_file.torch_rng_state(), "generator": generator}
+
+    def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
+        """Put back what :meth:`get_run_state` gave; the env states are applied when training starts (after SB3's
+        ``_setup_learn`` resets the envs)."""
+        for name in self.state_attributes:
+            if name in state:
+                setattr(self, name, state[name])
+        self.ep_info_buffer = deque(state.get("ep_info_buffer", []), maxlen=self._stats_window_size)
+        self.ep_success_buffer = deque(state.get("ep_success_buffer", []), maxlen=self._stats_window_size)
+        self._seeds.seed = int(state.get("_sampling_seed", self._seeds.seed))
+        self._seeds.set_state(state["problem_rng"], rng["generator"])
+        run_file.set_global_rng_state(state)
+        run_file.set_torch_rng_state(rng)
+        self._pending_env_states = state.get("env_states")
+        if "curriculum" in state:
+            self._curriculum = CurriculumCallback.from_state(state["curriculum"])
+
+    def _constructor_arguments(self) -> dict[str, Any]:
+        """The constructor's arguments, read back from the attributes they were stored in."""
+        names = [name for name in inspect.signature(type(self).__init__).parameters if name not in NOT_SAVED]
+        arguments = {name: getattr(self, ATTRIBUTE_OF.get(name, name)) for name in names}
+        return {**arguments, "policy_kwargs": run_file.plain_policy_kwargs(arguments.get("policy_kwargs"))}
+
+    def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
+        """Write the model to ``path`` (``.zip`` added when missing), atomically, as plain JSON and weights:
+        the constructor's arguments, the weights and optimizer state, and the run state at the last iteration
+        boundary (see :mod:`algorithms.common.saving.run_file`). With several processes only rank 0 writes.
+
+        ``exclude`` and ``include`` (SB3's) are not supported: the file holds arguments and state by name."""
+        if exclude or include:
+            raise ValueError(
+                "save() writes the constructor's arguments and the run state; exclude/include are not supported"
+            )
+        if not self._dist.is_main:
+            return
+        state, rng = self._boundary or self.get_run_state()
+        data = {
+            "algorithm": type(self).__name__,
+            "policy_class": self.policy_class.__name__,
+            "observation_space": encode(self.observation_space),
+            "action_space": encode(self.action_space),
+            "arguments": encode(self._constructor_arguments()),
+            "state": state,
+            "env": run_file.env_record(self.env),
+        }
+        parameters = self.get_parameters()
+        parameters["policy"] = self.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
+        write_model_file(path, data, parameters, {"rng": rng})
+
+    @classmethod
+    def load(  # type: ignore[override]
+        cls: type[SelfLMBaseAlgorithm],
+        path: str | os.PathLike | io.BufferedIOBase,
+        env: GymEnv | None = None,
+        device: th.device | str = "auto",
+        custom_objects: dict[str, Any] | None = None,
+        print_system_info: bool = False,
+        force_reset: bool = True,
+        allow_pickle: bool = False,
+        env_objects: dict[str, Any] | None = None,
+        rebuild_env: bool = True,
+        **kwargs: Any,
+    ) -> SelfLMBaseAlgorithm:
+        """Load a model written by :meth:`save`, safely: its ``data`` is JSON and its tensors are read with
+        ``weights_only=True``; an entry that would need unpickling (a user's own schedule function) is refused
+        with an error naming it, unless ``custom_objects`` supplies it or ``allow_pickle=True`` (only for a file
+        you trust). ``kwargs`` override saved constructor arguments (e.g. ``tensorboard_log``) or set attributes.
+
+        Without ``env``, the env the file records (its id and constructor arguments, see
+        :meth:`~grpo_gym.R1ZeroEnv.describe`) is rebuilt, with ``env_objects`` supplying what a file cannot hold
+        (``{"reward_funcs": {...}}``, ``{"task_kwargs": {"data": dataset}}``); when something is missing the model
+        loads without an env (a warning names it), predicts and exports but does not train; ``rebuild_env=False``
+        skips the rebuild (the policy alone, e.g. to serve it). ``force_reset`` is
+        accepted for SB3's signature: the envs are always reset when training starts, then given their saved
+        states back."""
+        if print_system_info:
+            get_system_info()
+        saved = run_file.read_run(path, custom_objects, allow_pickle)
+        if saved.algorithm != cls.__name__:
+            name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
+            raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
+        if env is None and rebuild_env and saved.env:
+            env = run_file.rebuild_env(saved.env, dict(env_objects or {}), saved.arguments.get("seed"))
+        elif env_objects:
+            raise ValueError("env_objects rebuild the recorded env: pass them without env=")
+        if env is not None:
+            env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
+            check_for_correct_spaces(env, saved.observation_space, saved.action_space)
+        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in saved.arguments}}
+        model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
+        if env is None:
+            model.observation_space, model.action_space = saved.observation_space, saved.action_space
+        model.__dict__.update({key: value for key, value in kwargs.items() if key not in saved.arguments})
+        model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
+        model._setup_model()
+        model.set_parameters(saved.state_dicts, exact_match=True, device=device)
+        model.set_run_state(saved.state, saved.rng)
+        return model
+
+    def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
+        state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])
+        return state_dicts, []
+
+    def set_parameters(self, load_path_or_dict: str | dict[str, Any], exact_match: bool = True, device="auto") -> None:
+        """SB3's ``set_parameters``, tolerant of a changed ``beta``: a saved reference is dropped when ``beta``
+        is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0. A model file is read
+        safely (:func:`~algorithms.common.saving.model_file.read_model_file`); one that holds LoRA adapters only gets
+        the base weights this policy read from the base model's folder."""
+        if not isinstance(load_path_or_dict, dict):
+            load_path_or_dict = read_model_file(load_path_or_dict)[1]
+        params = dict(load_path_or_dict)
+        if "policy" in params:  # a file of adapters only: the base weights are those read from the base's folder
+            params["policy"] = self.policy.completed_state_dict(params["policy"])
+        saved_reference = params.pop("ref_model", None)
+        wants_reference = self.ref_model is not None
+        self.ref_model = None  # load the policy and optimizer alone, then deal with the reference
+        super().set_parameters(params, exact_match, device)
+        if wants_reference:
+            self.ref_model = self._frozen_copy()
+            if saved_reference is not None:
+                self.ref_model.load_state_dict(saved_reference)
+
+    def save_pretrained(self, directory: str, merge: bool = False) -> None:
+        """Export the policy as a standard Hugging Face folder (model + the env's tokenizer); with LoRA a peft
+        adapter folder, or the merged model with ``merge=True`` (see :meth:`TransformerPolicy.save_pretrained`)."""
+        tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
+        self.policy.save_pretrained(directory, tokenizer=tokenizer, merge=merge)
+
+    # ------------------------------------------------------------------ steps every update shares
+    def _start_gradient_sync(self) -> None:
+        """S17, once after the cold start: rank 0's weights everywhere, and the reducer that sums gradients."""
+        if not self._dist.enabled or self._sync is not None:
+            return
+        self._dist.broadcast_module(self.policy)
+        if self.ref_model is not None:
+            self._dist.broadcast_module(self.ref_model)
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        self._sync = GradientSync(trainable, self._dist.world_size, self.gradient_compression)
+
+    def _optimizer_step(self, loss: th.Tensor | None) -> th.Tensor:
+        """Backward (unless ``loss`` is None: the gradients are there already), unscale (fp16), clip and step;
+        a step with non-finite gradients is skipped and counted."""
+        optimizer = self.policy.optimizer
+        if loss is not None:
+            optimizer.zero_grad(set_to_none=True)
+            (loss if self._scaler is None else self._scaler.scale(loss)).backward()
+        if self._sync is not None:  # S17: the sum of every rank's (share-weighted) gradient
+            self._sync.sync()
+        if self._scaler is not None:
+            self._scaler.unscale_(optimizer)
+        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        finite = bool(th.isfinite(grad_norm))
+        if self._scaler is not None:
+            self._scaler.step(optimizer)  # skips the step itself when the unscaled gradients hold inf or NaN
+            self._scaler.update()
+        elif finite:
+            optimizer.step()
+        if finite:
+            self._n_updates += 1
+        else:
+            self._skipped_steps += 1
+            optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
+        """``(N, C)`` log-probs of the batch's completions under the frozen reference."""
+        with th.no_grad(), self._reference() as reference:
+            args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+            return self.policy.log_probs(*args, model=reference)[0]
