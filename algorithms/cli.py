@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.common.env_util import make_env
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
     RUN_KEYS,
@@ -45,15 +46,6 @@ def _config(args: argparse.Namespace) -> Any:
     return args.config
 
 
-def _make_env(env_id: str, n_envs: int, env_kwargs: dict[str, Any], seed: int | None) -> Any:
-    from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import DummyVecEnv
-
-    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
-
-    return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs, vec_env_cls=DummyVecEnv)
-
-
 def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """Read the config, apply the command line, build the env and the model (or ``load`` a saved one into it)."""
     algorithm = _algorithm(args)
@@ -62,7 +54,7 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     n_timesteps = int(config.pop("n_timesteps"))
     if getattr(args, "n_timesteps", None) is not None:
         n_timesteps = args.n_timesteps
-    env = _make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
+    env = make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
     if load is not None:
         model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose)
@@ -253,7 +245,7 @@ def evaluate(args: argparse.Namespace) -> int:
         env_kwargs = dict(load_hyperparams(_config(args), args.env, args.preset, {}).get("env_kwargs") or {})
         if extra:  # the held-out split of a dataset / jsonl task
             env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra["task_kwargs"]}
-    env = _make_env(env_id, 1, env_kwargs, args.eval_seed)
+    env = make_env(env_id, 1, env_kwargs, args.eval_seed)
     model = _algorithm(args).load(args.model, env=env)
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))

@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from algorithms import GRPO
-    from algorithms.cli import _make_env
+    from algorithms.common.env_util import make_env
     from algorithms.common.evaluation import held_out_problems
     from algorithms.common.hyperparams import DEFAULT_CONFIG, load_hyperparams
     from algorithms.deploy import distill, quantize_int8, save_int8
@@ -120,7 +120,7 @@ def main() -> None:
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     start = usage()
     config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", args.preset)
-    env = _make_env("R1Zero-v0", 1, config.get("env_kwargs", {}), args.seed)
+    env = make_env("R1Zero-v0", 1, config.get("env_kwargs", {}), args.seed)
     tokenizer = env.get_attr("tokenizer", indices=[0])[0]
     teacher = GRPO.load(args.teacher, device="cpu")
     teacher.policy.save_pretrained(args.out / "teacher", tokenizer=tokenizer)

@@ -35,12 +35,11 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 
-if TYPE_CHECKING:
-    from grpo_gym.env import R1ZeroEnv
+from grpo_gym.tasks import REASONING_GYM_PREFIX, task_path
 
 RECORD_FORMAT = "grpo-gym-env/1"
 MUST_PASS = "<must be passed>"
@@ -87,11 +86,9 @@ def _reward_model(value: Any) -> Any:
     return path if type(value).__name__ == "RewardModelScorer" and isinstance(path, str) else MUST_PASS
 
 
-def describe_env(env: R1ZeroEnv) -> dict[str, Any]:
-    """The record of ``env`` (see the module docstring)."""
-    from grpo_gym.tasks import task_path
-
-    given = dict(env.init_arguments)
+def describe_env(init_arguments: Mapping[str, Any], env_id: str) -> dict[str, Any]:
+    """The record of an env made as ``env_id`` with these constructor arguments (see the module docstring)."""
+    given = dict(init_arguments)
     kwargs: dict[str, Any] = {
         name: _jsonable(value)
         for name, value in given.items()
@@ -108,7 +105,6 @@ def describe_env(env: R1ZeroEnv) -> dict[str, Any]:
     needs += [f"task_kwargs.{k}" for k, v in (kwargs["task_kwargs"] or {}).items() if v == MUST_PASS]
     if funcs:
         needs.append("reward_funcs")
-    env_id = env.spec.id if env.spec is not None else "R1Zero-v0"
     return {"format": RECORD_FORMAT, "env_id": env_id, "kwargs": kwargs, "needs": needs}
 
 
@@ -163,8 +159,6 @@ def _still_missing(need: str, kwargs: dict[str, Any]) -> bool:
 
 def _check_task_module(task: Any, passed: bool) -> None:
     """A recorded ``"module:Class"`` task is rebuilt only from a module this process has already imported."""
-    from grpo_gym.tasks import REASONING_GYM_PREFIX
-
     if passed or not isinstance(task, str) or ":" not in task or task.startswith(REASONING_GYM_PREFIX):
         return
     module = task.split(":", 1)[0]
@@ -179,16 +173,17 @@ def recorded_env_id(record: Mapping[str, Any]) -> str:
     """The record's env id, checked without importing anything: an id already registered (``R1Zero-v0``, or your
     own ``register(id=..., entry_point=R1ZeroEnv)``) whose entry point is :class:`~grpo_gym.env.R1ZeroEnv`.
     ``"grpo_gym:R1Zero-v0"`` is read as ``"R1Zero-v0"``. Anything else (``"some.module:Env-v0"`` would make
-    gymnasium import ``some.module``) is a ``ValueError``."""
-    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
-    from grpo_gym.env import R1ZeroEnv
-
+    gymnasium import ``some.module``) is a ``ValueError``. (The class is recognised by its module and name: this
+    module never imports the env.)"""
     env_id = record.get("env_id")
     if env_id == "grpo_gym:R1Zero-v0":
         env_id = "R1Zero-v0"
     spec = gym.registry.get(env_id) if isinstance(env_id, str) else None
     entry = None if spec is None else spec.entry_point
-    if entry not in ("grpo_gym.env:R1ZeroEnv", "grpo_gym:R1ZeroEnv", R1ZeroEnv):
+    is_class = (
+        getattr(entry, "__module__", None) == "grpo_gym.env" and getattr(entry, "__qualname__", None) == "R1ZeroEnv"
+    )
+    if entry not in ("grpo_gym.env:R1ZeroEnv", "grpo_gym:R1ZeroEnv") and not is_class:
         raise ValueError(
             f"the record's env id {env_id!r} is not a registered R1ZeroEnv id (a record never imports code): "
             "register it first (gymnasium.register(id=..., entry_point=grpo_gym.R1ZeroEnv)), or pass the env"

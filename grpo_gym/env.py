@@ -14,7 +14,7 @@ from gymnasium import spaces
 from grpo_gym.actions import completion_ids, split_completion, text_action, token_id
 from grpo_gym.context import ContextWindow
 from grpo_gym.describe import describe_env, env_kwargs_from_record
-from grpo_gym.env_state import get_env_state, set_env_state
+from grpo_gym.env_state import make_state, problem_state, read_state
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
 from grpo_gym.scoring import ScoreAhead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
@@ -299,7 +299,7 @@ class R1ZeroEnv(gym.Env):
     def describe(self) -> dict[str, Any]:
         """A JSON-serialisable record of this env's id and constructor arguments, and the argument names that must
         be passed back to rebuild it (``"needs"``); see :mod:`grpo_gym.describe`."""
-        return describe_env(self)
+        return describe_env(self.init_arguments, self.spec.id if self.spec is not None else "R1Zero-v0")
 
     @classmethod
     def from_description(cls, record: Mapping[str, Any], **objects: Any) -> R1ZeroEnv:
@@ -311,12 +311,50 @@ class R1ZeroEnv(gym.Env):
     def get_state(self) -> dict[str, Any]:
         """Everything needed to continue this env exactly, as a JSON-serialisable dict (see the class docstring
         and :mod:`grpo_gym.env_state` for the format)."""
-        return get_env_state(self)
+        episode = None
+        if self.problem is not None:
+            episode = {
+                "problem": problem_state(self.task, self.problem),
+                "window": self.window.tokens().tolist(),
+                "pending": [int(t) for t in self._pending],
+                "turn": self._turn,
+                "transcript": list(self._transcript),
+            }
+        weights, errors = self.reward_fn.weights, self.reward_fn.error_counts
+        task_state = self.task.get_state()
+        return make_state(
+            self._spec(), self.np_random, self.difficulty, weights, errors, task_state, self._warned_cut, episode
+        )
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`get_state` (of an env built with the same arguments); ``ValueError``, with
         nothing changed, when it does not fit."""
-        set_env_state(self, state)
+        saved = read_state(
+            state, self._spec(), self.task, self.codec.vocab_size, self.context_length, self.max_new_tokens
+        )
+        self.np_random = saved.np_random
+        self.set_difficulty(saved.difficulty)
+        self.set_reward_weights(saved.reward_weights)
+        self.reward_fn.error_counts.update(saved.reward_error_counts)
+        self.task.set_state(saved.task_state)
+        self._warned_cut = saved.warned_cut
+        episode = saved.episode
+        self.problem = None if episode is None else episode.problem
+        self.window.reset(np.zeros(0, dtype=np.int64) if episode is None else episode.window)
+        self._pending = [] if episode is None else episode.pending
+        self._turn = 0 if episode is None else episode.turn
+        self._transcript = [] if episode is None else episode.transcript
+
+    def _spec(self) -> dict[str, Any]:
+        """What a saved state must have been saved by (see :mod:`grpo_gym.env_state`)."""
+        return {
+            "task": self.task.name,
+            "context_length": self.context_length,
+            "max_new_tokens": self.max_new_tokens,
+            "action_mode": self.action_mode,
+            "max_turns": self.max_turns,
+            "vocab_size": self.codec.vocab_size,
+        }
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(

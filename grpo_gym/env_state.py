@@ -22,35 +22,24 @@ The state is a plain, JSON-serialisable ``dict`` (``json.dumps`` works on it; no
 completion budget, action mode, turn budget and vocabulary size (anything else raises ``ValueError`` naming
 the difference). Everything else about the env (its tokenizer, template, reward model) comes from its
 constructor, as with any Gymnasium env.
+
+This module is the format alone, on plain data: :meth:`R1ZeroEnv.get_state <grpo_gym.env.R1ZeroEnv.get_state>`
+hands :func:`make_state` its values, and :meth:`~grpo_gym.env.R1ZeroEnv.set_state` applies what :func:`read_state`
+checked and parsed (everything is checked before anything is applied).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from grpo_gym.tasks import Problem
-
-if TYPE_CHECKING:
-    from grpo_gym.env import R1ZeroEnv
-    from grpo_gym.tasks import Task
+from grpo_gym.tasks import Problem, Task
 
 STATE_FORMAT = "grpo-gym-env-state/1"
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
-
-
-def _spec(env: R1ZeroEnv) -> dict[str, Any]:
-    return {
-        "task": env.task.name,
-        "context_length": env.context_length,
-        "max_new_tokens": env.max_new_tokens,
-        "action_mode": env.action_mode,
-        "max_turns": env.max_turns,
-        "vocab_size": env.codec.vocab_size,
-    }
 
 
 def problem_state(task: Task, problem: Problem) -> dict[str, Any]:
@@ -78,67 +67,91 @@ def restore_problem(task: Task, state: dict[str, Any]) -> Problem:
     return Problem(**state["fields"])
 
 
-def get_env_state(env: R1ZeroEnv) -> dict[str, Any]:
-    """The state of ``env`` as described in the module docstring."""
-    episode = None
-    if env.problem is not None:
-        episode = {
-            "problem": problem_state(env.task, env.problem),
-            "window": env.window.tokens().tolist(),
-            "pending": [int(t) for t in env._pending],
-            "turn": env._turn,
-            "transcript": list(env._transcript),
-        }
+def make_state(
+    spec: dict[str, Any],
+    np_random: np.random.Generator,
+    difficulty: float,
+    reward_weights: dict[str, float],
+    reward_error_counts: dict[str, int],
+    task_state: Any,
+    warned_cut: bool,
+    episode: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The state dict (see the module docstring) from an env's values; ``episode`` is ``{"problem":
+    problem_state(...), "window", "pending", "turn", "transcript"}`` or None before the first reset."""
     return {
         "format": STATE_FORMAT,
-        "spec": _spec(env),
-        "np_random": _jsonable(env.np_random.bit_generator.state),
-        "difficulty": env.difficulty,
-        "reward_weights": env.reward_fn.weights,
-        "reward_error_counts": dict(env.reward_fn.error_counts),
-        "task": env.task.get_state(),
-        "warned": {"prompt_cut": env._warned_cut},
+        "spec": spec,
+        "np_random": _jsonable(np_random.bit_generator.state),
+        "difficulty": difficulty,
+        "reward_weights": reward_weights,
+        "reward_error_counts": dict(reward_error_counts),
+        "task": task_state,
+        "warned": {"prompt_cut": warned_cut},
         "episode": episode,
     }
 
 
-def set_env_state(env: R1ZeroEnv, state: dict[str, Any]) -> None:
-    """Restore ``env`` from :func:`get_env_state`'s output; ``ValueError`` when it does not fit this env."""
+@dataclasses.dataclass
+class SavedEpisode:
+    """The episode in progress of a checked state."""
+
+    problem: Problem
+    window: np.ndarray  # (n,) int64 token ids
+    pending: list[int]
+    turn: int
+    transcript: list[str]
+
+
+@dataclasses.dataclass
+class SavedState:
+    """A state checked by :func:`read_state`, parsed into what an env applies."""
+
+    np_random: np.random.Generator
+    difficulty: Any
+    reward_weights: Any
+    reward_error_counts: dict[str, int]
+    task_state: Any
+    warned_cut: bool
+    episode: SavedEpisode | None
+
+
+def read_state(
+    state: Any, spec: dict[str, Any], task: Task, vocab_size: int, context_length: int, max_new_tokens: int
+) -> SavedState:
+    """Check ``state`` against the env it is for (its ``spec``, task, vocabulary size, window and completion budget)
+    and parse it; ``ValueError`` naming what does not fit. The difficulty and reward weights are checked by the
+    env's own setters."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"not an R1ZeroEnv state (format {found!r}, expected {STATE_FORMAT!r})")
-    spec = _spec(env)
     differences = {k: (v, spec.get(k)) for k, v in state.get("spec", {}).items() if spec.get(k) != v}
     if differences or state.get("spec", {}).keys() != spec.keys():
         shown = ", ".join(f"{k}: saved {saved!r}, this env {mine!r}" for k, (saved, mine) in differences.items())
         raise ValueError(f"the state was saved by a different env ({shown or 'spec keys differ'})")
     generator = _generator(state["np_random"])
     episode = state.get("episode")
-    problem = restore_problem(env.task, episode["problem"]) if episode is not None else None
+    saved_episode = None
     if episode is not None:
+        problem = restore_problem(task, episode["problem"])
         window = np.asarray(episode["window"], dtype=np.int64)
         pending = np.asarray(episode["pending"], dtype=np.int64)
         for name, ids in (("window", window), ("pending", pending)):
-            if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= env.codec.vocab_size)):
-                raise ValueError(f"episode {name} ids must be a list of ids in [0, {env.codec.vocab_size})")
-        if len(window) > env.context_length or len(pending) > env.max_new_tokens:
+            if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= vocab_size)):
+                raise ValueError(f"episode {name} ids must be a list of ids in [0, {vocab_size})")
+        if len(window) > context_length or len(pending) > max_new_tokens:
             raise ValueError("episode window or pending tokens longer than this env allows")
-    # everything is checked: now change the env
-    env.np_random = generator
-    env.set_difficulty(state["difficulty"])
-    env.set_reward_weights(state["reward_weights"])
-    env.reward_fn.error_counts.update({k: int(v) for k, v in state.get("reward_error_counts", {}).items()})
-    env.task.set_state(state.get("task"))
-    env._warned_cut = bool(state.get("warned", {}).get("prompt_cut", False))
-    env.problem = problem
-    if episode is None:
-        env.window.reset(np.zeros(0, dtype=np.int64))
-        env._pending, env._turn, env._transcript = [], 0, []
-    else:
-        env.window.reset(window)
-        env._pending = pending.tolist()
-        env._turn = int(episode["turn"])
-        env._transcript = [str(text) for text in episode["transcript"]]
+        transcript = [str(text) for text in episode["transcript"]]
+        saved_episode = SavedEpisode(problem, window, pending.tolist(), int(episode["turn"]), transcript)
+    return SavedState(
+        np_random=generator,
+        difficulty=state["difficulty"],
+        reward_weights=state["reward_weights"],
+        reward_error_counts={k: int(v) for k, v in state.get("reward_error_counts", {}).items()},
+        task_state=state.get("task"),
+        warned_cut=bool(state.get("warned", {}).get("prompt_cut", False)),
+        episode=saved_episode,
+    )
 
 
 def _generator(state: Any) -> np.random.Generator:

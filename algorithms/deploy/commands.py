@@ -30,7 +30,7 @@ def _student(text: str) -> Any:
 
 def distill_command(args: argparse.Namespace) -> int:
     """Distil ``--teacher`` into ``--student`` on the config's env, then print held-out success and sizes."""
-    from algorithms.cli import _make_env
+    from algorithms.common.env_util import make_env
     from algorithms.common.evaluation import evaluate_problems, format_table, held_out_problems
     from algorithms.common.hyperparams import load_hyperparams
     from algorithms.common.model.tokenizer_check import has_tokenizer
@@ -41,7 +41,7 @@ def distill_command(args: argparse.Namespace) -> int:
     env_kwargs = dict(config.get("env_kwargs", {}))
     if has_tokenizer(args.teacher):  # a Hugging Face teacher brings its tokenizer; the env must use it
         env_kwargs.setdefault("tokenizer", args.teacher)
-    env = _make_env(args.env, 1, env_kwargs, args.seed)
+    env = make_env(args.env, 1, env_kwargs, args.seed)
     student = distill(
         args.teacher,
         _student(args.student),

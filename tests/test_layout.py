@@ -1,0 +1,138 @@
+"""The house's layout: no import circle inside ``algorithms/`` or ``grpo_gym/``, and ``algorithms/common/`` never
+imports an algorithm folder. Read from the modules' own import statements (function-level and ``TYPE_CHECKING``
+ones included), so a circle that a late import keeps alive still fails here."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("algorithms", "grpo_gym")
+#: the folders of ``algorithms/`` that hold an algorithm (or use one): ``common/`` builds on none of them
+ALGORITHM_FOLDERS = ("algorithms.grpo", "algorithms.ppo", "algorithms.deploy", "algorithms.cli", "algorithms.zoo")
+
+
+def module_names(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the packages, by dotted name (a package by its ``__init__``)."""
+    names = {}
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports anywhere in its file: ``import a.b`` gives ``a.b``; ``from a import b``
+    gives ``a.b`` when that is a module, else ``a``; relative imports are resolved against the package."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in modules else base)
+    return {target for target in found if target in modules and target != name}
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    modules = module_names(root)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: the import circles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_is_read_from_every_kind_of_import(tmp_path: Path) -> None:
+    (tmp_path / "grpo_gym").mkdir()
+    (tmp_path / "algorithms" / "common").mkdir(parents=True)
+    for name in ("grpo_gym/__init__.py", "algorithms/__init__.py", "algorithms/common/__init__.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "grpo_gym" / "a.py").write_text("from grpo_gym import b\n")
+    (tmp_path / "grpo_gym" / "b.py").write_text("def late():\n    from . import c\n")
+    (tmp_path / "grpo_gym" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import grpo_gym.a\n"
+    )
+    (tmp_path / "algorithms" / "common" / "d.py").write_text("import numpy\nfrom grpo_gym.a import thing\n")
+    graph = import_graph(tmp_path)
+    assert graph["grpo_gym.a"] == {"grpo_gym.b"} and graph["grpo_gym.b"] == {"grpo_gym.c"}
+    assert graph["grpo_gym.c"] == {"grpo_gym.a"} and graph["algorithms.common.d"] == {"grpo_gym.a"}
+    assert circles(graph) == [["grpo_gym.a", "grpo_gym.b", "grpo_gym.c"]]
+
+
+def test_no_import_circle_in_the_packages() -> None:
+    found = circles(import_graph())
+    assert not found, "import circles (cut each: see the README's layout): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_common_imports_no_algorithm_folder() -> None:
+    graph = import_graph()
+    wrong = {
+        name: sorted(t for t in targets if t.startswith(ALGORITHM_FOLDERS))
+        for name, targets in graph.items()
+        if name.startswith("algorithms.common")
+    }
+    wrong = {name: targets for name, targets in wrong.items() if targets}
+    assert not wrong, f"algorithms/common/ must build on no algorithm: {wrong}"
+
+
+def test_the_readme_layout_lists_every_module() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    folders: list[tuple[int, str]] = []
+    entries = set()
+    for line in block.splitlines():  # "common/rollout/" then "    rows.py": a folder line, then its modules
+        indent, words = len(line) - len(line.lstrip()), line.split()
+        if not words:
+            continue
+        while folders and folders[-1][0] >= indent:
+            folders.pop()
+        if words[0].endswith("/") and indent >= 2:
+            folders.append((indent, words[0]))
+        elif words[0].endswith(".py"):
+            entries.add("".join(folder for _, folder in folders) + words[0])
+    missing = []
+    for path in module_names().values():
+        relative = path.relative_to(ROOT)  # e.g. algorithms/common/rollout/rows.py -> common/rollout/rows.py
+        if path.name != "__init__.py" and relative.relative_to(relative.parts[0]).as_posix() not in entries:
+            missing.append(relative.as_posix())
+    assert not missing, f"the README's layout map leaves out {missing}"
