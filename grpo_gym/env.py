@@ -29,6 +29,10 @@ STAND_IN_REASONING = "The answer is {answer}."
 """The cold-start reasoning of a problem whose task gives no gold reasoning (so the target stays well formed)."""
 
 
+#: the largest token window an env allocates (1M tokens: an 8 MB observation per step) and the most turns of an
+#: episode; larger values (e.g. from a crafted record) are refused before anything is allocated
+MAX_CONTEXT_LENGTH, MAX_TURNS = 2**20, 10_000
+
 class R1ZeroEnv(gym.Env):
     """R1-Zero-style reasoning episodes: a verifiable problem in, a scored ``<think>/<answer>`` completion out.
 
@@ -128,7 +132,9 @@ class R1ZeroEnv(gym.Env):
         # "rgb_array" is accepted only because SB3 (make_vec_env, string env ids) asks for it by default; a
         # text env has no frames, so render() returns None in that mode.
         self.render_mode = check_choice("render_mode", render_mode, RENDER_MODES)
-        self.context_length: int = check_int("context_length", context_length, low=2)  # type: ignore[assignment]
+        self.context_length: int = check_int(  # type: ignore[assignment]
+            "context_length", context_length, low=2, high=MAX_CONTEXT_LENGTH, hint="the window is allocated per step"
+        )
         self.max_new_tokens: int = check_int(  # type: ignore[assignment]
             "max_new_tokens",
             max_new_tokens,
@@ -136,7 +142,7 @@ class R1ZeroEnv(gym.Env):
             high=self.context_length - 1,
             hint=f"it must be smaller than context_length ({self.context_length})",
         )
-        self.max_turns: int = check_int("max_turns", max_turns, low=1)  # type: ignore[assignment]
+        self.max_turns: int = check_int("max_turns", max_turns, low=1, high=MAX_TURNS)  # type: ignore[assignment]
         self.difficulty = check_difficulty(difficulty)
         on_reward_error = check_choice("on_reward_error", on_reward_error, ON_REWARD_ERROR)
         if task_kwargs is not None and not isinstance(task_kwargs, Mapping):

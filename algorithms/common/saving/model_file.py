@@ -25,6 +25,8 @@ import io
 import json
 import os
 import pathlib
+import pickle
+import re
 import zipfile
 import zlib
 from typing import Any
@@ -183,8 +185,10 @@ def write_model_file(
 def read_model_file(
     path: str | os.PathLike | io.BufferedIOBase, device: th.device | str = "cpu"
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """``(data, state_dicts, variables)`` of a model zip written by :func:`write_model_file`, read safely: ``data``
-    is parsed as JSON (pickled entries stay encoded until :func:`decode`), tensors with ``weights_only=True``."""
+    """``(data, state_dicts, variables)`` of a model zip written by :func:`write_model_file`, read safely: every
+    entry's size is checked before it is read (:func:`check_entry_sizes`), ``data`` is parsed as JSON (pickled
+    entries stay encoded until :func:`decode`), tensors with ``weights_only=True``; ``ValueError`` naming the file
+    and the entry otherwise."""
     name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "<file object>"
     if isinstance(path, (str, os.PathLike)):
         path = pathlib.Path(path)
@@ -194,14 +198,13 @@ def read_model_file(
             raise ValueError(f"no model file at {name!r}")
     try:
         with zipfile.ZipFile(path) as archive:
+            check_entry_sizes(archive.infolist(), name)
             names = archive.namelist()
             if "data" not in names:
                 raise ValueError(f"{name} is not a grpo-gym model file: it has no 'data' entry")
             data = json.loads(archive.read("data").decode("utf-8"))
             tensors = {
-                entry.removesuffix(".pth"): th.load(
-                    io.BytesIO(archive.read(entry)), map_location=device, weights_only=True
-                )
+                entry.removesuffix(".pth"): _read_weights(archive, entry, name, device)
                 for entry in names
                 if entry.endswith(".pth")
             }
@@ -211,8 +214,6 @@ def read_model_file(
         ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{name}: its 'data' entry is not valid JSON ({error}); the file is corrupt") from None
-    except RuntimeError as error:  # torch.load of a damaged or non-weights entry
-        raise ValueError(f"{name}: a weights entry could not be read safely ({error})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ValueError(
@@ -221,6 +222,53 @@ def read_model_file(
         )
     variables = tensors.pop(VARIABLES.removesuffix(".pth"), {}) or {}
     return data, tensors, variables
+
+
+#: the largest ``data`` entry read (JSON: arguments, run state, env record; a real one is kilobytes)
+MAX_DATA_BYTES = 64 * 2**20
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory (what a model file's weights must fit in to be loaded at all)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not a POSIX system: no limit known
+        return 2**62
+
+
+def check_entry_sizes(entries: list[zipfile.ZipInfo], name: str) -> None:
+    """Refuse a zip whose entries declare more than can be read: ``data`` over :data:`MAX_DATA_BYTES`, or weights
+    (every ``.pth`` together) over this machine's memory; nothing is decompressed first. (A zip that lies about
+    its sizes fails its CRC check while being read.)"""
+    for entry in entries:
+        if entry.filename == "data" and entry.file_size > MAX_DATA_BYTES:
+            raise ValueError(
+                f"{name}: its 'data' entry expands to {entry.file_size:,} bytes (a model file's is kilobytes; "
+                f"at most {MAX_DATA_BYTES:,} are read): refused, the file is not a grpo-gym model"
+            )
+    weights = sum(entry.file_size for entry in entries if entry.filename.endswith(".pth"))
+    if weights > memory_bytes():
+        raise ValueError(
+            f"{name}: its weights expand to {weights:,} bytes, more than this machine's memory "
+            f"({memory_bytes():,} bytes); refused before reading"
+        )
+
+
+def _read_weights(archive: zipfile.ZipFile, entry: str, name: str, device: th.device | str) -> Any:
+    """One ``.pth`` entry, tensors only (``weights_only=True``); ``ValueError`` naming the entry otherwise."""
+    try:
+        return th.load(io.BytesIO(archive.read(entry)), map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(error))
+        what = f"it would call {found.group(1)}" if found else "not plain tensors"
+        raise ValueError(
+            f"{name}: entry {entry!r} holds pickled objects ({what}); refused: a model file holds only weights, "
+            "and grpo-gym never unpickles one"
+        ) from None
+    except (RuntimeError, EOFError, ValueError, KeyError, TypeError) as error:  # a damaged entry
+        raise ValueError(
+            f"{name}: entry {entry!r} could not be read as weights ({type(error).__name__}: {error})"
+        ) from None
 
 
 def _torch_bytes(value: Any) -> bytes:

@@ -67,6 +67,8 @@ def read_run(
     """Read and decode the model file at ``path``; ``custom_objects`` replace saved arguments by name (an entry that
     would need unpickling is refused, naming it, unless replaced here or ``allow_pickle``)."""
     data, state_dicts, variables = read_model_file(path)
+    name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
+    _check_data(data, variables, name)
     custom = dict(custom_objects or {})
     arguments = {
         key: custom[key] if key in custom else decode(value, key, allow_pickle)
@@ -83,6 +85,53 @@ def read_run(
         rng=variables.get("rng", {}),
         env=data.get("env"),
     )
+
+
+#: what a model file's ``data`` holds, by key, and the type of each (``env`` may also be None)
+DATA_KEYS = {
+    "algorithm": str,
+    "policy_class": str,
+    "observation_space": dict,
+    "action_space": dict,
+    "arguments": dict,
+    "state": dict,
+    "env": dict,
+}
+#: the run-state entries a saved run cannot continue without
+STATE_KEYS = ("problem_rng", "numpy_rng", "python_rng")
+#: the most envs a recorded env may ask for (a record is data: a crafted one must not build envs until memory ends)
+MAX_RECORDED_ENVS = 1024
+
+
+def _check_data(data: dict[str, Any], variables: dict[str, Any], name: str) -> None:
+    """Every key ``data`` must hold, with its type, and the run state's RNG entries: ``ValueError`` naming the key
+    otherwise (before anything is built from the file)."""
+    for key, kind in DATA_KEYS.items():
+        value = data.get(key)
+        if not isinstance(value, kind) and not (key == "env" and value is None):
+            found = "missing" if key not in data else f"a {type(value).__name__}"
+            raise ValueError(
+                f"{name}: 'data' entry {key!r} must be a {kind.__name__}, found {found}; the file is damaged"
+            )
+    absent = [key for key in STATE_KEYS if key not in data["state"]]
+    rng = variables.get("rng")
+    if absent or not isinstance(rng, dict) or not {"torch", "generator"} <= rng.keys():
+        missing = absent + ([] if isinstance(rng, dict) and {"torch", "generator"} <= rng.keys() else ["rng"])
+        raise ValueError(f"{name}: the run state lacks {missing}; the file is damaged")
+
+
+def check_recorded_envs(saved: Any, name: str = "the record") -> int:
+    """The number of envs an env record (``{"record": ..., "n_envs": N}``) asks for, in ``[1,``
+    :data:`MAX_RECORDED_ENVS` ``]``; ``ValueError`` naming it otherwise."""
+    n_envs = saved.get("n_envs") if isinstance(saved, dict) else None
+    if isinstance(n_envs, bool) or not isinstance(n_envs, int) or not 1 <= n_envs <= MAX_RECORDED_ENVS:
+        raise ValueError(
+            f"{name}: the recorded env asks for n_envs={n_envs!r}; it must be an integer in [1, {MAX_RECORDED_ENVS}] "
+            "(pass env= to load the model with envs of your own)"
+        )
+    if not isinstance(saved.get("record"), dict):
+        raise ValueError(f"{name}: the env record is not a dict; pass env=")
+    return n_envs
 
 
 def plain_policy_kwargs(policy_kwargs: dict[str, Any] | None) -> dict[str, Any]:
@@ -149,17 +198,18 @@ def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, d
     saved = data.get("env")
     if not saved:
         raise ValueError(f"{os.fspath(path)} records no env (saved without one, or not an R1Zero-v0 env): pass env=")
+    n_envs = check_recorded_envs(saved, os.fspath(path))
     record = saved["record"]
-    return recorded_env_id(record), env_kwargs_from_record(record, **objects), int(saved["n_envs"])
+    return recorded_env_id(record), env_kwargs_from_record(record, **objects), n_envs
 
 
 def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None) -> Any:
     """The VecEnv the record describes, or None with a warning saying why (an object the record needs is missing,
     a recorded file is absent here, ...): the model then predicts and exports but does not train."""
-    record = saved["record"]
     try:
+        n_envs, record = check_recorded_envs(saved), saved["record"]
         env_id, kwargs = recorded_env_id(record), env_kwargs_from_record(record, **objects)
-        return make_env(env_id, int(saved["n_envs"]), kwargs, seed)
+        return make_env(env_id, n_envs, kwargs, seed)
     except Exception as error:  # any failure to rebuild: the model itself still loads
         warnings.warn(
             f"the recorded env was not rebuilt, the model predicts but cannot train ({type(error).__name__}: "

@@ -1,0 +1,136 @@
+"""Crafted and damaged model files (algorithms/common/saving/model_file.py, run_file.py): sizes are checked before
+anything is read, pickled weights are refused naming the entry, a damaged ``data`` names its key, and recorded
+sizes have limits (issue 24)."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch as th
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv
+
+import grpo_gym
+from algorithms import GRPO
+from algorithms.common.saving import model_file
+from algorithms.common.saving.run_file import MAX_RECORDED_ENVS, recorded_env_kwargs
+from grpo_gym.env import MAX_CONTEXT_LENGTH
+from grpo_gym.validation import ArgumentError
+from tests.sizes import ENV_KWARGS, TINY
+
+
+def make_env() -> DummyVecEnv:
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    settings = {"n_groups": 2, "group_size": 2, "sft_steps": 0, "seed": 0, "mixed_precision": "no"}
+    model = GRPO("TransformerPolicy", make_env(), policy_kwargs=TINY, **settings)
+    path = tmp_path_factory.mktemp("saved") / "good.zip"
+    model.save(path)
+    return path
+
+
+def rewrite(source: Path, target: Path, change) -> Path:
+    """Copy the zip ``source`` to ``target`` with ``change(name, content) -> content | None`` (None: left out)."""
+    with zipfile.ZipFile(source) as original, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as crafted:
+        for name in original.namelist():
+            content = change(name, original.read(name))
+            if content is not None:
+                crafted.writestr(name, content)
+    return target
+
+
+def with_data(source: Path, target: Path, edit) -> Path:
+    def change(name: str, content: bytes) -> bytes:
+        if name != "data":
+            return content
+        data = json.loads(content)
+        edit(data)
+        return json.dumps(data).encode()
+
+    return rewrite(source, target, change)
+
+
+class Touch:
+    """Unpickling this would create a file (the stand-in for running a command)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def __reduce__(self):
+        return (Path(self.target).touch, ())
+
+
+def test_a_pickled_weights_entry_is_refused_naming_the_entry(saved: Path, tmp_path: Path) -> None:
+    target = tmp_path / "pwned"
+
+    def change(name: str, content: bytes) -> bytes:
+        if name != "policy.pth":
+            return content
+        buffer = io.BytesIO()
+        th.save({"weight": Touch(str(target))}, buffer)
+        return buffer.getvalue()
+
+    bad = rewrite(saved, tmp_path / "bad.zip", change)
+    for load in (
+        lambda: GRPO.load(bad),
+        lambda: GRPO.load(bad, env=make_env()),
+        lambda: model_file.read_model_file(bad),
+    ):
+        with pytest.raises(ValueError, match=r"bad\.zip: entry 'policy\.pth' holds pickled objects.*never unpickles"):
+            load()
+    assert not target.exists()
+
+
+def test_a_data_bomb_is_refused_before_it_is_read(saved: Path, tmp_path: Path) -> None:
+    def change(name: str, content: bytes) -> bytes:  # 70 MB of JSON that deflates to about 70 KB
+        return content if name != "data" else content[:-1] + b"," + b'"pad": "' + b" " * (70 * 2**20) + b'"}'
+
+    bomb = rewrite(saved, tmp_path / "bomb.zip", change)
+    assert bomb.stat().st_size < 2**20
+    with pytest.raises(ValueError, match=r"'data' entry expands to 73,4\d\d,\d\d\d bytes"):
+        GRPO.load(bomb)
+
+
+def test_weights_larger_than_memory_are_refused_before_reading(saved: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(model_file, "memory_bytes", lambda: 1000)
+    with pytest.raises(ValueError, match=r"more than this machine's memory \(1,000 bytes\); refused before reading"):
+        GRPO.load(saved)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda data: data.pop("policy_class"), "'policy_class' must be a str, found missing"),
+        (lambda data: data.update(arguments=[1, 2]), "'arguments' must be a dict, found a list"),
+        (lambda data: data.update(state="x"), "'state' must be a dict, found a str"),
+        (lambda data: data["state"].pop("problem_rng"), r"run state lacks \['problem_rng'\]"),
+        (lambda data: data.update(env=3), "'env' must be a dict, found a int"),
+    ],
+)
+def test_a_damaged_data_entry_names_its_key(saved: Path, tmp_path: Path, edit, message: str) -> None:
+    bad = with_data(saved, tmp_path / "bad.zip", edit)
+    with pytest.raises(ValueError, match=message):
+        GRPO.load(bad, env=make_env())
+
+
+def test_a_recorded_env_count_has_a_limit(saved: Path, tmp_path: Path) -> None:
+    bad = with_data(saved, tmp_path / "many.zip", lambda data: data["env"].update(n_envs=200_000))
+    with pytest.raises(ValueError, match=rf"n_envs=200000; it must be an integer in \[1, {MAX_RECORDED_ENVS}\]"):
+        recorded_env_kwargs(bad)
+    with pytest.warns(UserWarning, match="n_envs=200000"):
+        model = GRPO.load(bad)  # the model loads (to predict, export, serve) without building any env
+    assert model.get_env() is None
+
+
+@pytest.mark.parametrize(("key", "value"), [("context_length", 10**12), ("max_turns", 10**9)])
+def test_env_sizes_have_limits(key: str, value: int) -> None:
+    with pytest.raises(ArgumentError, match=key):
+        grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, key: value})
+    assert MAX_CONTEXT_LENGTH == 2**20
