@@ -4,8 +4,10 @@ sizes have limits (issue 24)."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import zipfile
 from pathlib import Path
 
@@ -134,3 +136,41 @@ def test_env_sizes_have_limits(key: str, value: int) -> None:
     with pytest.raises(ArgumentError, match=key):
         grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, key: value})
     assert MAX_CONTEXT_LENGTH == 2**20
+
+
+def test_a_full_disk_names_the_file_and_the_disk_and_replaces_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from algorithms.common.saving import atomic
+
+    target = tmp_path / "model.zip"
+    target.write_bytes(b"the previous file")
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(atomic.os, "fsync", full)
+    with pytest.raises(OSError, match=rf"no space left to write '{target}' on the disk holding '{tmp_path}'"):
+        with atomic.atomic_write(target) as handle:
+            handle.write(b"new")
+    assert target.read_bytes() == b"the previous file" and os.listdir(tmp_path) == ["model.zip"]
+
+
+def test_a_checkpoint_that_cannot_be_written_names_itself_and_the_one_kept(
+    saved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from algorithms.common.saving.checkpoints import latest_checkpoint, write_checkpoint
+
+    model = GRPO.load(saved, env=make_env())
+    first = write_checkpoint(model, tmp_path, run={"total_timesteps": 8})
+
+    def full(*_args, **_kwargs) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(model, "save", full)
+    model._iteration += 1
+    with pytest.raises(
+        OSError, match=rf"checkpoint .*0000001' was not written .*previous checkpoint '{first}' is intact"
+    ):
+        write_checkpoint(model, tmp_path, run={"total_timesteps": 8})
+    assert latest_checkpoint(tmp_path) == first and len(os.listdir(tmp_path)) == 1

@@ -41,9 +41,23 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_directory", "atomic_write", "recover_directory"]
+__all__ = ["atomic_directory", "atomic_write", "disk_full", "recover_directory"]
 
 _WRITE_MODES = ("wb", "w", "wt")
+#: the errors of a full disk (or quota, or file-size limit)
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(error: OSError, target: Path) -> OSError:
+    """The error of a write that ran out of space, naming the target and the disk it is on."""
+    folder = target.parent.resolve()
+    free = shutil.disk_usage(folder).free if folder.exists() else None
+    left = f", {free:,} bytes free there" if free is not None else ""
+    return OSError(
+        error.errno,
+        f"no space left to write {os.fspath(target)!r} on the disk holding {os.fspath(folder)!r} "
+        f"({error.strerror}{left}); nothing was replaced: free some space or write elsewhere",
+    )
 
 
 @contextlib.contextmanager
@@ -71,9 +85,11 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", encoding: str |
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, target)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            raise disk_full(error, target) from None
         raise
     _fsync_directory(target.parent)
 
@@ -99,8 +115,10 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield temporary
         _fsync_tree(temporary)
         _swap_into_place(temporary, target)
-    except BaseException:
+    except BaseException as error:
         shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            raise disk_full(error, target) from None
         raise
 
 

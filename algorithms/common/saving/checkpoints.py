@@ -73,11 +73,17 @@ def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, An
     for stale in directory.glob(f".tmp-{PREFIX}*"):  # a kill during an earlier write
         shutil.rmtree(stale, ignore_errors=True)
     temporary = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=directory))
-    model.save(temporary / MODEL)
-    if getattr(model, "replay_buffer", None) is not None:
-        model.save_replay_buffer(temporary / REPLAY)
-    run = {**run, "iteration": model._iteration}
-    (temporary / RUN).write_text(json.dumps(run, indent=1), encoding="utf-8")
+    try:
+        model.save(temporary / MODEL)
+        if getattr(model, "replay_buffer", None) is not None:
+            model.save_replay_buffer(temporary / REPLAY)
+        run = {**run, "iteration": model._iteration}
+        (temporary / RUN).write_text(json.dumps(run, indent=1), encoding="utf-8")
+    except OSError as error:
+        shutil.rmtree(temporary, ignore_errors=True)
+        previous = latest_checkpoint(directory)
+        kept = f"the previous checkpoint {os.fspath(previous)!r} is intact" if previous else "no earlier checkpoint"
+        raise OSError(error.errno, f"checkpoint {os.fspath(target)!r} was not written ({error}); {kept}") from None
     if target.exists():  # the same boundary written twice (a periodic save, then a stop): keep the new one
         shutil.rmtree(target)
     os.rename(temporary, target)
