@@ -1,0 +1,1 @@
+"""How a run uses its devices and processes: precision, distributed, sharding, determinism."""
