@@ -4,7 +4,8 @@
 
 - ``train``: the built-in ``tiny`` Llama (2 layers, 32 wide) sharded over the ranks in float32 samples from its
   gathered weights, trains 2 AdamW steps on a fixed batch (each rank its half, its loss weighted by its share),
-  writes a sharded checkpoint and the gathered state (``step2.pt``), samples again, trains a third step
+  writes a sharded checkpoint and the gathered state (``step2.pt``), samples again, refreshes a sharded frozen
+  reference from it, trains a third step
   (``step3.pt``); then a LoRA copy with bf16 compute trains 2 steps and exports its adapter folder.
 - ``resume``: reads ``OUT/ckpt`` into a sharded model (``resumed_step2.pt``), trains the third step
   (``resumed_step3.pt``); does the same from the whole-model state of ``step2.pt`` (``from_full_state.pt``);
@@ -33,6 +34,7 @@ from algorithms.common.models import BUILTIN_EOS_ID, BUILTIN_PAD_ID, BUILTIN_VOC
 from algorithms.common.runtime.sharded_checkpoint import load_sharded, save_sharded
 from algorithms.common.runtime.sharding import (
     clip_grad_norm,
+    copy_weights,
     device_mesh,
     full_optimizer_state_dict,
     full_state_dict,
@@ -130,6 +132,7 @@ def train(out: Path) -> None:
     save_sharded(out / "ckpt", model, optimizer, write_extra=lambda folder: (folder / "extra.json").write_text("{}"))
     step2 = gathered(model, optimizer)
     second = gathered_sample(model, facts)
+    check_reference(model, facts)
     norms.append(train_step(model, optimizer))
     step3 = gathered(model, optimizer)
     facts["norms"] = norms
@@ -139,6 +142,18 @@ def train(out: Path) -> None:
         torch.save(step3, out / "step3.pt")
     train_lora(out, facts)
     (out / f"facts_{rank}.json").write_text(json.dumps(facts))
+
+
+def check_reference(model: nn.Module, facts: dict) -> None:
+    """A frozen reference sharded like the policy (built from the initial weights), then refreshed from the policy
+    shard by shard (what a reference rebuilt after the cold start needs): its logits become the policy's."""
+    reference = load_model("tiny", vocab_size=BUILTIN_VOCAB_SIZE, seed=0, **SIZE).eval().requires_grad_(False)
+    shard_model(reference, device_mesh("cpu"))
+    with torch.no_grad():
+        logits = model(input_ids=batch()).logits
+        facts["reference_differed"] = not torch.equal(reference(input_ids=batch()).logits, logits)
+        copy_weights(model, reference)
+        facts["reference_refreshed"] = torch.equal(reference(input_ids=batch()).logits, logits)
 
 
 def train_lora(out: Path, facts: dict) -> None:

@@ -114,6 +114,12 @@ def test_sampling_from_gathered_weights_gives_the_unsharded_tokens(trained: Path
             torch.testing.assert_close(sharded[key], value, atol=0, rtol=0, msg=key)
 
 
+def test_a_sharded_frozen_reference_is_refreshed_from_the_policy(trained: Path):
+    """copy_weights between two models sharded alike (no communication) gives the reference the policy's logits."""
+    for rank in facts(trained):
+        assert rank["reference_differed"] and rank["reference_refreshed"]
+
+
 def test_a_sharded_checkpoint_loads_on_one_process_exactly(trained: Path, one_process: dict):
     model, optimizer = job.build()
     load_sharded(trained / "ckpt", model, optimizer)
