@@ -5,8 +5,9 @@
 - ``train``: the built-in ``tiny`` Llama (2 layers, 32 wide) sharded over the ranks in float32 samples from its
   gathered weights, trains 2 AdamW steps on a fixed batch (each rank its half, its loss weighted by its share),
   writes a sharded checkpoint and the gathered state (``step2.pt``), samples again, refreshes a sharded frozen
-  reference from it, trains a third step
-  (``step3.pt``); then a LoRA copy with bf16 compute trains 2 steps and exports its adapter folder.
+  reference from it, trains a third step (``step3.pt``); a copy with gradient checkpointing (both layers in one
+  chunk, sharded as one group) trains 2 steps (``checkpointed_step2.pt``); then a LoRA copy with bf16 compute trains
+  2 steps and exports its adapter folder.
 - ``resume``: reads ``OUT/ckpt`` into a sharded model (``resumed_step2.pt``), trains the third step
   (``resumed_step3.pt``); does the same from the whole-model state of ``step2.pt`` (``from_full_state.pt``);
   then starts another save of ``OUT/ckpt`` during which rank 1 is killed with SIGKILL.
@@ -29,6 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from algorithms.common.adapters import apply_lora
+from algorithms.common.checkpointing import checkpoint_every
 from algorithms.common.generation import sample
 from algorithms.common.models import BUILTIN_EOS_ID, BUILTIN_PAD_ID, BUILTIN_VOCAB_SIZE, load_model
 from algorithms.common.runtime.sharded_checkpoint import load_sharded, save_sharded
@@ -53,15 +55,20 @@ def rank_and_world() -> tuple[int, int]:
     return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
 
 
-def build(lora: bool = False, compute_dtype: torch.dtype | None = None) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """The tiny model (with LoRA adapters), sharded over the job's processes when there are several, and its AdamW
-    over the trainable parameters (made after sharding)."""
+def build(
+    lora: bool = False, compute_dtype: torch.dtype | None = None, checkpoint_layers: int = 0
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The tiny model (with LoRA adapters; with gradient checkpointing in chunks of ``checkpoint_layers``), sharded
+    over the job's processes when there are several, and its AdamW over the trainable parameters (made after
+    sharding)."""
     seed = rank_and_world()[0]  # each rank starts from other weights: shard_model copies rank 0's (seed 0) to all
     model = load_model("tiny", vocab_size=BUILTIN_VOCAB_SIZE, seed=seed, **SIZE).eval()
     if lora:
         model = apply_lora(model, LORA, seed=seed)
+    if checkpoint_layers:
+        checkpoint_every(model, checkpoint_layers)
     if rank_and_world()[1] > 1:
-        shard_model(model, device_mesh("cpu"), compute_dtype)
+        shard_model(model, device_mesh("cpu"), compute_dtype, layers_per_group=max(1, checkpoint_layers))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LEARNING_RATE)
     return model, optimizer
 
@@ -136,7 +143,12 @@ def train(out: Path) -> None:
     norms.append(train_step(model, optimizer))
     step3 = gathered(model, optimizer)
     facts["norms"] = norms
+    checkpointed, checkpointed_optimizer = build(checkpoint_layers=2)  # both layers in one chunk, one FSDP group
+    for _ in range(2):
+        train_step(checkpointed, checkpointed_optimizer)
+    checkpointed_state = full_state_dict(checkpointed)
     if rank == 0:
+        torch.save(checkpointed_state, out / "checkpointed_step2.pt")
         torch.save({"initial": initial, "first": first, "second": second}, out / "samples.pt")
         torch.save(step2, out / "step2.pt")
         torch.save(step3, out / "step3.pt")

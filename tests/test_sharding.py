@@ -103,6 +103,14 @@ def test_two_sharded_processes_train_the_weights_of_one(trained: Path, one_proce
     torch.testing.assert_close(facts(trained)[0]["norms"], one_process["norms"], atol=1e-6, rtol=1e-6)
 
 
+def test_gradient_checkpointing_in_chunks_shards_by_chunk(trained: Path):
+    """A chunk of N checkpointed layers runs them all from its first layer's forward, so its N layers are sharded as
+    one group (layers_per_group=N): the weights are those of the run without checkpointing, bit for bit."""
+    checkpointed = torch.load(trained / "checkpointed_step2.pt")
+    for name, value in torch.load(trained / "step2.pt")["model"].items():
+        torch.testing.assert_close(checkpointed[name], value, atol=0, rtol=0, msg=name)
+
+
 def test_sampling_from_gathered_weights_gives_the_unsharded_tokens(trained: Path, one_process: dict):
     """Both decoders (the project's Llama decoder reading the weights, and the model's own forward) sample the
     tokens and log-probs of an unsharded model with the same weights: before training, and after 2 steps."""

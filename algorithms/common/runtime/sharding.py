@@ -101,7 +101,9 @@ def decoder_layers(network: nn.Module) -> list[nn.Module]:
     return [m for m in network.modules() if type(m).__name__ in names]
 
 
-def shard_model(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype | None = None) -> nn.Module:
+def shard_model(
+    model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype | None = None, layers_per_group: int = 1
+) -> nn.Module:
     """Shard ``model`` in place over ``mesh`` (see the module doc) and return it.
 
     :param model: a Hugging Face causal LM, a peft ``PeftModel`` around one, or any module (sharded whole), on the
@@ -109,7 +111,12 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype |
     :param mesh: the 1-D mesh of :func:`device_mesh`
     :param compute_dtype: the dtype forward and backward compute in (``torch.bfloat16``, ``torch.float16``), or None
         for the weights' own (float32); the weights, optimizer state and gradient reduction stay float32
+    :param layers_per_group: consecutive decoder layers gathered together (one all-gather, their weights whole at
+        once). Gradient checkpointing in chunks of N layers (:func:`~algorithms.common.checkpointing.checkpoint_every`)
+        needs N here: a chunk runs its layers' computations from its first layer's forward
     """
+    if layers_per_group < 1:
+        raise ValueError(f"layers_per_group must be >= 1, got {layers_per_group}")
     network = base_network(model)
     if is_sharded(network):
         raise ValueError("the model is sharded already; shard_model takes an unsharded model")
@@ -117,8 +124,10 @@ def shard_model(model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype |
     policy = MixedPrecisionPolicy(
         param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype is not None else None
     )
-    for layer in decoder_layers(network):
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+    layers = decoder_layers(network)
+    for start in range(0, len(layers), layers_per_group):
+        group = layers[start : start + layers_per_group]
+        fully_shard(group if len(group) > 1 else group[0], mesh=mesh, mp_policy=policy, reshard_after_forward=True)
     # the root's weights (embeddings, final norm, head) stay gathered from the forward to the backward
     fully_shard(network, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     for module in fsdp_modules(network):
