@@ -7,7 +7,7 @@
   writes a sharded checkpoint and the gathered state (``step2.pt``), samples again, refreshes a sharded frozen
   reference from it, trains a third step (``step3.pt``); a copy with gradient checkpointing (both layers in one
   chunk, sharded as one group) trains 2 steps (``checkpointed_step2.pt``); then a LoRA copy with bf16 compute trains
-  2 steps and exports its adapter folder.
+  2 steps, samples from its gathered weights and exports its adapter folder (``lora.pt``, ``adapter/``).
 - ``resume``: reads ``OUT/ckpt`` into a sharded model (``resumed_step2.pt``), trains the third step
   (``resumed_step3.pt``); does the same from the whole-model state of ``step2.pt`` (``from_full_state.pt``);
   then starts another save of ``OUT/ckpt`` during which rank 1 is killed with SIGKILL.
@@ -179,9 +179,10 @@ def train_lora(out: Path, facts: dict) -> None:
     facts["lora_norms"] = [train_step(model, optimizer) for _ in range(2)]
     facts["lora_master_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
     final = full_state_dict(model)
+    samples = gathered_sample(model, {})  # the Llama decoder reads the gathered bf16 weights W + scaling * B @ A
     if rank_and_world()[0] == 0:
         model.save_pretrained(out / "adapter", state_dict=final)
-        torch.save({"initial": initial, "final": final}, out / "lora.pt")
+        torch.save({"initial": initial, "final": final, "samples": samples}, out / "lora.pt")
 
 
 def resume(out: Path) -> None:

@@ -190,6 +190,19 @@ def test_lora_with_sharding_trains_the_adapters_only_and_exports_them(trained: P
             torch.testing.assert_close(value, saved["final"][name], atol=0, rtol=0, msg=name)
 
 
+def test_lora_sampling_from_gathered_bf16_weights_gives_the_unsharded_tokens(trained: Path):
+    """The gathered weights are the float32 master weights rounded to bf16 (the buffers, e.g. the rotary frequencies,
+    stay float32): an unsharded copy with the same weights so rounded samples the same tokens and log-probs, through
+    both decoders."""
+    saved = torch.load(trained / "lora.pt")
+    model, _ = job.build(lora=True)
+    model.load_state_dict(saved["final"])
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(torch.bfloat16)
+    for key, value in job.sample_both(model).items():
+        torch.testing.assert_close(saved["samples"][key], value, atol=0, rtol=0, msg=key)
+
+
 # ---------------------------------------------------------------------------------------------- one process
 def test_sharding_needs_a_process_group():
     with pytest.raises(ValueError, match="torchrun"):
