@@ -11,13 +11,16 @@ freed after it, gathered again for its backward). What an algorithm calls:
   ``fully_shard``-ed. A LoRA ``PeftModel`` is sharded by the Hugging Face model inside it, after the adapters were
   injected, so adapters and frozen base weights are all sharded ``DTensor``\\ s and a forward never mixes plain
   tensors with ``DTensor``\\ s (peft#2344). Parameters are replaced by new objects: make the optimizer afterwards.
+  A sharded module cannot be ``deepcopy``-ed (FSDP forbids it): copy a frozen reference before sharding, shard it
+  the same way, and refresh it later with :func:`copy_weights`.
 - Precision: ``compute_dtype`` (bf16 or fp16) is ``MixedPrecisionPolicy``'s ``param_dtype``: forward and backward
   run on 16-bit copies of the gathered weights, while the sharded weights ("master" weights), the optimizer state
   and the gradient reduction (``reduce_dtype``) stay float32.
 - Gradient reduction: the processes' gradients are **summed** (``ReduceOp.SUM``, divide factor 1), as
   :class:`~algorithms.common.distributed.GradientSync` does: each rank weights its loss by its share of the global
   batch. FSDP2's default, ``ReduceOp.AVG``, is never used: gloo's AVG reduce-scatter has summed without dividing
-  (pytorch#162338, open).
+  (pytorch#162338, open; torch 2.13 averaged correctly in our check, but nothing guards it), and a divide factor
+  of 1 without forcing SUM becomes ``PREMUL_SUM``, which gloo refuses.
 - :func:`gathered_weights`: every layer's full weights as plain tensors on every rank for a block, so the
   KV-cache decoders (:mod:`~algorithms.common.decoders`), which read a model's weights directly, sample from a
   sharded model. It costs one all-gather per rollout and, for the block's duration, the memory of the full
