@@ -1,4 +1,5 @@
 """How a run uses its devices and processes: ``precision`` (autocast per stage, and the float32-vs-bf16 probe of
-``mixed_precision="auto"`` in ``precision_probe``), ``distributed`` (ranks, gathers, gradient sync) and
-``determinism`` (deterministic CPU kernels in the update). In the data flow: set up with the policy; every stage
-(sampling, update, cold start) runs under them."""
+``mixed_precision="auto"`` in ``precision_probe``), ``distributed`` (ranks, gathers, gradient sync), ``sharding``
+and ``sharded_checkpoint`` (FSDP2: sharded training state and its checkpoints) and ``determinism`` (deterministic
+CPU kernels in the update). In the data flow: set up with the policy; every stage (sampling, update, cold start)
+runs under them."""
