@@ -8,7 +8,7 @@ AdamW step. The runs:
 - ``1 process``: the unsharded model alone (``--threads`` threads, 1 by default: the same per process as the
   ranks', on a machine whose 2 cores other jobs share);
 - ``DDP``: ``--processes`` processes with whole replicas, the gradients summed by the project's DDP reducer
-  (:class:`~algorithms.common.distributed.GradientSync`); with ``--compute-dtype bf16`` the forward runs under
+  (:class:`~algorithms.common.runtime.distributed.GradientSync`); with ``--compute-dtype bf16`` the forward runs under
   autocast, as the project's DDP path does;
 - ``FSDP2``: ``--processes`` processes, :func:`~algorithms.common.runtime.sharding.shard_model` (``bf16``: bf16
   compute, float32 master weights and reduction).
@@ -79,8 +79,8 @@ def worker(settings: dict) -> None:
     import torch
     import torch.distributed as dist
 
-    from algorithms.common.distributed import GradientSync
-    from algorithms.common.models import BUILTIN_VOCAB_SIZE, load_model
+    from algorithms.common.model.loading import BUILTIN_VOCAB_SIZE, load_model
+    from algorithms.common.runtime.distributed import GradientSync
     from algorithms.common.runtime.sharding import clip_grad_norm, device_mesh, gathered_weights, shard_model
 
     torch.set_num_threads(settings["threads"])

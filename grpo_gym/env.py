@@ -33,6 +33,7 @@ STAND_IN_REASONING = "The answer is {answer}."
 #: episode; larger values (e.g. from a crafted record) are refused before anything is allocated
 MAX_CONTEXT_LENGTH, MAX_TURNS = 2**20, 10_000
 
+
 class R1ZeroEnv(gym.Env):
     """R1-Zero-style reasoning episodes: a verifiable problem in, a scored ``<think>/<answer>`` completion out.
 

@@ -29,10 +29,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from algorithms.common.adapters import apply_lora
-from algorithms.common.checkpointing import checkpoint_every
-from algorithms.common.generation import sample
-from algorithms.common.models import BUILTIN_EOS_ID, BUILTIN_PAD_ID, BUILTIN_VOCAB_SIZE, load_model
+from algorithms.common.generation.sampler import sample
+from algorithms.common.model.gradient_checkpointing import checkpoint_every
+from algorithms.common.model.loading import BUILTIN_EOS_ID, BUILTIN_PAD_ID, BUILTIN_VOCAB_SIZE, load_model
+from algorithms.common.model.lora import apply_lora
 from algorithms.common.runtime.sharded_checkpoint import load_sharded, save_sharded
 from algorithms.common.runtime.sharding import (
     clip_grad_norm,

@@ -17,13 +17,13 @@ freed after it, gathered again for its backward). What an algorithm calls:
   run on 16-bit copies of the gathered weights, while the sharded weights ("master" weights), the optimizer state
   and the gradient reduction (``reduce_dtype``) stay float32.
 - Gradient reduction: the processes' gradients are **summed** (``ReduceOp.SUM``, divide factor 1), as
-  :class:`~algorithms.common.distributed.GradientSync` does: each rank weights its loss by its share of the global
-  batch. FSDP2's default, ``ReduceOp.AVG``, is never used: gloo's AVG reduce-scatter has summed without dividing
+  :class:`~algorithms.common.runtime.distributed.GradientSync` does: each rank weights its loss by its share of the
+  global batch. FSDP2's default, ``ReduceOp.AVG``, is never used: gloo's AVG reduce-scatter has summed without dividing
   (pytorch#162338, open; torch 2.13 averaged correctly in our check, but nothing guards it), and a divide factor
   of 1 without forcing SUM becomes ``PREMUL_SUM``, which gloo refuses.
 - :func:`gathered_weights`: every layer's full weights as plain tensors on every rank for a block, so the
-  KV-cache decoders (:mod:`~algorithms.common.decoders`), which read a model's weights directly, sample from a
-  sharded model. It costs one all-gather per rollout and, for the block's duration, the memory of the full
+  KV-cache decoders (:mod:`~algorithms.common.generation.decoders`), which read a model's weights directly, sample
+  from a sharded model. It costs one all-gather per rollout and, for the block's duration, the memory of the full
   weights in ``compute_dtype`` (``benchmarks/sharding.py`` measures it).
 - :func:`clip_grad_norm`, :func:`copy_weights` (a sharded frozen reference refreshed from the policy, shard by
   shard), :func:`full_state_dict` / :func:`full_optimizer_state_dict` (gathered to rank 0 on the CPU, in the
@@ -53,7 +53,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from algorithms.common.adapters import base_network
+from algorithms.common.model.lora import base_network
 
 #: the name of the mesh's one dimension (peft reads it to tell FSDP sharding from tensor parallelism)
 MESH_DIM = "fsdp"
@@ -115,8 +115,8 @@ def shard_model(
     :param compute_dtype: the dtype forward and backward compute in (``torch.bfloat16``, ``torch.float16``), or None
         for the weights' own (float32); the weights, optimizer state and gradient reduction stay float32
     :param layers_per_group: consecutive decoder layers gathered together (one all-gather, their weights whole at
-        once). Gradient checkpointing in chunks of N layers (:func:`~algorithms.common.checkpointing.checkpoint_every`)
-        needs N here: a chunk runs its layers' computations from its first layer's forward
+        once). Gradient checkpointing in chunks of N layers
+        (:func:`~algorithms.common.model.gradient_checkpointing.checkpoint_every`) needs N here: a chunk runs its layers' computations from its first layer's forward
     """
     if layers_per_group < 1:
         raise ValueError(f"layers_per_group must be >= 1, got {layers_per_group}")
