@@ -116,7 +116,8 @@ def shard_model(
         for the weights' own (float32); the weights, optimizer state and gradient reduction stay float32
     :param layers_per_group: consecutive decoder layers gathered together (one all-gather, their weights whole at
         once). Gradient checkpointing in chunks of N layers
-        (:func:`~algorithms.common.model.gradient_checkpointing.checkpoint_every`) needs N here: a chunk runs its layers' computations from its first layer's forward
+        (:func:`~algorithms.common.model.gradient_checkpointing.checkpoint_every`) needs N here: a chunk runs its
+        layers' computations from its first layer's forward
     """
     if layers_per_group < 1:
         raise ValueError(f"layers_per_group must be >= 1, got {layers_per_group}")
