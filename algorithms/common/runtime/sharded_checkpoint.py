@@ -5,9 +5,9 @@ A checkpoint is a folder: DCP's ``.metadata``, one ``__<rank>_0.distcp`` file pe
 ``write_extra`` adds (on rank 0, e.g. the run state). The folder is written atomically as a whole: rank 0 makes a
 temporary folder beside the target (:func:`~algorithms.common.saving.atomic.atomic_directory`) and tells the other
 ranks its name; every rank writes its shard there; once DCP has finished (every rank's files, then the metadata,
-which rank 0 writes after the others reported their writes done), rank 0 ``fsync``\\ s the folder and swaps it into place. A
-``kill -9`` of any rank at any instant therefore leaves the previous checkpoint whole at the target, plus at most a
-temporary folder that the next save of that target removes.
+which rank 0 writes after the others reported their writes done), rank 0 ``fsync``\\ s the folder and swaps it into
+place. A ``kill -9`` of any rank at any instant therefore leaves the previous checkpoint whole at the target, plus at
+most a temporary folder that the next save of that target removes.
 
 Every rank must see the same folder: one machine, or a file system shared by the machines.
 
