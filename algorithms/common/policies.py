@@ -170,7 +170,14 @@ class TransformerPolicy(BasePolicy):
         if model_config is not None and not from_folder:
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model_config))
+            from grpo_gym.hub import check_model_config, refuse_remote_code
+
+            if not isinstance(model_config, dict):
+                raise ValueError(f"model_config must be a dict of config fields, got {type(model_config).__name__}")
+            refuse_remote_code(model_config, "the saved model_config")  # a saved record never runs code
+            check_model_config(model_config, "the saved model_config")  # sizes checked before allocating
+            config = AutoConfig.for_model(**model_config)
+            base = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
         elif isinstance(model, str) and is_builtin_model(model):
             base = load_model(model, vocab_size=self.vocab_size, seed=self.seed, **self.model_kwargs)
         else:
