@@ -16,8 +16,10 @@ from grpo_gym.context import ContextWindow
 from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import get_env_state, set_env_state
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
+from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT
 from grpo_gym.scoring import ScoreAhead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
+from grpo_gym.tasks.base import check_prompt
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
 from grpo_gym.validation import ArgumentError, check_choice, check_int
@@ -95,6 +97,9 @@ class R1ZeroEnv(gym.Env):
         signature, ``async def`` allowed; see :mod:`grpo_gym.rewards.functions` for what is passed)
     :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
         ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
+    :param reward_timeout: seconds a reward function call (sync or async) or a reward-model scoring may take; past
+        it that component scores 0 and is reported in ``info["reward_errors"]`` (a sync function is abandoned in a
+        daemon thread, where it keeps running; see :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
 
     Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
     numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
@@ -121,6 +126,7 @@ class R1ZeroEnv(gym.Env):
         on_reward_error: str = "zero",
         reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
         overlong_buffer: int | None = None,
+        reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     ) -> None:
         #: the constructor's arguments as given (what :meth:`describe` records)
         self.init_arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -155,6 +161,7 @@ class R1ZeroEnv(gym.Env):
             max_new_tokens=self.max_new_tokens,
             overlong_buffer=overlong_buffer,
             column_names=self._task_columns,
+            reward_timeout=reward_timeout,
         )
 
         vocab = self.codec.vocab_size
@@ -330,7 +337,9 @@ class R1ZeroEnv(gym.Env):
         problem = options.get("problem")
         if problem is not None and not isinstance(problem, Problem):
             raise ValueError(f"options['problem'] must be a grpo_gym.tasks.Problem, got {type(problem).__name__}")
-        self.problem = problem if problem is not None else self.sample_problem()
+        problem = problem if problem is not None else self.sample_problem()
+        check_prompt(problem)  # before anything changes: a bad prompt leaves the env as it was
+        self.problem = problem
         prompt_text = self.formatter.prompt(self.problem.prompt)
         prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt)
         self.window.reset(prompt_ids)

@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_gym.tasks import Problem
+from grpo_gym.tasks import Problem, check_difficulty
+from grpo_gym.tasks.base import check_prompt
+from grpo_gym.validation import check_bool, check_int, check_mapping
 
 if TYPE_CHECKING:
     from grpo_gym.env import R1ZeroEnv
@@ -103,42 +105,81 @@ def get_env_state(env: R1ZeroEnv) -> dict[str, Any]:
 
 
 def set_env_state(env: R1ZeroEnv, state: dict[str, Any]) -> None:
-    """Restore ``env`` from :func:`get_env_state`'s output; ``ValueError`` when it does not fit this env."""
+    """Restore ``env`` from :func:`get_env_state`'s output. The whole state is checked first
+    (:func:`check_env_state`); a state that does not fit raises ``ValueError`` and leaves ``env`` exactly as it was."""
+    checked = check_env_state(env, state)
+    before = env.task.get_state()
+    try:  # the one part only the task can check: applied first, undone if refused
+        env.task.set_state(checked["task"])
+    except Exception as error:
+        env.task.set_state(before)
+        raise ValueError(f"task: the task {env.task.name!r} refused its saved state ({error})") from None
+    # everything is checked: now change the env
+    env.np_random = checked["generator"]
+    env.set_difficulty(checked["difficulty"])
+    env.set_reward_weights(checked["reward_weights"])
+    env.reward_fn.error_counts.update(checked["reward_error_counts"])
+    env._warned_cut = checked["prompt_cut"]
+    env.problem = checked["problem"]
+    env.window.reset(checked["window"])
+    env._pending, env._turn, env._transcript = checked["pending"], checked["turn"], checked["transcript"]
+
+
+def check_env_state(env: R1ZeroEnv, state: Any) -> dict[str, Any]:
+    """Every part of a saved state checked against ``env``, as the values :func:`set_env_state` applies; a
+    ``ValueError`` naming the part that does not fit (``env`` is not changed)."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"not an R1ZeroEnv state (format {found!r}, expected {STATE_FORMAT!r})")
-    spec = _spec(env)
-    differences = {k: (v, spec.get(k)) for k, v in state.get("spec", {}).items() if spec.get(k) != v}
-    if differences or state.get("spec", {}).keys() != spec.keys():
-        shown = ", ".join(f"{k}: saved {saved!r}, this env {mine!r}" for k, (saved, mine) in differences.items())
+    spec, saved = _spec(env), state.get("spec")
+    saved = saved if isinstance(saved, dict) else {}
+    differences = {k: (v, spec.get(k)) for k, v in saved.items() if spec.get(k) != v}
+    if differences or saved.keys() != spec.keys():
+        shown = ", ".join(f"{k}: saved {old!r}, this env {mine!r}" for k, (old, mine) in differences.items())
         raise ValueError(f"the state was saved by a different env ({shown or 'spec keys differ'})")
-    generator = _generator(state["np_random"])
-    episode = state.get("episode")
-    problem = restore_problem(env.task, episode["problem"]) if episode is not None else None
-    if episode is not None:
-        window = np.asarray(episode["window"], dtype=np.int64)
-        pending = np.asarray(episode["pending"], dtype=np.int64)
-        for name, ids in (("window", window), ("pending", pending)):
-            if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= env.codec.vocab_size)):
-                raise ValueError(f"episode {name} ids must be a list of ids in [0, {env.codec.vocab_size})")
-        if len(window) > env.context_length or len(pending) > env.max_new_tokens:
-            raise ValueError("episode window or pending tokens longer than this env allows")
-    # everything is checked: now change the env
-    env.np_random = generator
-    env.set_difficulty(state["difficulty"])
-    env.set_reward_weights(state["reward_weights"])
-    env.reward_fn.error_counts.update({k: int(v) for k, v in state.get("reward_error_counts", {}).items()})
-    env.task.set_state(state.get("task"))
-    env._warned_cut = bool(state.get("warned", {}).get("prompt_cut", False))
-    env.problem = problem
+    warned = state.get("warned", {})
+    checked = {
+        "generator": _generator(state.get("np_random")),
+        "difficulty": check_difficulty(state.get("difficulty"), name="state['difficulty']"),
+        "reward_weights": env.reward_fn.check_weights(state.get("reward_weights")),  # type: ignore[arg-type]
+        "reward_error_counts": _error_counts(env, state.get("reward_error_counts", {})),
+        "prompt_cut": check_bool("state['warned']['prompt_cut']", warned.get("prompt_cut", False))
+        if isinstance(warned, dict)
+        else check_bool("state['warned']", warned),
+        "task": state.get("task"),
+    }
+    return {**checked, **_checked_episode(env, state.get("episode"))}
+
+
+def _error_counts(env: R1ZeroEnv, counts: Any) -> dict[str, int]:
+    names = env.reward_fn.names
+    checked = check_mapping("state['reward_error_counts']", counts, names, allow_none=False)
+    return {name: check_int(f"state['reward_error_counts'][{name!r}]", n, low=0) for name, n in checked.items()}
+
+
+def _checked_episode(env: R1ZeroEnv, episode: Any) -> dict[str, Any]:
+    """The episode in progress, checked: its problem, window and pending ids, turn and transcript."""
+    empty = np.zeros(0, dtype=np.int64)
     if episode is None:
-        env.window.reset(np.zeros(0, dtype=np.int64))
-        env._pending, env._turn, env._transcript = [], 0, []
-    else:
-        env.window.reset(window)
-        env._pending = pending.tolist()
-        env._turn = int(episode["turn"])
-        env._transcript = [str(text) for text in episode["transcript"]]
+        return {"problem": None, "window": empty, "pending": [], "turn": 0, "transcript": []}
+    if not isinstance(episode, dict):
+        raise ValueError(f"state['episode'] must be None or a dict, got {type(episode).__name__}")
+    try:
+        problem = restore_problem(env.task, episode["problem"])
+        check_prompt(problem)
+        ids = {name: np.asarray(episode[name], dtype=np.int64) for name in ("window", "pending")}
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"state['episode'] is not a saved episode ({type(error).__name__}: {error})") from None
+    for name, array in ids.items():
+        if array.ndim != 1 or (array.size and (array.min() < 0 or array.max() >= env.codec.vocab_size)):
+            raise ValueError(f"episode {name} ids must be a list of ids in [0, {env.codec.vocab_size})")
+    if len(ids["window"]) > env.context_length or len(ids["pending"]) > env.max_new_tokens:
+        raise ValueError("episode window or pending tokens longer than this env allows")
+    transcript = episode.get("transcript")
+    if not isinstance(transcript, list) or not all(isinstance(text, str) for text in transcript):
+        raise ValueError("state['episode']['transcript'] must be a list of texts")
+    turn = check_int("state['episode']['turn']", episode.get("turn"), low=0, high=env.max_turns)
+    return {"problem": problem, **ids, "pending": ids["pending"].tolist(), "turn": turn, "transcript": list(transcript)}
 
 
 def _generator(state: Any) -> np.random.Generator:
