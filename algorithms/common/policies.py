@@ -16,7 +16,7 @@ from algorithms.common.adapters import DEFAULTS as LORA_DEFAULTS
 from algorithms.common.adapters import apply_lora, frozen_base_names, is_peft_model, lora_record
 from algorithms.common.checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.files import atomic_directory
-from algorithms.common.generation import Completions, completion_log_probs, sample
+from algorithms.common.generation import MIN_TEMPERATURE, Completions, completion_log_probs, sample
 from algorithms.common.models import is_builtin_model, load_model
 from algorithms.common.precision import autocast, float32_region
 from grpo_gym.validation import check_bool, check_float, check_int, check_mapping
@@ -47,7 +47,7 @@ class TransformerPolicy(BasePolicy):
         :mod:`algorithms.common.adapters`. Recorded by the algorithm for a ready ``PeftModel``.
     :param eos_token_id: the env tokenizer's EOS id (a completion ends there)
     :param pad_token_id: the env tokenizer's pad id
-    :param temperature: sampling temperature (log-probs use the same scaling)
+    :param temperature: sampling temperature, at least 1e-5 (log-probs use the same scaling)
     :param top_p: nucleus sampling mass (S6: 0.92)
     :param top_k: top-k filter, 0 for none
     :param memory_length: the most tokens the policy attends to, prompt and completion together (S4: 2048;
@@ -91,7 +91,7 @@ class TransformerPolicy(BasePolicy):
         self.max_new_tokens = int(action_space.shape[0]) if isinstance(action_space, spaces.MultiDiscrete) else 1
         self.eos_token_id = check_int("eos_token_id", eos_token_id, low=0, high=self.vocab_size - 1)
         self.pad_token_id = check_int("pad_token_id", pad_token_id, low=0, high=self.vocab_size - 1)
-        self.temperature = check_float("temperature", temperature, low=0.0, low_open=True)
+        self.temperature = check_float("temperature", temperature, low=MIN_TEMPERATURE, hint="smaller ones overflow")
         self.top_p = check_float("top_p", top_p, low=0.0, high=1.0, low_open=True)
         self.top_k = check_int("top_k", top_k, low=0)
         memory_length = check_int("memory_length", memory_length, low=2)

@@ -103,8 +103,8 @@ def _csv_records(where: str) -> Iterator[tuple[int, Any]]:
                 )
             records.append((reader.line_num, row))
     except csv.Error as error:
-        raise ValueError(
-            f"{where}:{reader.line_num}: not a readable CSV row ({error}); for fields longer than "
+        raise ValueError(  # the failing row starts on the line after the last one read in full
+            f"{where}:{reader.line_num + 1}: not a readable CSV row ({error}); for fields longer than "
             f"{csv.field_size_limit()} characters use a .jsonl or .parquet file"
         ) from None
     return iter(records)
