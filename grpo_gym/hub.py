@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from grpo_gym.validation import check_bool
@@ -249,8 +248,3 @@ def check_model_config(config: Mapping[str, Any], where: str) -> None:
             f"({needed / 2**30:.1f} GiB in 16-bit floats), more than this machine's {memory / 2**30:.1f} GiB of "
             "memory: pass a smaller model"
         )
-
-
-def is_folder(source: Any) -> bool:
-    """Whether ``source`` is a path to an existing folder."""
-    return isinstance(source, (str, os.PathLike)) and Path(source).is_dir()

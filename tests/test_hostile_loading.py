@@ -25,6 +25,7 @@ from algorithms.common.policies import TransformerPolicy
 from algorithms.common.vocabulary import model_tokenizer
 from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import load_int8, quantize_int8, save_int8
+from grpo_gym import hub
 from grpo_gym.hub import MAX_CONFIG_BYTES, MAX_TOKENIZER_BYTES, RemoteCodeError, check_hf_source, check_model_config
 from grpo_gym.rewards import RewardModelScorer
 from grpo_gym.tokenizer import build_char_tokenizer, load_tokenizer
@@ -119,6 +120,39 @@ def test_a_tokenizer_config_alone_with_auto_map_is_refused(tmp_path: Path, asked
     folder = add_remote_code(save_tiny(tmp_path / "tok"), marker, tokenizer_only=True)
     with pytest.raises(RemoteCodeError, match=r"tokenizer_config\.json"):
         LOADERS[loader](folder)
+    assert not marker.exists() and asked == []
+
+
+@pytest.mark.parametrize("loader", [name for name in LOADERS if not name.startswith("env reward")])
+def test_transformers_is_told_never_to_run_the_code_even_past_our_check(evil, asked, monkeypatch, loader: str):
+    """Defence in depth: with the up-front refusal switched off, every call still passes trust_remote_code=False,
+    so transformers refuses (or uses its own classes) without asking and without running the folder's code."""
+    folder, marker = evil
+    monkeypatch.setattr(hub, "refuse_remote_code", lambda *args, **kwargs: None)
+    try:
+        LOADERS[loader](folder)
+    except ValueError as error:
+        assert "auto_map" not in str(error)  # transformers' own refusal, not ours
+    assert not marker.exists() and asked == []
+
+
+def test_a_cached_hub_name_is_checked_like_a_folder(evil, asked, monkeypatch, tmp_path: Path) -> None:
+    """A hub id whose files are in the local Hugging Face cache: the cached config is read and refused."""
+    import huggingface_hub.constants
+
+    folder, marker = evil
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--evil" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    for file in folder.iterdir():
+        (snapshot / file.name).write_bytes(file.read_bytes())
+    (cache / "models--someone--evil" / "refs").mkdir()
+    (cache / "models--someone--evil" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for load in (load_tokenizer, load_model, RewardModelScorer):
+        with pytest.raises(RemoteCodeError, match="'someone/evil'"):
+            load("someone/evil")
     assert not marker.exists() and asked == []
 
 
