@@ -61,7 +61,11 @@ def add_remote_code(folder: Path, marker: Path, tokenizer_only: bool = False) ->
             model_type="evilmodel",
             auto_map={"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"},
         )
-    edit_json(folder / "tokenizer_config.json", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
+    edit_json(
+        folder / "tokenizer_config.json",
+        auto_map={"AutoTokenizer": ["evil.EvilTokenizer", "evil.EvilTokenizer"]},
+        tokenizer_class="EvilTokenizer",  # a class transformers does not have: unset, it would ask
+    )
     return folder
 
 
