@@ -83,6 +83,8 @@ def _reward_model(value: Any) -> Any:
     if value is None or isinstance(value, (str, os.PathLike)):
         return None if value is None else os.fspath(value)
     path = getattr(value, "path", None)
+    if getattr(value, "trust_remote_code", False):  # a record never opts in to a folder's code: pass the object
+        return MUST_PASS
     return path if type(value).__name__ == "RewardModelScorer" and isinstance(path, str) else MUST_PASS
 
 

@@ -14,10 +14,12 @@ from gymnasium import spaces
 from grpo_gym.actions import completion_ids, split_completion, text_action, token_id
 from grpo_gym.context import ContextWindow
 from grpo_gym.describe import describe_env, env_kwargs_from_record
-from grpo_gym.env_state import make_state, problem_state, read_state
+from grpo_gym.env_state import StateLimits, make_state, problem_state, read_state
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
+from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT
 from grpo_gym.scoring import ScoreAhead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
+from grpo_gym.tasks.base import check_prompt
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
 from grpo_gym.validation import ArgumentError, check_choice, check_int
@@ -100,6 +102,9 @@ class R1ZeroEnv(gym.Env):
         signature, ``async def`` allowed; see :mod:`grpo_gym.rewards.functions` for what is passed)
     :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
         ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
+    :param reward_timeout: seconds a reward function call (sync or async) or a reward-model scoring may take; past
+        it that component scores 0 and is reported in ``info["reward_errors"]`` (a sync function is abandoned in a
+        daemon thread, where it keeps running; see :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
 
     Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
     numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
@@ -126,6 +131,7 @@ class R1ZeroEnv(gym.Env):
         on_reward_error: str = "zero",
         reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
         overlong_buffer: int | None = None,
+        reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     ) -> None:
         #: the constructor's arguments as given (what :meth:`describe` records)
         self.init_arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -162,6 +168,7 @@ class R1ZeroEnv(gym.Env):
             max_new_tokens=self.max_new_tokens,
             overlong_buffer=overlong_buffer,
             column_names=self._task_columns,
+            reward_timeout=reward_timeout,
         )
 
         vocab = self.codec.vocab_size
@@ -334,23 +341,28 @@ class R1ZeroEnv(gym.Env):
         )
 
     def set_state(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`get_state` (of an env built with the same arguments); ``ValueError``, with
-        nothing changed, when it does not fit."""
-        saved = read_state(
-            state, self._spec(), self.task, self.codec.vocab_size, self.context_length, self.max_new_tokens
-        )
+        """Restore a state from :meth:`get_state` (of an env built with the same arguments). The whole state is
+        checked first (:func:`~grpo_gym.env_state.read_state`); one that does not fit raises ``ValueError`` and leaves
+        the env exactly as it was."""
+        limits = StateLimits(
+            self._spec(), self.task, tuple(self.reward_fn.names), self.reward_fn.check_weights,
+            self.codec.vocab_size, self.context_length, self.max_new_tokens, self.max_turns,
+        )  # fmt: skip
+        saved = read_state(state, limits)
+        before = self.task.get_state()
+        try:  # the one part only the task can check: applied first, undone if refused
+            self.task.set_state(saved.task_state)
+        except Exception as error:
+            self.task.set_state(before)
+            raise ValueError(f"task: the task {self.task.name!r} refused its saved state ({error})") from None
         self.np_random = saved.np_random
         self.set_difficulty(saved.difficulty)
         self.set_reward_weights(saved.reward_weights)
         self.reward_fn.error_counts.update(saved.reward_error_counts)
-        self.task.set_state(saved.task_state)
         self._warned_cut = saved.warned_cut
-        episode = saved.episode
-        self.problem = None if episode is None else episode.problem
-        self.window.reset(np.zeros(0, dtype=np.int64) if episode is None else episode.window)
-        self._pending = [] if episode is None else episode.pending
-        self._turn = 0 if episode is None else episode.turn
-        self._transcript = [] if episode is None else episode.transcript
+        self.problem = saved.problem
+        self.window.reset(saved.window)
+        self._pending, self._turn, self._transcript = saved.pending, saved.turn, saved.transcript
 
     def _spec(self) -> dict[str, Any]:
         """What a saved state must have been saved by (see :mod:`grpo_gym.env_state`)."""
@@ -375,7 +387,9 @@ class R1ZeroEnv(gym.Env):
         problem = options.get("problem")
         if problem is not None and not isinstance(problem, Problem):
             raise ValueError(f"options['problem'] must be a grpo_gym.tasks.Problem, got {type(problem).__name__}")
-        self.problem = problem if problem is not None else self.sample_problem()
+        problem = problem if problem is not None else self.sample_problem()
+        check_prompt(problem)  # before anything changes: a bad prompt leaves the env as it was
+        self.problem = problem
         prompt_text = self.formatter.prompt(self.problem.prompt)
         prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt)
         self.window.reset(prompt_ids)

@@ -32,11 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from grpo_gym.tasks import Problem, Task
+from grpo_gym.tasks import Problem, Task, check_difficulty
+from grpo_gym.tasks.base import check_prompt
+from grpo_gym.validation import check_bool, check_int, check_mapping
 
 STATE_FORMAT = "grpo-gym-env-state/1"
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
@@ -93,65 +96,93 @@ def make_state(
 
 
 @dataclasses.dataclass
-class SavedEpisode:
-    """The episode in progress of a checked state."""
+class SavedState:
+    """A state checked by :func:`read_state`: every value as the env applies it."""
 
-    problem: Problem
+    np_random: np.random.Generator
+    difficulty: float
+    reward_weights: dict[str, float]
+    reward_error_counts: dict[str, int]
+    task_state: Any  # checked by the task itself, when the env applies it
+    warned_cut: bool
+    problem: Problem | None  # the episode in progress (None: before the first reset)
     window: np.ndarray  # (n,) int64 token ids
     pending: list[int]
     turn: int
     transcript: list[str]
 
 
-@dataclasses.dataclass
-class SavedState:
-    """A state checked by :func:`read_state`, parsed into what an env applies."""
+@dataclasses.dataclass(frozen=True)
+class StateLimits:
+    """What a state must fit: the env's ``spec``, task, reward components, vocabulary size, window, completion and
+    turn budgets, and its check of reward weights."""
 
-    np_random: np.random.Generator
-    difficulty: Any
-    reward_weights: Any
-    reward_error_counts: dict[str, int]
-    task_state: Any
-    warned_cut: bool
-    episode: SavedEpisode | None
+    spec: dict[str, Any]
+    task: Task
+    reward_names: tuple[str, ...]
+    check_weights: Callable[[Any], dict[str, float]]
+    vocab_size: int
+    context_length: int
+    max_new_tokens: int
+    max_turns: int
 
 
-def read_state(
-    state: Any, spec: dict[str, Any], task: Task, vocab_size: int, context_length: int, max_new_tokens: int
-) -> SavedState:
-    """Check ``state`` against the env it is for (its ``spec``, task, vocabulary size, window and completion budget)
-    and parse it; ``ValueError`` naming what does not fit. The difficulty and reward weights are checked by the
-    env's own setters."""
+def read_state(state: Any, limits: StateLimits) -> SavedState:
+    """Every part of a saved state checked against the env it is for, as the values the env applies; a
+    ``ValueError`` naming the part that does not fit (nothing is changed: the env applies only what this returns)."""
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"not an R1ZeroEnv state (format {found!r}, expected {STATE_FORMAT!r})")
-    differences = {k: (v, spec.get(k)) for k, v in state.get("spec", {}).items() if spec.get(k) != v}
-    if differences or state.get("spec", {}).keys() != spec.keys():
-        shown = ", ".join(f"{k}: saved {saved!r}, this env {mine!r}" for k, (saved, mine) in differences.items())
+    spec, saved = limits.spec, state.get("spec")
+    saved = saved if isinstance(saved, dict) else {}
+    differences = {k: (v, spec.get(k)) for k, v in saved.items() if spec.get(k) != v}
+    if differences or saved.keys() != spec.keys():
+        shown = ", ".join(f"{k}: saved {old!r}, this env {mine!r}" for k, (old, mine) in differences.items())
         raise ValueError(f"the state was saved by a different env ({shown or 'spec keys differ'})")
-    generator = _generator(state["np_random"])
-    episode = state.get("episode")
-    saved_episode = None
-    if episode is not None:
-        problem = restore_problem(task, episode["problem"])
-        window = np.asarray(episode["window"], dtype=np.int64)
-        pending = np.asarray(episode["pending"], dtype=np.int64)
-        for name, ids in (("window", window), ("pending", pending)):
-            if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= vocab_size)):
-                raise ValueError(f"episode {name} ids must be a list of ids in [0, {vocab_size})")
-        if len(window) > context_length or len(pending) > max_new_tokens:
-            raise ValueError("episode window or pending tokens longer than this env allows")
-        transcript = [str(text) for text in episode["transcript"]]
-        saved_episode = SavedEpisode(problem, window, pending.tolist(), int(episode["turn"]), transcript)
+    warned = state.get("warned", {})
+    if isinstance(warned, dict):
+        warned_cut = check_bool("state['warned']['prompt_cut']", warned.get("prompt_cut", False))
+    else:
+        warned_cut = check_bool("state['warned']", warned)
     return SavedState(
-        np_random=generator,
-        difficulty=state["difficulty"],
-        reward_weights=state["reward_weights"],
-        reward_error_counts={k: int(v) for k, v in state.get("reward_error_counts", {}).items()},
+        np_random=_generator(state.get("np_random")),
+        difficulty=check_difficulty(state.get("difficulty"), name="state['difficulty']"),
+        reward_weights=limits.check_weights(state.get("reward_weights")),
+        reward_error_counts=_error_counts(limits.reward_names, state.get("reward_error_counts", {})),
         task_state=state.get("task"),
-        warned_cut=bool(state.get("warned", {}).get("prompt_cut", False)),
-        episode=saved_episode,
+        warned_cut=warned_cut,
+        **_checked_episode(limits, state.get("episode")),
     )
+
+
+def _error_counts(names: tuple[str, ...], counts: Any) -> dict[str, int]:
+    checked = check_mapping("state['reward_error_counts']", counts, names, allow_none=False)
+    return {name: check_int(f"state['reward_error_counts'][{name!r}]", n, low=0) for name, n in checked.items()}
+
+
+def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
+    """The episode in progress, checked: its problem, window and pending ids, turn and transcript."""
+    empty = np.zeros(0, dtype=np.int64)
+    if episode is None:
+        return {"problem": None, "window": empty, "pending": [], "turn": 0, "transcript": []}
+    if not isinstance(episode, dict):
+        raise ValueError(f"state['episode'] must be None or a dict, got {type(episode).__name__}")
+    try:
+        problem = restore_problem(limits.task, episode["problem"])
+        check_prompt(problem)
+        ids = {name: np.asarray(episode[name], dtype=np.int64) for name in ("window", "pending")}
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"state['episode'] is not a saved episode ({type(error).__name__}: {error})") from None
+    for name, array in ids.items():
+        if array.ndim != 1 or (array.size and (array.min() < 0 or array.max() >= limits.vocab_size)):
+            raise ValueError(f"episode {name} ids must be a list of ids in [0, {limits.vocab_size})")
+    if len(ids["window"]) > limits.context_length or len(ids["pending"]) > limits.max_new_tokens:
+        raise ValueError("episode window or pending tokens longer than this env allows")
+    transcript = episode.get("transcript")
+    if not isinstance(transcript, list) or not all(isinstance(text, str) for text in transcript):
+        raise ValueError("state['episode']['transcript'] must be a list of texts")
+    turn = check_int("state['episode']['turn']", episode.get("turn"), low=0, high=limits.max_turns)
+    return {"problem": problem, **ids, "pending": ids["pending"].tolist(), "turn": turn, "transcript": list(transcript)}
 
 
 def _generator(state: Any) -> np.random.Generator:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_gym.hub import check_hf_source
 from grpo_gym.validation import ArgumentError, check_int
 
 if TYPE_CHECKING:  # transformers is imported lazily: `import grpo_gym` stays light
@@ -73,13 +74,17 @@ def is_builtin_tokenizer(tokenizer: Any) -> bool:
     return len(vocab) == BUILTIN_VOCAB_SIZE and all(vocab.get(t) == i for i, t in enumerate(BUILTIN_VOCAB))
 
 
-def load_tokenizer(tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None, *, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """Return a ready tokenizer: the built-in one (``None``, ``"builtin"``, ``"char"``), an object, or a path/name.
 
-    A path or hub name goes through ``AutoTokenizer.from_pretrained``. A tokenizer without a pad token gets
-    its EOS token as pad, and padding is set to the left (the observation layout).
+    A path or hub name goes through ``AutoTokenizer.from_pretrained``, after :func:`grpo_gym.hub.check_hf_source`:
+    a folder that would run its own code (``"auto_map"``) is refused unless ``trust_remote_code=True``. A tokenizer
+    without a pad token gets its EOS token as pad, and padding is set to the left (the observation layout).
 
     :param tokenizer: ``None``/``"builtin"``/``"char"``, a tokenizer object, or a local folder / hub name
+    :param trust_remote_code: run the folder's own tokenizer code (opt in only for code you have read)
     """
     if tokenizer is None or (isinstance(tokenizer, str) and tokenizer in BUILTIN_NAMES):
         return build_char_tokenizer()
@@ -93,8 +98,9 @@ def load_tokenizer(tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None
     if isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
+        safety = check_hf_source(tokenizer, trust_remote_code=trust_remote_code, what="tokenizer folder")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer))
+            tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), **safety)
         except (OSError, ValueError) as error:
             raise ValueError(
                 f"could not load a tokenizer from {os.fspath(tokenizer)!r}: {error}. Pass a local folder "

@@ -46,6 +46,7 @@ __all__ = [
     "check_path",
     "describe_range",
     "read_lines",
+    "unicode_error",
 ]
 
 
@@ -237,6 +238,16 @@ def check_mapping(
                 f"{name}: unknown key {key!r}{suggestion}; valid keys: {listed}" + (f"; {hint}" if hint else "")
             )
     return dict(value)
+
+
+def unicode_error(text: str) -> str | None:
+    """What makes ``text`` impossible to encode as UTF-8 (``"a lone surrogate U+D800 at character 5"``: Python
+    strings may hold one, e.g. from a JSON ``"\\ud800"`` escape; tokenizers refuse it), or ``None`` when it is valid."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"a lone surrogate U+{ord(text[error.start]):04X} at character {error.start + 1}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------- text files

@@ -179,6 +179,9 @@ def test_bad_paths(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"has no config\.json"):
         RewardModelScorer(empty)
     (empty / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config\.json is not a valid UTF-8 JSON file"):  # checked when made
+        RewardModelScorer(empty)
+    (empty / "config.json").write_text("{}")
     scorer = RewardModelScorer(empty)  # lazy: the model is only read when scoring
     with pytest.raises(ValueError, match=r"could not load a reward model .*save_pretrained.*Cause: "):
         scorer.score(["p"], ["c"])

@@ -12,7 +12,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
-from algorithms.common.generation.sampler import Completions, completion_log_probs, sample
+from algorithms.common.generation.sampler import MIN_TEMPERATURE, Completions, completion_log_probs, sample
 from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.model.loading import is_builtin_model, load_model
 from algorithms.common.model.lora import DEFAULTS as LORA_DEFAULTS
@@ -47,7 +47,7 @@ class TransformerPolicy(BasePolicy):
         :mod:`algorithms.common.model.lora`. Recorded by the algorithm for a ready ``PeftModel``.
     :param eos_token_id: the env tokenizer's EOS id (a completion ends there)
     :param pad_token_id: the env tokenizer's pad id
-    :param temperature: sampling temperature (log-probs use the same scaling)
+    :param temperature: sampling temperature, at least 1e-5 (log-probs use the same scaling)
     :param top_p: nucleus sampling mass (S6: 0.92)
     :param top_k: top-k filter, 0 for none
     :param memory_length: the most tokens the policy attends to, prompt and completion together (S4: 2048;
@@ -91,7 +91,7 @@ class TransformerPolicy(BasePolicy):
         self.max_new_tokens = int(action_space.shape[0]) if isinstance(action_space, spaces.MultiDiscrete) else 1
         self.eos_token_id = check_int("eos_token_id", eos_token_id, low=0, high=self.vocab_size - 1)
         self.pad_token_id = check_int("pad_token_id", pad_token_id, low=0, high=self.vocab_size - 1)
-        self.temperature = check_float("temperature", temperature, low=0.0, low_open=True)
+        self.temperature = check_float("temperature", temperature, low=MIN_TEMPERATURE, hint="smaller ones overflow")
         self.top_p = check_float("top_p", top_p, low=0.0, high=1.0, low_open=True)
         self.top_k = check_int("top_k", top_k, low=0)
         memory_length = check_int("memory_length", memory_length, low=2)
@@ -170,7 +170,14 @@ class TransformerPolicy(BasePolicy):
         if model_config is not None and not from_folder:
             from transformers import AutoConfig, AutoModelForCausalLM
 
-            base = AutoModelForCausalLM.from_config(AutoConfig.for_model(**model_config))
+            from grpo_gym.hub import check_model_config, refuse_remote_code
+
+            if not isinstance(model_config, dict):
+                raise ValueError(f"model_config must be a dict of config fields, got {type(model_config).__name__}")
+            refuse_remote_code(model_config, "the saved model_config")  # a saved record never runs code
+            check_model_config(model_config, "the saved model_config")  # sizes checked before allocating
+            config = AutoConfig.for_model(**model_config)
+            base = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
         elif isinstance(model, str) and is_builtin_model(model):
             base = load_model(model, vocab_size=self.vocab_size, seed=self.seed, **self.model_kwargs)
         else:

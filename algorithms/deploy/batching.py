@@ -22,6 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from algorithms.common.generation.sampler import MIN_TEMPERATURE
+
 
 @dataclass
 class Job:
@@ -30,8 +32,8 @@ class Job:
     :param prompt: the prompt's token ids
     :param n: completions wanted (rows of the batch)
     :param max_tokens: the most new tokens per completion
-    :param temperature: 0 for greedy decoding
-    :param top_p: nucleus mass
+    :param temperature: 0 (or anything below :data:`MIN_TEMPERATURE`, 1e-5) for greedy decoding
+    :param top_p: nucleus mass (below 1e-5: greedy decoding, the nucleus being the most likely token)
     """
 
     prompt: Sequence[int]
@@ -45,7 +47,7 @@ class Job:
     @property
     def sampling(self) -> tuple[bool, float, float]:
         """The settings a batch shares: ``(greedy, temperature, top_p)`` (greedy ignores the other two)."""
-        greedy = self.temperature == 0
+        greedy = self.temperature < MIN_TEMPERATURE or self.top_p < MIN_TEMPERATURE
         return (True, 1.0, 1.0) if greedy else (False, float(self.temperature), float(self.top_p))
 
 

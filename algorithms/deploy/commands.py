@@ -36,7 +36,10 @@ def distill_command(args: argparse.Namespace) -> int:
     from algorithms.common.model.tokenizer_check import has_tokenizer
     from algorithms.deploy.distill import distill, student_paths
     from algorithms.deploy.loading import load_policy
+    from grpo_gym.validation import check_int
 
+    check_int("--n", args.n, low=1, allow_none=True)  # the numbers distill() does not check itself: before any work
+    check_int("--eval-seed", args.eval_seed, low=0)
     config = load_hyperparams(args.config, args.env, args.preset, {})
     env_kwargs = dict(config.get("env_kwargs", {}))
     if has_tokenizer(args.teacher):  # a Hugging Face teacher brings its tokenizer; the env must use it
@@ -76,18 +79,42 @@ def distill_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_output_folder(path: str | os.PathLike, source: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Where a command may write a folder, checked before any work: never ``source`` itself (nor a folder that holds
+    it); a file there, or a non-empty folder without ``overwrite``, is an error naming the path and the fix."""
+    target, origin = Path(path).resolve(), Path(source).resolve()
+    if target == origin or target in origin.parents:
+        raise ValueError(
+            f"--save-path {os.fspath(path)!r} would replace the model it reads ({os.fspath(source)}) or the folder "
+            "that holds it: choose another folder"
+        )
+    if target.is_file():
+        raise ValueError(f"--save-path {os.fspath(path)!r} is a file; give a folder path")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise ValueError(
+            f"--save-path {os.fspath(path)!r} is a folder that is not empty; choose a new one, or pass --overwrite "
+            "to replace it (its old contents are removed)"
+        )
+    return target
+
+
 def quantize_command(args: argparse.Namespace) -> int:
-    """Write the INT8 export of a float model (post-training quantisation, or a QAT-trained student's export)."""
+    """Write the INT8 export of a float model (post-training quantisation, or a QAT-trained student's export) to a
+    new folder (an existing one only with ``--overwrite``: replaced whole, atomically; never the model's own)."""
+    from algorithms.common.saving.atomic import atomic_directory
     from algorithms.deploy.loading import load_policy
     from algorithms.deploy.quantize import int8_layers, quantize_int8, save_int8
 
+    check_output_folder(args.save_path, args.model, args.overwrite)
     policy, tokenizer = load_policy(args.model, tokenizer=args.tokenizer)
     if int8_layers(policy.model):
         raise ValueError(
             f"{args.model} is an INT8 export already; pass a float model (a zip or a save_pretrained folder)"
         )
     quantized = quantize_int8(policy.model)
-    folder = save_int8(quantized, args.save_path, tokenizer)
+    with atomic_directory(args.save_path) as temporary:
+        save_int8(quantized, temporary, tokenizer)
+    folder = Path(args.save_path)
     print(f"{size_on_disk(args.model) / 2**20:8.2f} MiB  {args.model}")
     print(f"{size_on_disk(folder) / 2**20:8.2f} MiB  {folder} ({len(int8_layers(quantized))} INT8 layers)")
     return 0
@@ -99,6 +126,9 @@ def serve_command(args: argparse.Namespace) -> int:
         from algorithms.deploy.server import ServerSettings, serve
     except ImportError as error:
         raise ValueError(f"serving needs FastAPI and uvicorn ({error}): pip install 'grpo-gym[serve]'") from None
+    from grpo_gym.validation import check_int
+
+    check_int("--threads", args.threads, low=1, allow_none=True)
     if args.threads:
         import torch
 
@@ -111,6 +141,8 @@ def serve_command(args: argparse.Namespace) -> int:
         bucket_width=args.bucket_width,
         max_tokens_limit=args.max_tokens_limit,
         seed=args.seed,
+        max_prompt_chars=args.max_prompt_chars,
+        max_body_bytes=args.max_body_bytes,
     )
     serve(args.model, args.host, args.port, settings, args.tokenizer, args.device, args.drain_timeout, args.log_level)
     return 0
@@ -145,6 +177,7 @@ def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.
     q.add_argument("model", help="a GRPO zip or a save_pretrained folder")
     q.add_argument("--save-path", required=True, help="the INT8 export folder to write")
     q.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
+    q.add_argument("--overwrite", action="store_true", help="replace --save-path when it is a non-empty folder")
     q.set_defaults(func=quantize_command)
 
     s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with dynamic batching")
@@ -157,6 +190,13 @@ def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.
     s.add_argument("--max-queue", type=int, default=512, help="completions waiting before 503 + Retry-After")
     s.add_argument("--bucket-width", type=int, default=16, help="prompt-length bucket width, in tokens")
     s.add_argument("--max-tokens-limit", type=int, default=256, help="the largest max_tokens a request may ask")
+    s.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="the most characters of a prompt, checked before tokenizing (default: 64 per window token)",
+    )
+    s.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="the largest request body (413 beyond)")
     s.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
     s.add_argument("--device", default="cpu")
     s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")

@@ -37,6 +37,7 @@ from algorithms.common.rollout.batch import left_pad, right_pad
 from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import prepare_qat, quantize_int8, save_int8, strip_qat
 from algorithms.grpo import GRPO
+from grpo_gym.validation import check_bool, check_float, check_int
 
 
 def kl_terms(teacher_logits: th.Tensor, student_logits: th.Tensor, tau: float = 1.0) -> tuple[th.Tensor, th.Tensor]:
@@ -175,21 +176,16 @@ class DistillSettings:
     log_interval: int = 50
 
     def __post_init__(self) -> None:
-        if self.steps < 0 or self.batch_size < 1 or self.log_interval < 1:
-            raise ValueError(
-                f"need steps >= 0, batch_size >= 1, log_interval >= 1; got {self.steps}, {self.batch_size}, "
-                f"{self.log_interval}"
-            )
-        if self.learning_rate <= 0 or self.temperature <= 0 or self.max_grad_norm <= 0:
-            raise ValueError(
-                f"learning_rate, temperature and max_grad_norm must be > 0; got {self.learning_rate}, "
-                f"{self.temperature}, {self.max_grad_norm}"
-            )
+        """Every knob checked (finite numbers in range, integers, a boolean), before any work."""
+        check_int("steps", self.steps, low=0)
+        check_int("batch_size", self.batch_size, low=1)
+        check_int("log_interval", self.log_interval, low=1)
+        for name in ("learning_rate", "temperature", "max_grad_norm"):
+            check_float(name, getattr(self, name), low=0.0, low_open=True)
         for name in ("reverse_kl", "on_policy", "qat_start"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.sft_coef < 0:
-            raise ValueError(f"sft_coef must be >= 0, got {self.sft_coef}")
+            check_float(name, getattr(self, name), low=0.0, high=1.0)
+        check_float("sft_coef", self.sft_coef, low=0.0)
+        check_bool("int8_qat", self.int8_qat)
 
 
 def distill(

@@ -60,25 +60,31 @@ def load_policy(
     tokenizer: Any = None,
     device: th.device | str = "cpu",
     max_new_tokens: int = 256,
+    trust_remote_code: bool = False,
 ) -> tuple[TransformerPolicy, Any]:
-    """Load a saved model as ``(policy, tokenizer)``.
+    """Load a saved model as ``(policy, tokenizer)``; a model with a NaN or infinite weight is refused
+    (:func:`check_finite_weights`).
 
     :param path: a GRPO zip, a ``save_pretrained`` folder or an INT8 export folder
     :param tokenizer: a tokenizer (object, folder or ``"builtin"``); default: the folder's own, else the built-in
     :param device: where the model runs (an INT8 export runs its int8 kernel on CPU)
     :param max_new_tokens: the default completion budget of a folder's policy (a zip keeps its own)
+    :param trust_remote_code: run a folder's own model/tokenizer code (``"auto_map"``, see :mod:`grpo_gym.hub`);
+        refused by default. Opt in only for code you have read
     """
     from grpo_gym.tokenizer import load_tokenizer
 
     location = Path(path)
     if location.is_dir():
-        tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (path if has_tokenizer(path) else None))
+        own = tokenizer if tokenizer is not None else (path if has_tokenizer(path) else None)
+        tokenizer = load_tokenizer(own, trust_remote_code=trust_remote_code)
         if is_int8_folder(location):
-            model = load_int8(location)
+            model = load_int8(location, trust_remote_code=trust_remote_code)
         else:
             from algorithms.common.model.loading import load_model
 
-            model = load_model(os.fspath(location))
+            model = load_model(os.fspath(location), trust_remote_code=trust_remote_code)
+        check_finite_weights(model, f"the model {os.fspath(path)!r}")
         return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
     if not location.is_file():
         raise ValueError(
@@ -91,9 +97,22 @@ def load_policy(
     name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
     algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
     policy = algorithm.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
-    tokenizer = load_tokenizer(tokenizer)
+    check_finite_weights(policy, f"the model {os.fspath(path)!r}")
+    tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
     return policy, tokenizer
+
+
+def check_finite_weights(model: nn.Module, what: str = "the model") -> None:
+    """Raise a ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity: such
+    a model generates garbage (or nothing) for every request."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if tensor.is_floating_point() and not bool(th.isfinite(tensor).all()):
+            bad = int((~th.isfinite(tensor)).sum())
+            raise ValueError(
+                f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate; use a checkpoint saved "
+                "before the weights diverged"
+            )
 
 
 def check_tokenizer(policy: TransformerPolicy, tokenizer: Any, what: str = "the model") -> None:

@@ -269,26 +269,54 @@ def is_int8_folder(path: str | os.PathLike) -> bool:
     return (Path(path) / METADATA_FILE).is_file()
 
 
-def load_int8(directory: str | os.PathLike, kernel: str = "auto") -> nn.Module:
-    """Load an INT8 model written by :func:`save_int8`, ready to generate (eval mode, CPU).
+def load_int8(directory: str | os.PathLike, kernel: str = "auto", trust_remote_code: bool = False) -> nn.Module:
+    """Load an INT8 model written by :func:`save_int8`, ready to generate (eval mode, CPU). The folder is checked like
+    any Hugging Face folder first (:func:`grpo_gym.hub.check_hf_source`), and the loaded scales after: every
+    weight scale finite and positive, every bias finite (else a ``ValueError`` naming the layer).
 
     :param directory: the folder
     :param kernel: the :class:`Int8Linear` kernel (``"auto"``: fbgemm where torch has it)
+    :param trust_remote_code: run the folder's own model code (``"auto_map"``); refused by default
     """
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from grpo_gym.hub import check_hf_source, read_config_file
+
     folder = Path(directory)
     if not is_int8_folder(folder):
         raise ValueError(f"{os.fspath(directory)!r} is not an INT8 export (no {METADATA_FILE}): use save_int8")
-    metadata = json.loads((folder / METADATA_FILE).read_text(encoding="utf-8"))
-    if metadata.get("format") != FORMAT or not isinstance(metadata.get("layers"), list):
+    safety = check_hf_source(folder, trust_remote_code=trust_remote_code, what="INT8 export folder")
+    metadata = read_config_file(folder / METADATA_FILE)
+    layers = metadata.get("layers") if isinstance(metadata, dict) else None
+    if not isinstance(layers, list) or metadata.get("format") != FORMAT:
         raise ValueError(f"{folder / METADATA_FILE} is not a {FORMAT} file")
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder))
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(folder, **safety), **safety)
+    names = [str(name) for name in layers]
+    unknown = sorted(set(names) - set(quantizable_linears(model)))
+    if unknown:
+        raise ValueError(f"{folder / METADATA_FILE} names layers the model has no linear layer for: {unknown[:5]}")
 
     def empty(layer: nn.Linear) -> Int8Linear:
         return Int8Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, kernel=kernel)
 
-    _swap(model, [str(name) for name in metadata["layers"]], empty)
+    _swap(model, names, empty)
     load_model(model, str(folder / WEIGHTS_FILE))
+    check_int8_scales(model, folder / WEIGHTS_FILE)
     return model.eval()
+
+
+def check_int8_scales(model: nn.Module, where: str | os.PathLike = "the model") -> None:
+    """Raise a ``ValueError`` naming the layer (and ``where``) when an :class:`Int8Linear` has a weight scale that is
+    not finite and positive, or a bias that is not finite: such a layer makes every output NaN."""
+    for name, layer in model.named_modules():
+        if not isinstance(layer, Int8Linear):
+            continue
+        scale = layer.weight_scale
+        if not bool((torch.isfinite(scale) & (scale > 0)).all()):
+            raise ValueError(
+                f"{os.fspath(where)}: layer {name!r} has weight scales that are not finite positive numbers; the "
+                "export is corrupt: write it again with save_int8 (grpo-gym quantize)"
+            )
+        if layer.bias is not None and not bool(torch.isfinite(layer.bias).all()):
+            raise ValueError(f"{os.fspath(where)}: layer {name!r} has a NaN or infinite bias; write the export again")

@@ -7,11 +7,17 @@ send the prompt the model was trained on). Generation goes through :meth:`Transf
 and decoders of training rollouts, in batches formed by :class:`~algorithms.deploy.batching.DynamicBatcher`.
 
 Errors are JSON in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``: 400 naming the field of a
-bad request, 503 with ``Retry-After`` when the queue is full. A client that disconnects while waiting frees its
-place in the queue. On SIGTERM uvicorn stops accepting connections, the requests already received finish, then the
-process exits. Stop strings are applied to the decoded text after generation (the sampler stops rows at EOS only).
-Greedy answers do not depend on batching (a row's tokens depend on its own prompt only); sampled ones are drawn
-from the server's generator and are not reproducible request by request.
+bad request (the body's size, encoding, JSON and fields are checked before any work, see
+:mod:`algorithms.deploy.requests`; a prompt longer than ``max_prompt_chars`` is refused before it is tokenized, and
+prompts are tokenized off the event loop, so ``/health`` keeps answering), 413 for a body past ``max_body_bytes``,
+400 for a request with more completions than the queue can ever hold, 503 with ``Retry-After`` when the queue is
+full. ``temperature`` or ``top_p`` below ``1e-5`` decode greedily (as vLLM does: their samples are the argmax
+anyway, and float32 cannot scale logits by less). A model with NaN or infinite weights is refused when the app is
+made. A client that disconnects while waiting frees its place in the queue. On SIGTERM uvicorn stops accepting
+connections, the requests already received finish, then the process exits. Stop strings are applied to the decoded
+text after generation (the sampler stops rows at EOS only). Greedy answers do not depend on batching (a row's tokens
+depend on its own prompt only); sampled ones are drawn from the server's generator and are not reproducible request
+by request.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import os
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +36,13 @@ import torch as th
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import left_pad
 from algorithms.deploy.batching import DynamicBatcher, Job, QueueFull
+from algorithms.deploy.loading import check_finite_weights
+from algorithms.deploy.requests import BadRequest, CompletionRequest, parse_request, read_body, validation_message
+from grpo_gym.validation import check_choice, check_float, check_int
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,9 @@ class ServerSettings:
     :param bucket_width: prompt-length bucket width, in tokens
     :param max_tokens_limit: the largest ``max_tokens`` a request may ask for
     :param seed: seeds the sampler's generator
+    :param max_prompt_chars: the most characters of one prompt, checked before tokenizing (``None``: 64 per token
+        of the model's window, e.g. 131,072 for a 2048-token window)
+    :param max_body_bytes: the largest request body (8 MiB); a longer one gets 413 and is not read further
     """
 
     max_wait_ms: float = 5.0
@@ -56,31 +68,24 @@ class ServerSettings:
     bucket_width: int = 16
     max_tokens_limit: int = 256
     seed: int = 0
+    max_prompt_chars: int | None = None
+    max_body_bytes: int = 8 * 2**20
+
+    def __post_init__(self) -> None:
+        check_float("max_wait_ms", self.max_wait_ms, low=0.0)
+        for name in ("max_batch_tokens", "max_batch_size", "max_queue", "bucket_width", "max_tokens_limit"):
+            check_int(name, getattr(self, name), low=1)
+        check_int("max_body_bytes", self.max_body_bytes, low=1)
+        check_int("max_prompt_chars", self.max_prompt_chars, low=1, allow_none=True)
+        check_int("seed", self.seed, low=0)
+
+    def prompt_chars(self, policy: TransformerPolicy) -> int:
+        """``max_prompt_chars``, or its default for ``policy``: 64 characters per token of its window."""
+        return self.max_prompt_chars or CHARS_PER_TOKEN * policy.memory_length
 
 
-class CompletionRequest(BaseModel):
-    """The body of ``POST /v1/completions``: OpenAI's fields (others are ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str | list[str]
-    max_tokens: int = Field(16, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    echo: bool = False
-    logprobs: int | None = None
-
-
-class BadRequest(ValueError):
-    """A request the server refuses with 400, naming the field (``param``)."""
-
-    def __init__(self, param: str | None, message: str) -> None:
-        super().__init__(message)
-        self.param = param
+CHARS_PER_TOKEN = 64
+"""The default ``max_prompt_chars`` is this many characters per token of the model's window."""
 
 
 def error_body(message: str, param: str | None, kind: str = "invalid_request_error") -> dict[str, Any]:
@@ -143,24 +148,12 @@ class CompletionRunner:
         return text[:cut], used, True
 
 
-def _prompts(body: Any) -> list[str]:
-    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
-    if not prompts or any(not p for p in prompts):
-        raise BadRequest("prompt", "prompt must be a non-empty string or a non-empty list of non-empty strings")
-    return prompts
-
-
-def _stops(stop: str | list[str] | None) -> list[str]:
-    stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > 4 or any(not s for s in stops):
-        raise BadRequest("stop", "stop must be a non-empty string or a list of at most 4 non-empty strings")
-    return stops
-
-
 def make_jobs(
-    body: CompletionRequest, policy: TransformerPolicy, runner: CompletionRunner, settings: ServerSettings
-) -> list[Job]:
-    """One :class:`Job` per prompt of a validated request body; :class:`BadRequest` names a bad field."""
+    raw: bytes, policy: TransformerPolicy, runner: CompletionRunner, settings: ServerSettings
+) -> tuple[CompletionRequest, list[Job]]:
+    """The parsed body and one :class:`Job` per prompt of a raw request body (see :mod:`algorithms.deploy.requests`);
+    :class:`BadRequest` names a bad field. Everything is checked before the first prompt is tokenized."""
+    body, prompts, _ = parse_request(raw, settings.prompt_chars(policy))
     for name in ("stream", "echo"):
         if getattr(body, name):
             raise BadRequest(name, f"{name}=true is not supported by this server")
@@ -168,9 +161,14 @@ def make_jobs(
         raise BadRequest("logprobs", "logprobs are not supported by this server")
     if body.max_tokens > settings.max_tokens_limit:
         raise BadRequest("max_tokens", f"max_tokens must be <= {settings.max_tokens_limit}, got {body.max_tokens}")
-    _stops(body.stop)
+    if len(prompts) * body.n > settings.max_queue:
+        raise BadRequest(
+            "n" if len(prompts) == 1 else "prompt",
+            f"the request asks for {len(prompts) * body.n} completions ({len(prompts)} prompts x n={body.n}), more "
+            f"than the server's queue can ever hold ({settings.max_queue}); split it into smaller requests",
+        )
     jobs = []
-    for prompt in _prompts(body):
+    for prompt in prompts:
         ids = runner.encode(prompt)
         if len(ids) + body.max_tokens > policy.memory_length:
             raise BadRequest(
@@ -179,7 +177,7 @@ def make_jobs(
                 f"{policy.memory_length}-token window",
             )
         jobs.append(Job(ids, body.n, body.max_tokens, body.temperature, body.top_p))
-    return jobs
+    return body, jobs
 
 
 def create_app(
@@ -187,8 +185,10 @@ def create_app(
 ) -> FastAPI:
     """The FastAPI app serving ``policy`` with ``tokenizer`` under ``model_name`` (see the module docstring)."""
     settings = settings or ServerSettings()
+    check_finite_weights(policy, f"the model {model_name!r}")
     policy.set_training_mode(False)
     runner = CompletionRunner(policy, tokenizer, settings.seed)
+    tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")  # off the event loop
     batcher = DynamicBatcher(
         runner,
         settings.max_wait_ms,
@@ -203,16 +203,14 @@ def create_app(
         batcher.start()
         yield
         await batcher.drain()  # uvicorn has let the received requests finish; nothing is left but to stop
+        tokenizing.shutdown(wait=True)
 
     app = FastAPI(title="grpo-gym", lifespan=lifespan)
     app.state.batcher, app.state.runner, app.state.settings = batcher, runner, settings
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
-        first = error.errors()[0]
-        where = [str(part) for part in first.get("loc", ()) if part != "body"]
-        param = where[0] if where and not where[0].isdigit() else None
-        message = f"{'.'.join(where) or 'body'}: {first.get('msg', 'invalid value')}"
+        message, param = validation_message(error)
         return JSONResponse(error_body(message, param), status_code=400)
 
     @app.get("/health")
@@ -225,13 +223,15 @@ def create_app(
         return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "grpo-gym"}]}
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
+    async def completions(request: Request) -> Any:
         try:
-            jobs = make_jobs(body, policy, runner, settings)
+            raw = await read_body(request, settings.max_body_bytes)
+            loop = asyncio.get_running_loop()
+            body, jobs = await loop.run_in_executor(tokenizing, make_jobs, raw, policy, runner, settings)
             for job in jobs:
                 batcher.check(job)
         except BadRequest as error:
-            return JSONResponse(error_body(str(error), error.param), status_code=400)
+            return JSONResponse(error_body(str(error), error.param), status_code=error.status)
         except ValueError as error:  # the batcher's limits: the message starts with the field
             return JSONResponse(error_body(str(error), str(error).split(":")[0]), status_code=400)
         try:
@@ -273,7 +273,7 @@ async def _wait_or_disconnect(request: Any, futures: list[asyncio.Future], jobs:
 
 
 def _response(body: Any, jobs: list[Job], results: list[Any], runner: CompletionRunner, model_name: str) -> dict:
-    stops = _stops(body.stop)
+    stops = [] if body.stop is None else [body.stop] if isinstance(body.stop, str) else list(body.stop)
     choices, completion_tokens = [], 0
     for rows in results:
         for tokens, full_text, ended in rows:
@@ -305,6 +305,7 @@ def serve(
     device: str = "cpu",
     drain_timeout: float | None = 30.0,
     log_level: str = "info",
+    trust_remote_code: bool = False,
 ) -> None:
     """Load a saved model (GRPO zip, ``save_pretrained`` folder or INT8 export) and serve it until SIGTERM/SIGINT.
 
@@ -316,13 +317,18 @@ def serve(
     :param device: where the model runs
     :param drain_timeout: seconds to let received requests finish after SIGTERM (None: no limit)
     :param log_level: uvicorn's log level
+    :param trust_remote_code: run the model folder's own code (``"auto_map"``, see :mod:`grpo_gym.hub`); refused by
+        default, and never from the command line
     """
     import uvicorn
 
     from algorithms.deploy.loading import load_policy
 
     settings = settings or ServerSettings()
-    policy, tok = load_policy(path, tokenizer=tokenizer, device=device, max_new_tokens=settings.max_tokens_limit)
+    check_int("port", port, low=0, high=65535, hint="a TCP port (0: any free one)")
+    check_float("drain_timeout", drain_timeout, low=0.0, allow_none=True)
+    check_choice("log_level", log_level, tuple(uvicorn.config.LOG_LEVELS))
+    policy, tok = load_policy(path, tokenizer, device, settings.max_tokens_limit, trust_remote_code=trust_remote_code)
     app = create_app(policy, tok, os.path.basename(os.fspath(path).rstrip("/")), settings)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout)
     uvicorn.Server(config).run()

@@ -17,8 +17,8 @@ schedule over ``set_weights({"consistency": w})``. A batch is scored with one ca
 forward (:meth:`CompositeReward.score_batch`).
 
 Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
-a reward function, a function's bad output) is caught for that component alone. It is counted
-(:attr:`CompositeReward.error_counts`, per completion), reported in ``RewardResult.errors`` (component name ->
+a reward function, a function's bad output, a call past ``reward_timeout``) is caught for that component alone. It is
+counted (:attr:`CompositeReward.error_counts`, per completion), reported in ``RewardResult.errors`` (component name ->
 ``"ExceptionType: message"``) and in that component's reason, warned about once per :class:`CompositeReward` (so
 once per env) with the exception text, and then ``on_error`` decides: ``"zero"`` (default) scores that component 0
 and goes on, ``"raise"`` re-raises it.
@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from grpo_gym.rewards.components import consistency_score, length_score, syntax_score, task_score
 from grpo_gym.rewards.functions import RewardLogs, call_reward_funcs, check_reward_funcs
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
+from grpo_gym.rewards.reward_model import RewardModelScorer
+from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, call_with_timeout, check_reward_timeout
 from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int, check_mapping
 
 if TYPE_CHECKING:
@@ -117,6 +119,8 @@ class CompositeReward:
         does not apply)
     :param overlong_buffer: the ``length`` component's buffer in tokens (default: a quarter of ``max_new_tokens``)
     :param column_names: called when a reward function requires a named argument: the columns the task provides
+    :param reward_timeout: seconds each reward function call and each reward-model scoring may take before that
+        component scores 0 as a reward error (:mod:`grpo_gym.rewards.timeouts`; ``None``: no limit)
     """
 
     def __init__(
@@ -128,14 +132,13 @@ class CompositeReward:
         max_new_tokens: int | None = None,
         overlong_buffer: int | None = None,
         column_names: Callable[[], Collection[str] | None] | None = None,
+        reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
     ) -> None:
         self.reward_funcs = check_reward_funcs(reward_funcs, BUILTIN_COMPONENTS, column_names)
         self._weights = {**DEFAULT_WEIGHTS, **dict.fromkeys(self.reward_funcs, FUNCTION_WEIGHT)}
         if weights is not None:
             self.set_weights(weights)
         if isinstance(reward_model, (str, os.PathLike)):
-            from grpo_gym.rewards.reward_model import RewardModelScorer
-
             reward_model = RewardModelScorer(reward_model)
         elif reward_model is not None and not callable(getattr(reward_model, "score", None)):
             raise ArgumentError(
@@ -144,6 +147,7 @@ class CompositeReward:
             )
         self.reward_model = reward_model
         self.on_error: str = check_choice("on_reward_error", on_error, ON_ERROR)
+        self.reward_timeout = check_reward_timeout(reward_timeout)
         self.max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=1, allow_none=True)
         default_buffer = None if self.max_new_tokens is None else max(1, self.max_new_tokens // 4)
         self.overlong_buffer = check_int(
@@ -180,14 +184,16 @@ class CompositeReward:
         :param mapping: ``{component: weight}`` with keys among :attr:`names`; finite numbers, negative allowed
         :raises ValueError: on an unknown key or a non-finite weight
         """
+        self._weights.update(self.check_weights(mapping))
+
+    def check_weights(self, mapping: Mapping[str, float]) -> dict[str, float]:
+        """``mapping`` checked as :meth:`set_weights` checks it, without applying it: ``{component: float}``."""
         valid = ", ".join(self._weights)
         checked = check_mapping("reward_weights", mapping, self._weights, allow_none=False)
-        self._weights.update(
-            {
-                key: check_float(f"weight of {key!r}", value, hint=f"valid keys: {valid}")  # type: ignore[misc]
-                for key, value in checked.items()
-            }
-        )
+        return {
+            key: check_float(f"weight of {key!r}", value, hint=f"valid keys: {valid}")  # type: ignore[misc]
+            for key, value in checked.items()
+        }
 
     def __call__(self, task: Task, problem: Problem, completion: str | bytes, prompt_text: str = "") -> RewardResult:
         """Score one completion (see :meth:`score_batch`)."""
@@ -238,8 +244,11 @@ class CompositeReward:
 
     def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException]:
         """One score per completion from the reward model, or the exception it raised (for each completion)."""
+        model = self.reward_model
         try:
-            raw = self.reward_model.score(prompts, texts)  # type: ignore[union-attr]
+            if isinstance(model, RewardModelScorer):
+                model.load()  # before the clock starts: the limit is on scoring, not on loading
+            raw = call_with_timeout(lambda: model.score(prompts, texts), self.reward_timeout, "the reward model")
             scores = [float(value) for value in raw]
             if len(scores) != len(texts):
                 raise ValueError(f"the reward model returned {len(scores)} scores for {len(texts)} completions")
@@ -274,7 +283,7 @@ class CompositeReward:
             "log_extra": logs.log_extra,
             "log_metric": logs.log_metric,
         }
-        values = call_reward_funcs(self.reward_funcs, kwargs, n)
+        values = call_reward_funcs(self.reward_funcs, kwargs, n, self.reward_timeout)
         if self.on_error == "raise":
             for name, row in values.items():
                 first = next((v for v in row if isinstance(v, BaseException)), None)

@@ -13,6 +13,11 @@ arguments, as TRL calls it:
   (``info["reward_metrics"]``, ``info["reward_extra"]``) and TensorBoard (``rollout/reward_metric/<name>``);
 - ``trainer_state``: ``None`` (an env has no trainer; TRL passes its ``TrainerState``).
 
+Each function gets its own copy of every list argument (``prompts``, ``completions``, ``completion_ids`` and the
+columns, their items included): what one function changes in them is never seen by the next one, nor kept in the
+env's stored rows. Each call is bounded by ``reward_timeout`` (:mod:`grpo_gym.rewards.timeouts`: 30 s by default;
+a function past it scores 0 and is reported like any reward error).
+
 Not passed: TRL's ``environments`` (its tool-calling environments). ``None`` in the returned list means "not
 applicable": that completion's component is left out of the weighted sum, as in TRL. Numbers (booleans count as
 0/1) must be finite. ``async def`` functions (and callables whose ``__call__`` is async) are awaited; several are
@@ -25,6 +30,7 @@ and may require by name only arguments the env passes; :func:`check_reward_funct
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import os
@@ -32,6 +38,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, LOOP_GRACE, call_with_timeout, timeout_error
 from grpo_gym.validation import ArgumentError
 
 PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -169,20 +176,56 @@ def _event_loop() -> asyncio.AbstractEventLoop:
         return _LOOP[1]
 
 
-async def _gather(calls: dict[str, Any]) -> list[Any]:
-    return await asyncio.gather(*calls.values(), return_exceptions=True)
+def own_arguments(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with a deep copy of every list (the completions, the prompts, the ids, the columns): one function's
+    changes to them never reach the next function or the stored rows."""
+    return {name: copy.deepcopy(value) if isinstance(value, list) else value for name, value in kwargs.items()}
+
+
+async def _gather(calls: dict[str, Any], timeout: float | None) -> list[Any]:
+    async def bounded(name: str, awaitable: Any) -> Any:
+        if timeout is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, min(timeout, threading.TIMEOUT_MAX))
+        except TimeoutError:
+            raise timeout_error(f"reward function {name!r}", timeout, still_running=False) from None
+
+    return await asyncio.gather(*(bounded(name, call) for name, call in calls.items()), return_exceptions=True)
+
+
+def _await_all(pending: dict[str, Any], timeout: float | None) -> list[Any]:
+    """The outputs (or errors) of the pending coroutines, gathered on the reward loop; a loop that does not answer
+    within ``timeout + LOOP_GRACE`` (a function blocked it) is abandoned and every pending function times out."""
+    global _LOOP
+    loop = _event_loop()
+    future = asyncio.run_coroutine_threadsafe(_gather(pending, timeout), loop)
+    try:
+        return future.result(None if timeout is None else min(timeout + LOOP_GRACE, threading.TIMEOUT_MAX))
+    except TimeoutError:
+        future.cancel()
+        loop.call_soon_threadsafe(loop.stop)  # the blocked loop stops once it gets control back
+        with _LOOP_LOCK:
+            if _LOOP is not None and _LOOP[1] is loop:
+                _LOOP = None  # the next calls get a fresh loop
+        return [timeout_error(f"reward function {name!r} (it blocked the event loop)", timeout) for name in pending]
 
 
 def call_reward_funcs(
-    funcs: Mapping[str, RewardFunc], kwargs: dict[str, Any], n: int
+    funcs: Mapping[str, RewardFunc], kwargs: dict[str, Any], n: int, timeout: float | None = DEFAULT_REWARD_TIMEOUT
 ) -> dict[str, list[float | BaseException | None]]:
-    """Call every function once with ``kwargs`` (sync ones in order, async ones gathered); per function, one value
-    per completion (a float, ``None``, or the exception that stands for it: all of them when the call raised)."""
+    """Call every function once with its own copy of ``kwargs`` (sync ones in order, async ones gathered), each
+    bounded by ``timeout`` seconds (see :mod:`grpo_gym.rewards.timeouts`); per function, one value per completion (a
+    float, ``None``, or the exception that stands for it: all of them when the call raised or timed out)."""
     results: dict[str, list[float | BaseException | None]] = {}
     pending: dict[str, Any] = {}
     for name, fn in funcs.items():
+        own = own_arguments(kwargs)
         try:
-            output = fn(**kwargs)
+            if is_async(fn):
+                output = fn(**own)  # a coroutine: nothing runs until it is awaited
+            else:
+                output = call_with_timeout(lambda fn=fn, own=own: fn(**own), timeout, f"reward function {name!r}")
             if inspect.isawaitable(output):
                 pending[name] = output
                 continue
@@ -190,8 +233,7 @@ def call_reward_funcs(
         except Exception as exc:
             results[name] = [exc] * n
     if pending:
-        outputs = asyncio.run_coroutine_threadsafe(_gather(pending), _event_loop()).result()
-        for name, output in zip(pending, outputs, strict=True):
+        for name, output in zip(pending, _await_all(pending, timeout), strict=True):
             try:
                 if isinstance(output, BaseException):
                     raise output

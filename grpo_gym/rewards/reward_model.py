@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from grpo_gym.hub import check_hf_source, trust_kwargs
 from grpo_gym.validation import ArgumentError, check_int, check_path
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -64,6 +65,9 @@ class RewardModelScorer:
     :param device: torch device to run on (``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"``: CUDA when
         available)
     :param max_length: tokens kept per pair (prompt and completion together)
+    :param trust_remote_code: run the folder's own model/tokenizer code (``"auto_map"``); refused otherwise, with
+        a clear error, when the scorer is made (see :mod:`grpo_gym.hub`). Opt in only for code you have read; an
+        env record never carries it
     """
 
     def __init__(
@@ -72,8 +76,10 @@ class RewardModelScorer:
         batch_size: int = 16,
         device: str = "cpu",
         max_length: int = 512,
+        trust_remote_code: bool = False,
     ) -> None:
         self.path = check_path("path", path, what="a reward model folder (or a hub name)")
+        self.trust_remote_code: bool = trust_kwargs(trust_remote_code)["trust_remote_code"]
         local = Path(self.path).expanduser()
         if local.exists():
             if not local.is_dir():
@@ -83,6 +89,7 @@ class RewardModelScorer:
             self.path = str(local)
         elif not _HUB_ID.match(self.path):
             raise ValueError(f"reward model path {self.path!r} does not exist: {_WHAT_TO_PASS}")
+        check_hf_source(self.path, trust_remote_code=self.trust_remote_code, what="reward model folder")
         self.batch_size: int = check_int("batch_size", batch_size, low=1)  # type: ignore[assignment]
         self.max_length: int = check_int("max_length", max_length, low=2)  # type: ignore[assignment]
         self.device = _check_device(device)
@@ -113,9 +120,10 @@ class RewardModelScorer:
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+        safety = check_hf_source(self.path, trust_remote_code=self.trust_remote_code, what="reward model folder")
         try:
-            tokenizer = AutoTokenizer.from_pretrained(self.path)
-            model = AutoModelForSequenceClassification.from_pretrained(self.path)
+            tokenizer = AutoTokenizer.from_pretrained(self.path, **safety)
+            model = AutoModelForSequenceClassification.from_pretrained(self.path, **safety)
         except Exception as exc:
             cause = " ".join(str(exc).split())[:500]
             raise ValueError(

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from grpo_gym.validation import check_float, check_int
+from grpo_gym.validation import check_float, check_int, unicode_error
 
 MIN_DIFFICULTY = 0.1
 MAX_DIFFICULTY = 1.0
@@ -53,13 +53,24 @@ def parse_number(text: str) -> int | float | None:
     return value if math.isfinite(value) else None
 
 
+REL_TOLERANCE = 1e-6
+"""Two non-integer numeric answers agree when they differ by at most ``1e-6`` of the larger magnitude ..."""
+ABS_TOLERANCE = 1e-12
+"""... or by at most ``1e-12`` (so ``0`` matches ``1e-15``, but ``1e-9`` does not match ``2e-9``)."""
+
+
 def numbers_agree(first: str, second: str) -> bool | None:
-    """Whether two answers agree as numbers (integers exactly, others within ``1e-6`` relative), or ``None``
-    when either does not read as one (:func:`parse_number`)."""
+    """Whether two answers agree as numbers, or ``None`` when either does not read as one (:func:`parse_number`).
+
+    Integers compare exactly; otherwise ``math.isclose`` with a relative tolerance of :data:`REL_TOLERANCE` and an
+    absolute floor of :data:`ABS_TOLERANCE`: tiny answers are compared by their own scale, never swallowed by a
+    fixed absolute tolerance."""
     a, b = parse_number(first), parse_number(second)
     if a is None or b is None:
         return None
-    return a == b if isinstance(a, int) and isinstance(b, int) else abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return math.isclose(a, b, rel_tol=REL_TOLERANCE, abs_tol=ABS_TOLERANCE)
 
 
 def check_difficulty(difficulty: float, name: str = "difficulty") -> float:
@@ -97,6 +108,17 @@ class Problem:
     seed: int | None = None
     solution: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def check_prompt(problem: Problem) -> None:
+    """``ValueError`` naming the problem (its data row, when it came from one) unless its prompt is text that a
+    tokenizer can encode: a string without lone surrogates."""
+    prompt = problem.prompt
+    error = unicode_error(prompt) if isinstance(prompt, str) else f"a {type(prompt).__name__}, not text"
+    if error is not None:
+        line = problem.metadata.get("line") if isinstance(problem.metadata, dict) else None
+        source = f" (row {line} of task {problem.task!r})" if line is not None else f" (task {problem.task!r})"
+        raise ValueError(f"the problem's prompt{source} holds {error}: no tokenizer can encode it; fix the task")
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ are :mod:`grpo_gym.tasks.rows`'. Nothing here imports ``datasets``; a ``Dataset`
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from grpo_gym.tasks.base import check_difficulty
-from grpo_gym.tasks.rows import Row, RowTask, plain
+from grpo_gym.tasks.rows import Row, RowTask, answer_as_text, checked_text, plain
 from grpo_gym.validation import MAX_LINE_BYTES, ArgumentError, check_int, read_lines
 
 DATA_FORMS = "a datasets.Dataset, a list of dicts, or the path of a .jsonl, .json, .csv or .parquet file"
@@ -73,6 +74,42 @@ def _parquet_records(where: str) -> Iterator[tuple[int, Any]]:
     yield from enumerate(pq.read_table(where).to_pylist(), start=1)
 
 
+def _csv_records(where: str) -> Iterator[tuple[int, Any]]:
+    """A ``.csv`` file (UTF-8, a header row of distinct names): ``ValueError`` naming the file and the line of text
+    that is not UTF-8, a repeated column name, a row with more fields than the header, or a field longer than
+    Python's csv limit (``csv.field_size_limit()``, 131,072 characters)."""
+    with open(where, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise ValueError(
+            f"{where}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x}); save the .csv file as UTF-8"
+        ) from None
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    try:
+        header = reader.fieldnames or []
+        repeated = sorted({name for name in header if header.count(name) > 1})
+        if repeated:
+            raise ValueError(f"{where}:1: the header names column {repeated[0]!r} more than once; rename one of them")
+        records = []
+        for row in reader:
+            if None in row:  # DictReader's key for the fields past the header's
+                fields = len(header) + len(row[None])
+                raise ValueError(
+                    f"{where}:{reader.line_num}: {fields} fields for a header of {len(header)} columns; quote fields "
+                    "that hold commas"
+                )
+            records.append((reader.line_num, row))
+    except csv.Error as error:
+        raise ValueError(  # the failing row starts on the line after the last one read in full
+            f"{where}:{reader.line_num + 1}: not a readable CSV row ({error}); for fields longer than "
+            f"{csv.field_size_limit()} characters use a .jsonl or .parquet file"
+        ) from None
+    return iter(records)
+
+
 def _file_records(path: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in SUFFIXES:
@@ -85,9 +122,7 @@ def _file_records(path: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
         return _json_records(path, max_line_bytes)
     if suffix == ".parquet":
         return _parquet_records(path)
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        reader = csv.DictReader(handle)
-        return iter([(reader.line_num, row) for row in reader])
+    return _csv_records(path)
 
 
 def load_records(
@@ -138,14 +173,14 @@ class Columns:
             if column is not None and column not in record:
                 shown = ", ".join(map(str, list(record)[:20]))
                 raise ValueError(f"{at}: no column {column!r} (the {argument}= column); its columns: {shown}")
-        prompt, answer = record[self.prompt], record[self.answer]
+        prompt = checked_text(record[self.prompt], at, f"the prompt column {self.prompt!r}")
+        answer = answer_as_text(record[self.answer], at, f"the answer column {self.answer!r}")
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{at}: the prompt column {self.prompt!r} must hold a non-empty string")
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            answer = str(answer)
         if not isinstance(answer, str) or not answer.strip():
             raise ValueError(f"{at}: the answer column {self.answer!r} must hold a non-empty string or a number")
         solution = record[self.solution] if self.solution is not None else None
+        checked_text(solution, at, f"the solution column {self.solution!r}")
         if solution is not None and not isinstance(solution, str):
             raise ValueError(f"{at}: the solution column {self.solution!r} must hold text (gold reasoning) or null")
         difficulty = None

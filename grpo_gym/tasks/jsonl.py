@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from grpo_gym.tasks.base import MAX_NUMBER_CHARS, check_difficulty, parse_number
-from grpo_gym.tasks.rows import Row, RowTask
+from grpo_gym.tasks.rows import Row, RowTask, answer_as_text, checked_text
 from grpo_gym.validation import MAX_LINE_BYTES, check_int, check_path, read_lines
 
 __all__ = ["MAX_NUMBER_CHARS", "JsonlTask", "Row", "load_rows", "parse_number"]
@@ -34,14 +34,14 @@ def _check_row(obj: Any, line: int, where: str) -> Row:
     for key in ("prompt", "answer"):
         if key not in obj:
             raise ValueError(f'{where}:{line}: missing key "{key}"; every line needs "prompt" and "answer"')
-    prompt, answer = obj["prompt"], obj["answer"]
+    at = f"{where}:{line}"
+    prompt = checked_text(obj["prompt"], at, '"prompt"')
+    answer = answer_as_text(obj["answer"], at, '"answer"')
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f'{where}:{line}: "prompt" must be a non-empty string')
-    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-        answer = str(answer)
     if not isinstance(answer, str) or not answer.strip():
         raise ValueError(f'{where}:{line}: "answer" must be a non-empty string (or a number)')
-    solution = obj.get("solution")
+    solution = checked_text(obj.get("solution"), at, '"solution"')
     if solution is not None and not isinstance(solution, str):
         raise ValueError(f'{where}:{line}: "solution" must be a string (gold reasoning text) when given')
     difficulty = obj.get("difficulty")

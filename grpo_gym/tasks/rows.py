@@ -4,8 +4,9 @@
 
 - **sampling**: when rows carry difficulties, uniform among rows with ``difficulty <= level`` (the easiest rows
   when none qualifies), so hardness is monotone in the level; otherwise uniform over all rows;
-- **verifying**: numeric comparison when both sides read as numbers (integers exactly; otherwise within
-  ``1e-6 * max(1, |reference|)``), else exact match after collapsing whitespace and case-folding;
+- **verifying**: numeric comparison when both sides read as numbers (integers exactly; otherwise within ``1e-6``
+  relative, with a ``1e-12`` absolute floor: :func:`~grpo_gym.tasks.base.numbers_agree`), else exact match after
+  collapsing whitespace and case-folding;
 - **held-out problems**: from the eval split (``eval_data=``) when one is given: the rows eligible at the level,
   all of them or ``n`` of them chosen by the seed. Without one they are drawn from the training rows, with a
   warning, and :attr:`RowTask.eval_source` (shown in the held-out table) says ``"training rows"``.
@@ -14,6 +15,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
@@ -32,7 +34,7 @@ from grpo_gym.tasks.base import (
     numbers_agree,
     parse_number,
 )
-from grpo_gym.validation import check_int
+from grpo_gym.validation import check_int, unicode_error
 
 
 class Row(NamedTuple):
@@ -53,6 +55,25 @@ class Row(NamedTuple):
     difficulty: float | None
     line: int
     columns: dict[str, Any] | None = None
+
+
+def checked_text(value: Any, at: str, what: str) -> Any:
+    """``value`` as given; ``ValueError`` naming the row (``at``) and the column (``what``) when it is text that is not
+    valid Unicode (a lone surrogate: no tokenizer can encode it)."""
+    problem = unicode_error(value) if isinstance(value, str) else None
+    if problem is not None:
+        raise ValueError(f"{at}: {what} holds {problem}, which no tokenizer can encode; fix that text in the data")
+    return value
+
+
+def answer_as_text(value: Any, at: str, what: str) -> Any:
+    """A numeric answer as its text (``7`` -> ``"7"``), other values as given; ``ValueError`` naming the row and the
+    column for NaN or an infinity (no answer can be checked against them)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        if not math.isfinite(value):
+            raise ValueError(f"{at}: {what} holds {value!r}, not a finite number; give the row a real answer")
+        return str(value)
+    return checked_text(value, at, what)
 
 
 def _normalise(text: str) -> str:

@@ -55,6 +55,11 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_(min=0)  # (B, T)
 
 
+MIN_TEMPERATURE = 1e-5
+"""The smallest sampling temperature: below it float32 logits divided by the temperature can overflow (to NaN
+samples), and the samples are the argmax anyway: decode greedily instead (the server does so by itself)."""
+
+
 def _scaled_logits(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
     """Logits restricted to ``[0, vocab_size)``, in float32, divided by the temperature."""
     if vocab_size is not None:
@@ -83,6 +88,7 @@ def _filtered(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
         ordered, order = scaled.sort(dim=-1, descending=True)  # (b, V)
         probs = torch.softmax(ordered, dim=-1)
         outside = (probs.cumsum(dim=-1) - probs) >= top_p  # the mass before an id already reaches top_p
+        outside[..., 0] = False  # the most likely id always stays (a top_p below float32's range would drop it)
         scaled = scaled.masked_fill(outside.scatter(-1, order, outside), -torch.inf)
     return scaled
 
@@ -99,8 +105,8 @@ def _draw(filtered: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
 
 
 def _check_sampling_args(temperature: float, top_p: float, top_k: int, max_new_tokens: int) -> None:
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+    if not temperature >= MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be >= {MIN_TEMPERATURE} (use greedy=True for argmax), got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if top_k < 0:
@@ -253,8 +259,8 @@ def completion_log_probs(
         ``entropy`` is None unless ``with_entropy``; with ``with_hidden`` a third item, the ``(B, C, H)`` hidden
         states in the model's dtype, 0 where the mask is False
     """
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not temperature >= MIN_TEMPERATURE:
+        raise ValueError(f"temperature must be >= {MIN_TEMPERATURE}, got {temperature}")
     mask = completion_mask.bool()  # (B, C)
     args = (model, prompt_ids, prompt_mask, completion_ids, mask, layout, pad_id, with_hidden)
     logits, hidden = _completion_outputs(*args)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_gym.hub import check_hf_source, trust_kwargs
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -111,6 +113,7 @@ def load_model(
     vocab_size: int | None = None,
     dtype: torch.dtype | str | None = None,
     seed: int | None = None,
+    trust_remote_code: bool = False,
     **overrides: Any,
 ) -> PreTrainedModel:
     """Return a causal language model: a built-in one, a saved one, or the one given.
@@ -128,6 +131,8 @@ def load_model(
     :param dtype: parameter dtype (e.g. ``torch.bfloat16``); ``None``: float32 for built-ins, the
         checkpoint's own default otherwise
     :param seed: initialisation seed of built-ins (the global RNG is left untouched)
+    :param trust_remote_code: run a folder's own model code (its config's ``"auto_map"``); without it such a folder
+        is refused with a clear error (:mod:`grpo_gym.hub`). Opt in only for code you have read
     :param overrides: config fields of built-ins, or keyword arguments of ``from_pretrained``
     """
     from transformers import PreTrainedModel
@@ -143,7 +148,7 @@ def load_model(
         raise TypeError(
             f"model must be a name, a folder, a PreTrainedModel or a peft PeftModel, not {type(model).__name__}"
         )
-    loaded = _from_pretrained(os.fspath(model), dtype, overrides)
+    loaded = _from_pretrained(os.fspath(model), dtype, {**overrides, **trust_kwargs(trust_remote_code)})
     rows = loaded.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > rows:
         raise ValueError(
@@ -163,7 +168,8 @@ def _from_pretrained(path: str, dtype: torch.dtype | str | None, kwargs: dict[st
 
     A local folder must hold a ``config.json``. A hub name is looked up in the local cache first; only an
     ``owner/name`` id not found there is fetched from the hub (a bare unknown name fails at once instead
-    of waiting on the network).
+    of waiting on the network). The folder (or the cached hub files) is checked first (:func:`check_hf_source`:
+    no remote code unless ``kwargs["trust_remote_code"]``, bounded config files and model sizes).
     """
     from transformers import AutoModelForCausalLM
 
@@ -177,6 +183,7 @@ def _from_pretrained(path: str, dtype: torch.dtype | str | None, kwargs: dict[st
             raise ValueError(f"model folder {path!r} does not exist: {hint}")
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"model folder {path!r} has no config.json: {hint}")
+    check_hf_source(path, trust_remote_code=kwargs["trust_remote_code"], what="model folder")
     if dtype is not None:
         kwargs = {**kwargs, "dtype": _as_dtype(dtype)}
     try:

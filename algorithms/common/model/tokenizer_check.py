@@ -46,8 +46,11 @@ def model_tokenizer(source: Any) -> Any | None:
         return None
     from transformers import AutoTokenizer
 
+    from grpo_gym.hub import check_hf_source
+
+    safety = check_hf_source(path, what="model folder")  # a folder that would run its own code is an error here too
     try:
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+        return AutoTokenizer.from_pretrained(path, local_files_only=True, **safety)
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
