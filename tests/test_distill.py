@@ -149,4 +149,4 @@ def test_distillation_lowers_the_kl_and_keeps_held_out_success_within_10_points(
     teacher_success = evaluate_problems(trained_teacher.policy, env, problems, greedy=True).success_rate
     student_success = evaluate_problems(after.policy, env, problems, greedy=True).success_rate
     assert teacher_success >= 0.05  # the teacher has something to pass on
-    assert student_success >= teacher_success - 0.10
+    assert round(100 * student_success) >= round(100 * teacher_success) - 10  # in problems: 0.14 - 0.10 != 0.04
