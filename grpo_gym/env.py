@@ -49,9 +49,10 @@ class R1ZeroEnv(gym.Env):
     EOS or after ``max_new_tokens`` tokens. Ids outside the vocabulary or a wrong shape raise ``ValueError``.
 
     **Rewards.** Per finished turn: the weighted sum of named components (:mod:`grpo_gym.rewards.composite`),
-    clipped to [-1, 1]: the built-ins ``syntax``, ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length``
-    (DAPO's overlong penalty, weight 0), and your ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of
-    an unfinished turn in token mode. A component that does not apply to a completion (``None``) is left out.
+    clipped to [-1, 1] unless you give reward functions (``reward_clip``): the built-ins ``syntax``,
+    ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length`` (DAPO's overlong penalty, weight 0), and your
+    ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of an unfinished turn in token mode. A
+    component that does not apply to a completion (``None``) is left out.
     ``info["reward_components"]`` holds every component (``None`` where not applicable), ``info["reward_reasons"]``
     why, ``info["is_success"]`` whether the task gave full credit. :meth:`score_ahead` scores a batch of
     completions in one call per reward function; ``step`` then takes each pair's result.
@@ -95,6 +96,9 @@ class R1ZeroEnv(gym.Env):
         signature, ``async def`` allowed; see :mod:`grpo_gym.rewards.functions` for what is passed)
     :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
         ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
+    :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
+        [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given, as TRL
+        sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
 
     Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
     numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
@@ -121,6 +125,7 @@ class R1ZeroEnv(gym.Env):
         on_reward_error: str = "zero",
         reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
         overlong_buffer: int | None = None,
+        reward_clip: float | str | None = "auto",
     ) -> None:
         #: the constructor's arguments as given (what :meth:`describe` records)
         self.init_arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -155,6 +160,7 @@ class R1ZeroEnv(gym.Env):
             max_new_tokens=self.max_new_tokens,
             overlong_buffer=overlong_buffer,
             column_names=self._task_columns,
+            clip=reward_clip,
         )
 
         vocab = self.codec.vocab_size

@@ -639,7 +639,7 @@ def test_negative_weights_are_penalties(task: SumTask, problem: Problem) -> None
     assert result.components["shout"] == 0.0
     assert result.total == pytest.approx(-0.5 + 0.3)
     reward.set_weights({"shout": -2.0})
-    assert reward(task, problem, "<THINK>X</THINK>").total == -1.0  # -2 clipped to -1
+    assert reward(task, problem, "<THINK>X</THINK>").total == -2.0  # with reward functions: no clip (TRL's sum)
 
 
 def test_none_is_left_out_of_the_sum(task: SumTask, problem: Problem) -> None:

@@ -1,7 +1,12 @@
 """The composite reward: a weighted sum of named components, the built-ins and your reward functions.
 
 ``total = sum(weight[name] * score[name])`` over the components that apply to this completion (``None`` scores
-are left out, as TRL leaves out ``None`` rewards), clipped to ``[-1, 1]`` (S5). The built-in components:
+are left out, as TRL leaves out ``None`` rewards), then clipped to ``[-clip, clip]`` when ``clip`` is set. ``clip``
+(the env's ``reward_clip``) is ``"auto"`` by default: 1 (the seed's ``[-1, 1]``, S5) with the built-in components
+alone, **no clip** when reward functions are given, as TRL sums its reward functions without clipping (a clip
+would score a correct, well-formatted answer and a wrong, well-formatted one alike once both reach it). When a clip
+is set and changes a total, the reward warns once and counts it (:attr:`CompositeReward.clipped_count`). The
+built-in components:
 
 - ``syntax`` (0.3): the R1-Zero template followed exactly once (:func:`~grpo_gym.rewards.components.syntax_score`);
 - ``consistency`` (0.4): rule-based (:func:`~grpo_gym.rewards.components.consistency_score`; ``None`` where the task
@@ -47,6 +52,8 @@ DEFAULT_WEIGHTS = {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0
 FUNCTION_WEIGHT = 1.0
 """The default weight of a reward function (TRL's)."""
 ON_ERROR = ("zero", "raise")
+SEED_CLIP = 1.0
+"""The seed's clip (S5): totals in ``[-1, 1]``, the default without reward functions."""
 _MAX_ERROR_CHARS = 300
 Scored = tuple[float | None, str, str | None]  # (score, reason, error text)
 ModelScore = float | BaseException | None
@@ -62,7 +69,7 @@ class Scorer(Protocol):
 class RewardResult:
     """The reward of one completion.
 
-    :param total: the weighted sum of the components that apply, clipped to ``[-1, 1]``
+    :param total: the weighted sum of the components that apply (clipped to ``[-clip, clip]`` when a clip is set)
     :param components: every component's score (``None`` where it does not apply), built-ins first
     :param is_success: whether the task component is 1 (full credit)
     :param reasons: a short non-empty explanation per component
@@ -117,6 +124,8 @@ class CompositeReward:
         does not apply)
     :param overlong_buffer: the ``length`` component's buffer in tokens (default: a quarter of ``max_new_tokens``)
     :param column_names: called when a reward function requires a named argument: the columns the task provides
+    :param clip: ``"auto"`` (1 without reward functions, ``None`` with them), ``None`` (no clip) or a positive
+        number ``c``: totals clipped to ``[-c, c]``
     """
 
     def __init__(
@@ -128,8 +137,16 @@ class CompositeReward:
         max_new_tokens: int | None = None,
         overlong_buffer: int | None = None,
         column_names: Callable[[], Collection[str] | None] | None = None,
+        clip: float | str | None = "auto",
     ) -> None:
         self.reward_funcs = check_reward_funcs(reward_funcs, BUILTIN_COMPONENTS, column_names)
+        if clip == "auto":
+            clip = None if self.reward_funcs else SEED_CLIP
+        #: totals are clipped to ``[-clip, clip]``; ``None``: not clipped
+        self.clip = check_float("reward_clip", clip, low=0.0, low_open=True, allow_none=True, hint="or 'auto'")
+        self.clipped_count = 0
+        """How many totals the clip changed, since construction."""
+        self._warned_clip = False
         self._weights = {**DEFAULT_WEIGHTS, **dict.fromkeys(self.reward_funcs, FUNCTION_WEIGHT)}
         if weights is not None:
             self.set_weights(weights)
@@ -161,7 +178,7 @@ class CompositeReward:
     def __repr__(self) -> str:
         return (
             f"CompositeReward(weights={self._weights}, reward_model={self.reward_model!r}, on_error={self.on_error!r}, "
-            f"reward_funcs={list(self.reward_funcs)})"
+            f"reward_funcs={list(self.reward_funcs)}, clip={self.clip})"
         )
 
     @property
@@ -298,6 +315,24 @@ class CompositeReward:
             raise exc
         return 0.0, f"error: {text}", text
 
+    def _clipped(self, total: float) -> float:
+        """``total`` clipped to ``[-clip, clip]``; a change is counted and warned about once."""
+        if self.clip is None or -self.clip <= total <= self.clip:
+            return total
+        self.clipped_count += 1
+        if not self._warned_clip:
+            self._warned_clip = True
+            warnings.warn(
+                f"the weighted sum of the reward components ({total:.4g}) was clipped to "
+                f"[-{self.clip:g}, {self.clip:g}] (reward_clip={self.clip:g}): completions beyond the clip all get "
+                "the same reward, so what tells them apart no longer reaches the advantages; pass reward_clip=None "
+                "(no clip) or a larger one, or lower the weights (further clips are counted in "
+                "reward_fn.clipped_count, not warned about)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return max(-self.clip, min(self.clip, total))
+
     def _component(self, name: str, fn: Callable[..., tuple[float | None, str]], *args: Any) -> Scored:
         try:
             score, reason = fn(*args)
@@ -336,7 +371,7 @@ class CompositeReward:
         scores = {name: score for name, (score, _, _) in scored.items()}
         total = sum(self._weights[name] * value for name, value in scores.items() if value is not None)
         return RewardResult(
-            total=min(1.0, max(-1.0, total)),
+            total=self._clipped(total),
             components=scores,
             is_success=scores["task"] == 1.0,
             reasons={name: reason for name, (_, reason, _) in scored.items()},
