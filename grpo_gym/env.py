@@ -228,16 +228,20 @@ class R1ZeroEnv(gym.Env):
         """Ids of ``text`` inside the template: the cached affix ids around the encoded text."""
         return np.concatenate([affix_ids[0], self.codec.encode(text), affix_ids[1]])
 
-    def encode_prompt(self, question: str) -> tuple[np.ndarray, bool]:
-        """The newest ``context_length`` ids of the templated prompt around ``question``, and whether older ones
-        were cut; ``O(context_length)`` work for a question of any length (see the class docstring)."""
+    def encode_prompt(self, question: str | list[dict[str, str]]) -> tuple[np.ndarray, bool]:
+        """The newest ``context_length`` ids of the templated prompt around ``question`` (or of a conversation, a
+        list of messages, rendered whole: :meth:`PromptFormatter.prompt`), and whether older ones were cut;
+        ``O(context_length)`` work for a question of any length (see the class docstring)."""
+        if not isinstance(question, str):
+            return self.codec.encode_tail(self.formatter.prompt(question), self.context_length)
         before, after = self._prompt_affix_ids
         ids, cut = self.codec.encode_tail(question, max(0, self.context_length - len(after)))
         ids = np.concatenate([before, ids, after])
         return ids[-self.context_length :], cut or len(ids) > self.context_length
 
-    def encode_example(self, question: str, completion: str) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids of a supervised example: the templated prompt, and the completion followed by EOS."""
+    def encode_example(self, question: str | list[dict[str, str]], completion: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of a supervised example: the templated prompt (a question, or a conversation:
+        ``problem.prompt_input``), and the completion followed by EOS."""
         return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
     def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -252,7 +256,8 @@ class R1ZeroEnv(gym.Env):
             if not str(reasoning).strip():  # no gold reasoning: a stand-in keeps the target well formed
                 reasoning = STAND_IN_REASONING.format(answer=answer)
                 self.gold_stand_ins += 1
-            examples.append(self.encode_example(problem.prompt, f"<think>{reasoning}</think><answer>{answer}</answer>"))
+            target = f"<think>{reasoning}</think><answer>{answer}</answer>"
+            examples.append(self.encode_example(problem.prompt_input, target))
         return examples
 
     def score_completion(
@@ -286,7 +291,7 @@ class R1ZeroEnv(gym.Env):
             self.task,
             problems,
             [self.codec.decode(body) for body, _ in cut],
-            [self.formatter.prompt(problem.prompt) for problem in problems],
+            [self.formatter.prompt(problem.prompt_input) for problem in problems],
             [row[:length] for row, (_, length) in zip(ids, cut, strict=True)],
         )
         self._ahead.store(problems, ids, results)
@@ -337,8 +342,8 @@ class R1ZeroEnv(gym.Env):
         if problem is not None and not isinstance(problem, Problem):
             raise ValueError(f"options['problem'] must be a grpo_gym.tasks.Problem, got {type(problem).__name__}")
         self.problem = problem if problem is not None else self.sample_problem()
-        prompt_text = self.formatter.prompt(self.problem.prompt)
-        prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt)
+        prompt_text = self.formatter.prompt(self.problem.prompt_input)
+        prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt_input)
         self.window.reset(prompt_ids)
         if prompt_cut and not self._warned_cut:
             self._warned_cut = True

@@ -282,6 +282,9 @@ class CompositeReward:
             columns = problem_columns(task, problems)
         except Exception as exc:  # a task's reward_columns raised: every function errs
             return {name: [exc] * n for name in self.reward_funcs}
+        if not isinstance(problems[0].prompt_input, str):  # a conversational dataset: TRL's conversational forms
+            prompts = [problem.prompt_input for problem in problems]  # type: ignore[misc]
+            texts = [[{"role": "assistant", "content": text}] for text in texts]  # type: ignore[misc]
         kwargs = {
             **columns,
             "prompts": prompts,
