@@ -29,6 +29,7 @@ from algorithms.grpo import advantages, controls, objective, replay, update
 from algorithms.grpo.arguments import GRPO_RULES
 from algorithms.grpo.sampling import RolloutSampling, truncated_rows
 from algorithms.grpo.seed_controls import SeedControls
+from algorithms.trl_names import with_trl_hints
 
 SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
@@ -155,6 +156,7 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
 
     policy: TransformerPolicy
 
+    @with_trl_hints  # a TRL name (num_generations=...) raises a TypeError naming ours
     def __init__(
         self,
         policy: str | type[TransformerPolicy],
@@ -277,6 +279,17 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
 
     def _needs_reference(self) -> bool:
         return self.beta > 0 or self.protected_rollouts > 0
+
+    @classmethod
+    def from_trl(
+        cls, model: Any, reward_funcs: Any, args: Any = None, train_dataset: Any = None, **kwargs: Any
+    ) -> GRPO:
+        """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, ...)`` as a GRPO model on ``R1Zero-v0``; then
+        ``model.learn(total_timesteps)`` trains (timesteps count completions). Arguments, and what it builds:
+        :func:`algorithms.grpo.trl_port.from_trl`."""
+        from algorithms.grpo.trl_port import from_trl
+
+        return from_trl(cls, model, reward_funcs, args, train_dataset, **kwargs)
 
     def save_replay_buffer(self, path: str | os.PathLike) -> None:
         """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""
