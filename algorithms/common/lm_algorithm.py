@@ -142,6 +142,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         self._in_rollout = False  # a rollout is being collected: a save records the state at its start
         self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None
         self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
+        self._env_missing = ""  # why load() could not rebuild the recorded env (learn() says it)
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
@@ -332,6 +333,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
     ) -> SelfLMAlgorithm:
         """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
         tb_log_name = tb_log_name or type(self).__name__
+        self._check_has_env()
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
@@ -355,6 +357,15 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
                 self.dump_logs()
         callback.on_training_end()
         return self
+
+    def _check_has_env(self) -> None:
+        """A clear error when there is no env to train on (e.g. a loaded model whose recorded env was not rebuilt)."""
+        if self.env is None:
+            why = self._env_missing or "it was made or loaded without one"
+            raise ValueError(
+                f"{type(self).__name__}.learn needs an env: {why}. Pass one with model.set_env(env), or load with "
+                f"{type(self).__name__}.load(path, env=...) or load(path, env_objects={{...}})"
+            )
 
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False

@@ -133,23 +133,26 @@ def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, d
     return recorded_env_id(record), env_kwargs_from_record(record, **objects), int(saved["n_envs"])
 
 
-def _rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None) -> Any:
-    """The VecEnv the record describes, or None with a warning saying why (an object the record needs is missing,
-    a recorded file is absent here, ...): the model then predicts and exports but does not train."""
+def _rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None, name: str) -> tuple[Any, str]:
+    """The VecEnv the record describes and ``""``, or None and why not, warned about (an object the record needs is
+    missing, a recorded file is absent here, ...): the model then predicts and exports but does not train."""
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv
 
     record = saved["record"]
     try:
         env_id, kwargs = recorded_env_id(record), env_kwargs_from_record(record, **objects)
-        return make_vec_env(env_id, n_envs=int(saved["n_envs"]), seed=seed, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+        env = make_vec_env(env_id, n_envs=int(saved["n_envs"]), seed=seed, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+        return env, ""
     except Exception as error:  # any failure to rebuild: the model itself still loads
-        warnings.warn(
-            f"the recorded env was not rebuilt, the model predicts but cannot train ({type(error).__name__}: "
-            f"{error}); pass env= or env_objects=",
-            stacklevel=3,
+        reason = (
+            f"the env {name} records was not rebuilt ({type(error).__name__}: {error}); pass those objects as "
+            "load(path, env_objects={...}) (e.g. env_objects={'reward_funcs': [accuracy, format]}), or pass "
+            "load(path, env=...), or call model.set_env(env) later. Until then model.get_env() is None: the model "
+            "predicts and exports but cannot learn"
         )
-        return None
+        warnings.warn(reason, stacklevel=3)
+        return None, reason
 
 
 # ---------------------------------------------------------------------------------------------- save and load
@@ -193,8 +196,9 @@ def load(
     }
     observation_space = decode(data["observation_space"], "observation_space")
     action_space = decode(data["action_space"], "action_space")
+    env_missing = ""  # why the recorded env was not rebuilt, for learn()'s error
     if env is None and rebuild_env and data.get("env"):
-        env = _rebuild_env(data["env"], dict(env_objects or {}), arguments.get("seed"))
+        env, env_missing = _rebuild_env(data["env"], dict(env_objects or {}), arguments.get("seed"), name)
     elif env_objects:
         raise ValueError("env_objects rebuild the recorded env: pass them without env=")
     if env is not None:
@@ -205,6 +209,7 @@ def load(
     if env is None:
         model.observation_space, model.action_space = observation_space, action_space
     model.__dict__.update({key: value for key, value in kwargs.items() if key not in saved})
+    model._env_missing = env_missing
     run_state = decode(data["state"], "state", allow_pickle)
     model._token_info = run_state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
     model._setup_model()
