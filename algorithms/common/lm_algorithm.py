@@ -44,7 +44,7 @@ from algorithms.common import state
 from algorithms.common.arguments import LM_ALGORITHM_RULES, check_arguments
 from algorithms.common.batch import RolloutBatch
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.cold_start import supervised_finetune
+from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.collection import RolloutCollection
 from algorithms.common.determinism import deterministic_on_cpu
 from algorithms.common.distributed import Distributed, GradientSync
@@ -385,6 +385,8 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
     def _needs_cold_start(self) -> bool:
         if self._cold_start_done or self.sft_steps <= 0:
             return False
+        if self.cold_start == "auto" and not self.policy.is_builtin and self.env is not None and self._dist.is_main:
+            check_pretrained(self.policy, self.env, self.sft_steps, self.verbose)  # warns if it looks untrained
         return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
 
     def run_cold_start(self) -> dict[str, float]:
