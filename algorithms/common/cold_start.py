@@ -23,6 +23,7 @@ import torch as th
 
 from algorithms.common.batch import left_pad, right_pad
 from algorithms.common.losses import aggregate
+from algorithms.common.progress import progress
 from grpo_gym.rewards import parse_completion
 from grpo_gym.tasks.base import HELD_OUT_SEED
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
@@ -77,6 +78,7 @@ def supervised_finetune(
     logger: Any = None,
     verbose: int = 0,
     log_interval: int = 50,
+    progress_bar: bool = False,
 ) -> dict[str, float]:
     """Minimise the completion tokens' negative log-likelihood for ``steps`` steps (its own AdamW optimizer).
 
@@ -93,6 +95,8 @@ def supervised_finetune(
     :param logger: an SB3 logger (optional)
     :param verbose: print progress when >= 1
     :param log_interval: steps between logged values
+    :param progress_bar: show the steps done: a bar on a terminal, a line per tenth otherwise
+        (:func:`~algorithms.common.progress.progress`)
     """
     rows = load_sft_rows(data) if data is not None else None
     if rows is not None:
@@ -103,6 +107,7 @@ def supervised_finetune(
     optimizer = th.optim.AdamW(policy.parameters(), lr=learning_rate, weight_decay=0.0)
     scheduler = th.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(steps, 1), eta_min=learning_rate / 10)
     stats: dict[str, float] = {}
+    shown = progress(steps, "cold start (SFT steps)") if progress_bar else None
     for step in range(1, steps + 1):
         log_probs, completion_mask = _example_log_probs(policy, sft_examples(env, batch_size, rows, rng))
         loss = -aggregate(log_probs, completion_mask, mode="token")
@@ -111,6 +116,8 @@ def supervised_finetune(
         th.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
+        if shown is not None:
+            shown.update(step)
         if step % log_interval == 0 or step == steps:
             stats = {"loss": loss.item(), "mean_token_prob": log_probs.detach().exp()[completion_mask].mean().item()}
             if logger is not None:
@@ -120,6 +127,8 @@ def supervised_finetune(
                 logger.dump(step=step)
             elif verbose:
                 print(f"sft step {step}/{steps}: loss {stats['loss']:.4f}")
+    if shown is not None:
+        shown.close()
     if rows is None:
         _warn_stand_ins(env, _stand_ins(env) - stand_ins_before, steps * batch_size)
     return stats

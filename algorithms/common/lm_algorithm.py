@@ -343,7 +343,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
             callback.init_callback(self)
         self.logger.record("precision/choice", self.precision.describe(), exclude=TEXT_ONLY)  # with the next dump
         if self._needs_cold_start():
-            self.run_cold_start()
+            self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
         assert self.env is not None
         while self.num_timesteps < total_timesteps:
@@ -389,19 +389,20 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
             check_pretrained(self.policy, self.env, self.sft_steps, self.verbose)  # warns if it looks untrained
         return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
 
-    def run_cold_start(self) -> dict[str, float]:
-        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``."""
+    def run_cold_start(self, progress_bar: bool = False) -> dict[str, float]:
+        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``;
+        ``progress_bar`` shows its steps (a bar on a terminal, a line per tenth otherwise)."""
         assert self.env is not None
         if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
             self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
         with deterministic_on_cpu(self.device):
-            stats = self._supervised_finetune()
+            stats = self._supervised_finetune(progress_bar)
         self._cold_start_done = True
         if self.ref_model is not None:
             self.ref_model = self._frozen_copy()
         return stats
 
-    def _supervised_finetune(self) -> dict[str, float]:
+    def _supervised_finetune(self, progress_bar: bool = False) -> dict[str, float]:
         return supervised_finetune(
             self.policy,
             self.env,
@@ -412,6 +413,7 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
             generator=self._generator,
             logger=self.logger,
             verbose=self.verbose,
+            progress_bar=progress_bar,
         )
 
     # ------------------------------------------------------------------ update helpers

@@ -41,7 +41,7 @@ from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.serialization import decode, encode, read_model_file, write_model_file
-from grpo_gym.describe import env_kwargs_from_record, recorded_env_id
+from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
 
 if TYPE_CHECKING:
     from algorithms.common.lm_algorithm import LMAlgorithm
@@ -131,6 +131,14 @@ def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, d
         raise ValueError(f"{os.fspath(path)} records no env (saved without one, or not an R1Zero-v0 env): pass env=")
     record = saved["record"]
     return recorded_env_id(record), env_kwargs_from_record(record, **objects), int(saved["n_envs"])
+
+
+def recorded_tokenizer(path: str | os.PathLike) -> str | None:
+    """The tokenizer folder or hub name the model file at ``path`` records for its env (``None``: the built-in one,
+    no env record, or a tokenizer object a file could not hold)."""
+    saved = read_model_file(path)[0].get("env") or {}
+    tokenizer = saved.get("record", {}).get("kwargs", {}).get("tokenizer")
+    return tokenizer if isinstance(tokenizer, str) and tokenizer != MUST_PASS else None
 
 
 def _rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None, name: str) -> tuple[Any, str]:

@@ -1,7 +1,9 @@
 """Load a trained model for deployment, whatever form it was saved in, as a :class:`TransformerPolicy` + tokenizer.
 
-Three forms are read: a GRPO zip (``model.save``; the tokenizer is not in the zip: the built-in one unless given),
-a Hugging Face folder (``save_pretrained``; its own tokenizer when it has one) and an INT8 export
+Four forms are read: a GRPO zip (``model.save``; the tokenizer is not in the zip: the folder or hub name its env
+record names, else the built-in one, unless given), a Hugging Face folder (``save_pretrained``; its own tokenizer
+when it has one), a LoRA adapter folder (``save_pretrained`` of a LoRA policy: ``adapter_config.json``; its base
+model is read from the folder the adapter config names and the adapters merged into it) and an INT8 export
 (:func:`~algorithms.deploy.quantize.save_int8`). The server and distillation then sample through the policy, with
 the project's sampler and decoders: one code path for training rollouts and serving.
 """
@@ -72,13 +74,14 @@ def load_policy(
 
     location = Path(path)
     if location.is_dir():
-        tokenizer = load_tokenizer(tokenizer if tokenizer is not None else (path if has_tokenizer(path) else None))
-        if is_int8_folder(location):
-            model = load_int8(location)
+        if (location / ADAPTER_CONFIG).is_file():
+            model, own = adapter_model(location)
         else:
             from algorithms.common.models import load_model
 
-            model = load_model(os.fspath(location))
+            model = load_int8(location) if is_int8_folder(location) else load_model(os.fspath(location))
+            own = path if has_tokenizer(path) else None
+        tokenizer = load_tokenizer(tokenizer if tokenizer is not None else own)
         return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
     if not location.is_file():
         raise ValueError(
@@ -87,13 +90,35 @@ def load_policy(
         )
     import algorithms
     from algorithms.common.serialization import read_model_file
+    from algorithms.common.state import recorded_tokenizer
 
     name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
     algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
     policy = algorithm.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
-    tokenizer = load_tokenizer(tokenizer)
+    tokenizer = load_tokenizer(tokenizer if tokenizer is not None else recorded_tokenizer(location))
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
     return policy, tokenizer
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_model(folder: Path) -> tuple[nn.Module, str | None]:
+    """A LoRA adapter folder's base model with the adapters merged in, and the folder to read the tokenizer from
+    (the adapter folder's own, else the base's, else ``None``: the built-in one)."""
+    from algorithms.common.adapters import require_peft
+    from algorithms.common.models import load_model
+
+    peft = require_peft()
+    base = peft.PeftConfig.from_pretrained(os.fspath(folder)).base_model_name_or_path
+    if not base or not (Path(base).is_dir() or "/" in base):  # a folder here, or a hub name (org/name)
+        raise ValueError(
+            f"{os.fspath(folder)} is a LoRA adapter folder whose base model {base!r} is not a folder or hub name: "
+            "serve the merged export instead (model.save_pretrained(folder, merge=True)), or a zip"
+        )
+    model = peft.PeftModel.from_pretrained(load_model(base), os.fspath(folder)).merge_and_unload()
+    own = folder if has_tokenizer(folder) else (base if has_tokenizer(base) else None)
+    return model, None if own is None else os.fspath(own)
 
 
 def check_tokenizer(policy: TransformerPolicy, tokenizer: Any, what: str = "the model") -> None:
