@@ -117,6 +117,7 @@ def adapter_model(folder: Path) -> tuple[nn.Module, str | None]:
             "serve the merged export instead (model.save_pretrained(folder, merge=True)), or a zip"
         )
     model = peft.PeftModel.from_pretrained(load_model(base), os.fspath(folder)).merge_and_unload()
+    model.requires_grad_(True)  # a plain model again, as load_model gives one (peft froze the base)
     own = folder if has_tokenizer(folder) else (base if has_tokenizer(base) else None)
     return model, None if own is None else os.fspath(own)
 
