@@ -11,10 +11,11 @@ It builds what a TRL script describes in this project's terms, by the table of :
 - the model: ``GRPO("TransformerPolicy", env, ...)`` with the ``args`` fields that have an equivalent, ``model`` and
   ``peft_config`` in ``policy_kwargs``, then your own keyword arguments over them.
 
-Which ``args`` fields are read: every key of a dict; of a ``GRPOConfig``, the fields that differ from their defaults
-(the rest take ours, see the README's table), except those ``GRPOConfig`` fills in itself (``bf16``,
-``generation_batch_size``, ``steps_per_generation``, ...: pass them in a dict to port them). A field set without an
-equivalent the port can copy (a schedule, a callback, vLLM) is named in one warning with what to do instead.
+Which ``args`` fields are read: a ``GRPOConfig`` brings TRL's values, its defaults included (TRL's run, ported),
+but for the fields ``GRPOConfig`` fills in itself (:data:`FILLED_BY_TRL`: ``bf16``, ``generation_batch_size``,
+``steps_per_generation``, ...; give them in a dict to port them); a dict brings its keys, the rest taking our
+defaults. A field you set (a dict's key, or a ``GRPOConfig`` field changed from TRL's default) that has no
+equivalent the port can copy (a scheduler, a callback, vLLM) is named in one warning with what to do instead.
 Batching: ``n_groups`` (prompts per rollout) is ``generation_batch_size / num_generations``, where TRL's
 ``generation_batch_size`` is ``per_device_train_batch_size x steps_per_generation`` (or
 ``x gradient_accumulation_steps``) when not given; ``batch_size`` (completions per optimizer step) is
@@ -61,26 +62,29 @@ BATCHING = (
 BUILTIN_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
 
 
-def config_values(args: Any) -> dict[str, Any]:
-    """The fields ``args`` sets: every key of a mapping, or the fields of a ``GRPOConfig`` that differ from their
-    defaults (but :data:`FILLED_BY_TRL`). ``TypeError`` for a name that is not a ``GRPOConfig`` field."""
+def config_values(args: Any) -> tuple[dict[str, Any], set[str]]:
+    """The fields ``args`` gives and those you set: a mapping's keys (both), or a ``GRPOConfig``'s fields but
+    :data:`FILLED_BY_TRL` and, as set, those that differ from TRL's defaults. ``TypeError`` for a name that is not a
+    ``GRPOConfig`` field."""
     if args is None:
-        return {}
+        return {}, set()
     if isinstance(args, Mapping):
-        values = dict(args)
+        values, changed = dict(args), set(args)
     elif dataclasses.is_dataclass(args) and not isinstance(args, type):
-        values = {}
+        values, changed = {}, set()
         for spec in dataclasses.fields(args):
+            if spec.name in FILLED_BY_TRL:
+                continue
             default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
-            value = getattr(args, spec.name)
-            if spec.name not in FILLED_BY_TRL and value != default:
-                values[spec.name] = value
+            values[spec.name] = getattr(args, spec.name)
+            if values[spec.name] != default:
+                changed.add(spec.name)
     else:
         raise TypeError(f"args must be a trl.GRPOConfig or a dict of its fields, got {type(args).__name__}")
     unknown = sorted(name for name in values if name not in GRPO_CONFIG)
     if unknown:
         raise TypeError(f"args: {', '.join(unknown)} are not fields of TRL's GRPOConfig (1.16)")
-    return values
+    return values, changed
 
 
 def _converted(name: str, entry: TrlName, value: Any) -> tuple[bool, Any]:
@@ -107,9 +111,11 @@ def _batching(values: dict[str, Any], group_size: int) -> dict[str, int]:
     return {"n_groups": max(1, generation // group_size), "batch_size": per_device * accumulation}
 
 
-def translate(values: dict[str, Any], names: list[str]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """The GRPO arguments, env arguments and the fields left for you (with ours) of a TRL config's ``values``;
-    ``names``: the reward functions' names, for TRL's list of ``reward_weights``."""
+def translate(
+    values: dict[str, Any], changed: set[str], names: list[str]
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The GRPO arguments, env arguments and the fields you set that are left for you (with ours) of a TRL config's
+    ``values``; ``names``: the reward functions' names, for TRL's list of ``reward_weights``."""
     algorithm: dict[str, Any] = {}
     env: dict[str, Any] = {}
     policy: dict[str, Any] = {}
@@ -119,15 +125,18 @@ def translate(values: dict[str, Any], names: list[str]) -> tuple[dict[str, Any],
         if name in BATCHING or name == "output_dir":
             continue
         if name == "reward_weights":
+            if value is None:
+                continue
             if len(value) != len(names):
                 raise ValueError(f"reward_weights has {len(value)} weights for {len(names)} reward functions")
             env["reward_weights"] = dict(zip(names, map(float, value), strict=True))
             continue
         if not entry.ported:
-            left.append(f"{name} ({spelled(name, entry)}{': ' + entry.note if entry.note else ''})")
+            if name in changed:
+                left.append(f"{name} ({spelled(name, entry)}{': ' + entry.note if entry.note else ''})")
             continue
         used, ours = _converted(name, entry, value)
-        if not used:
+        if not used or ours is None:  # None (TRL's "unset", e.g. epsilon_high): ours applies
             continue
         key, _, inner = str(entry.ours).partition(".")
         if entry.where == "policy" and inner:
@@ -221,7 +230,7 @@ def from_trl(
             "folder as the env's reward_model= (env_kwargs), or name functions as 'module:function'"
         )
     funcs = named_reward_funcs(reward_funcs)
-    algorithm, env_args, left = translate(config_values(args), list(funcs))
+    algorithm, env_args, left = translate(*config_values(args), list(funcs))
     if left:
         warnings.warn(
             "from_trl: these GRPOConfig fields were set but are not ported; do it by hand: " + "; ".join(left),
