@@ -115,6 +115,18 @@ def test_train_writes_one_run_with_sft_and_grpo(trained: tuple[Path, Path, str])
     assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
 
 
+def test_the_readme_tensorboard_list_names_tags_the_run_writes(trained: tuple[Path, Path, str]) -> None:
+    folder, _, _ = trained
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    listed = text[text.index("- **TensorBoard**") : text.index("### Algorithm options")]
+    tags = set(re.findall(r"`((?:rollout|train|time|sft|samples|precision)/[a-z_/]+)`", listed))
+    tags = (tags - {"rollout/reward/accuracy"}) | {"rollout/reward/task"}  # <name>: a function's, a built-in's
+    events = EventAccumulator(str(folder / "tb" / "GRPO_1")).Reload().Tags()
+    texts = {tag.removesuffix("/text_summary") for tag in events["tensors"]}  # SB3 writes text as a tensor
+    written = set(events["scalars"]) | set(events["histograms"]) | texts
+    assert len(tags) > 25 and tags <= written, sorted(tags - written)
+
+
 def test_eval_needs_only_the_model_file(trained: tuple[Path, Path, str], capsys: pytest.CaptureFixture) -> None:
     """The zip records its env (id and arguments): eval rebuilds it, whatever the default config's env is."""
     folder, config, _ = trained
