@@ -7,7 +7,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import shlex
 import signal
 import sys
 import time
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.cli_options import progress_callbacks, resume_hint, reward_funcs_argument, where_it_goes
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
     RUN_KEYS,
@@ -131,11 +131,6 @@ def preset_save_path(args: argparse.Namespace) -> str | None:
     return config.get("save_path")
 
 
-def resume_hint(argv: list[str]) -> str:
-    """The command that resumes this run, pasteable into a shell (every value quoted as it needs)."""
-    return f"resume with: {shlex.join(['grpo-gym', *_without(argv, '--resume'), '--resume'])}"
-
-
 @contextlib.contextmanager
 def _stop_on_signals(checkpoint: Any, hint: str) -> Iterator[dict[str, int]]:
     """SIGINT / SIGTERM ask ``checkpoint`` to save and stop at the next step (exit code 130 / 143); a second
@@ -209,9 +204,9 @@ def train(args: argparse.Namespace) -> int:
         say = print if main else lambda *_, **__: None
         total = int(plan["run"]["total_timesteps"])
         say(f"{type(model).__name__}: {total} completions ...", flush=True)
-        say(_where_it_goes(save_path, directory, args.checkpoint_every), flush=True)
+        say(where_it_goes(save_path, directory, args.checkpoint_every), flush=True)
         remaining = max(total - model.num_timesteps, 0)
-        callback, bar = _progress(checkpoint, args.progress_bar and main, type(model).__name__)
+        callback, bar = progress_callbacks(checkpoint, args.progress_bar and main, type(model).__name__)
         model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
         say(f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {hint}", flush=True)
@@ -231,33 +226,12 @@ def train(args: argparse.Namespace) -> int:
     )
     if save_path is not None:
         model.save(save_path)
-        print(f"saved to {args.save_path} (grpo-gym eval {shlex.quote(str(args.save_path))}; checkpoints: {directory})")
+        print(f"saved to {args.save_path}; checkpoints: {directory}")
     else:
         print(f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")
     if args.tensorboard_log:
         print(f"tensorboard --logdir {args.tensorboard_log}")
     return 0
-
-
-def _where_it_goes(save_path: Path | None, directory: Path, every: int) -> str:
-    """Where the run's model and checkpoints go, said before it starts."""
-    model = f"the model goes to {save_path}" if save_path is not None else "the model is not saved (no --save-path)"
-    checkpoints = f"every {every} iterations" if every else "on Ctrl-C / SIGTERM only"
-    return f"{model}; checkpoints ({checkpoints}, the newest 2 kept) go to {directory}{os.sep}"
-
-
-def _progress(checkpoint: Any, wanted: bool, label: str) -> tuple[Any, bool]:
-    """``learn``'s callbacks and ``progress_bar``: SB3's bar on a terminal; lines per tenth when output goes to a
-    file or a pipe (where a redrawn bar shows nothing until the end)."""
-    from algorithms.common.progress import ProgressCallback
-
-    if not wanted or sys.stdout.isatty():
-        return checkpoint, wanted
-    return [checkpoint, ProgressCallback(label)], False
-
-
-def _without(argv: list[str], flag: str) -> list[str]:
-    return [arg for arg in argv if arg != flag]
 
 
 def sft(args: argparse.Namespace) -> int:
@@ -299,17 +273,6 @@ def evaluate(args: argparse.Namespace) -> int:
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
     return 0
-
-
-def reward_funcs_argument(specs: list[str]) -> list[str] | dict[str, str]:
-    """``--reward-funcs``: ``module:function`` paths (named after the functions, as a list is) or
-    ``name=module:function`` (named as recorded); the env imports them, since you named them here."""
-    named = [spec.partition("=") for spec in specs]
-    if all(sep for _, sep, _ in named):
-        return {name: path for name, _, path in named}
-    if any(sep for _, sep, _ in named):
-        raise ValueError("--reward-funcs: give every function as name=module:function, or none of them")
-    return list(specs)
 
 
 def env_demo(args: argparse.Namespace) -> int:

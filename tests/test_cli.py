@@ -227,7 +227,7 @@ def test_eval_with_an_env_that_does_not_fit_the_model_exits_2(
 def test_the_resume_line_pastes_into_a_shell() -> None:
     import shlex
 
-    from algorithms.cli import resume_hint
+    from algorithms.cli_options import resume_hint
 
     argv = ["train", "--save-path", "my run.zip", "-params", "policy_kwargs:{'model': 'tiny'}", "--resume"]
     hint = resume_hint(argv)
