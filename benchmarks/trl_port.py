@@ -4,14 +4,17 @@ The script a TRL user would write: a conversational dataset (``prompt`` = system
 the answer; no gold reasoning), two TRL reward functions in their conversational form (``accuracy``: the
 ``<answer>`` block equals the solution; ``think_format``: ``<think>...</think><answer>...</answer>``), and
 ``GRPOTrainer(model, reward_funcs=[accuracy, think_format], args=GRPOConfig(...), train_dataset=...)``, turned into
-``GRPO.from_trl("tiny", [accuracy, think_format], args={...}, train_dataset=..., eval_dataset=...)`` as the README
-documents. The model is the built-in tiny one (0.8M parameters, a fresh initialisation), so the first ``learn`` runs
-the documented cold start, on stand-in targets (the rows have no gold reasoning). The problems are the
-``arithmetic`` task's at difficulty 0.1 (train rows and a disjoint held-out split).
+``GRPO.from_trl(model_folder, [accuracy, think_format], args={...}, train_dataset=..., eval_dataset=...)`` as the
+README documents. The model plays a TRL user's pretrained model: the built-in tiny one (0.8M parameters) taught the
+task's format once, by ``--pretrain-steps`` supervised steps on the arithmetic task's gold solutions in the same
+prompt layout, and exported with ``save_pretrained`` (model + tokenizer) to a folder, shared by every seed; a model
+from a folder is taken as pretrained (no cold start in the port). The problems are the ``arithmetic`` task's at
+difficulty 0.1 (train rows and a disjoint held-out split). The tokenizer (the built-in one) has no chat template,
+so the conversations take the plain layout (``SYSTEM\nUser: ...\nAssistant: ``).
 
 Measured per seed: the mean ``accuracy`` reward of GRPO's rollouts over its first and last ``--window``
 iterations (the reward the user asked GRPO to raise), and the held-out success (the env's verifier on the eval
-split, sampled) after the cold start and after GRPO. Reported: median and worst over seeds of the rise.
+split, sampled) before and after GRPO. Reported: median and worst over seeds of the rise.
 
 Command (what ``benchmarks/RESULTS.md`` records)::
 
@@ -28,7 +31,6 @@ import re
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +67,27 @@ def rows(n: int, seed_base: int) -> list[dict[str, Any]]:
     ]
 
 
-def run(seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """One seed: from_trl, cold start, held-out success, GRPO with the accuracy reward recorded, held-out again."""
+def pretrained_folder(folder: Path, steps: int) -> Path:
+    """The "user's pretrained model": the built-in tiny model after ``steps`` SFT steps on gold solutions in the
+    conversations' plain layout, saved with its tokenizer (once; the folder is reused when it exists)."""
+    import gymnasium as gym
+
+    import grpo_gym  # noqa: F401
+    from algorithms import GRPO
+
+    if (folder / "config.json").is_file():
+        return folder
+    env = gym.make("R1Zero-v0", template=SYSTEM + "\nUser: {prompt}\nAssistant: ", max_new_tokens=32, difficulty=0.1)
+    teacher = GRPO("TransformerPolicy", env, sft_steps=steps, seed=1234, policy_kwargs={"model": "tiny"})
+    teacher._setup_learn(0, None, True, "GRPO", False)
+    teacher.run_cold_start()
+    teacher.save_pretrained(str(folder))
+    return folder
+
+
+def run(seed: int, folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One seed: the TRL script through from_trl, held-out success, GRPO with the accuracy reward recorded, held-out
+    success again."""
     from datasets import Dataset
     from stable_baselines3.common.callbacks import BaseCallback
 
@@ -94,24 +115,16 @@ def run(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "learning_rate": 5e-5,
         "beta": 0.0,
         "entropy_coef": 0.0,
+        "seed": seed,
     }
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the stand-in cold start's warning: expected, the rows have no reasoning
-        model = GRPO.from_trl(
-            "tiny", [accuracy, think_format], args=trl_args, train_dataset=train, eval_dataset=held_out,
-            sft_steps=args.sft_steps, seed=seed,
-        )  # fmt: skip
-        env = model.get_env()
-        started = time.perf_counter()
-        model._setup_learn(0, None, True, "GRPO", False)
-        model.run_cold_start()
-        sft_seconds = time.perf_counter() - started
-        before = evaluate_difficulties(model.policy, env, [0.1], args.eval_rows, seed=0)[0].success_rate
-        recorder = AccuracyPerRollout()
-        started = time.perf_counter()
-        model.learn(args.iterations * args.groups * args.group_size, callback=recorder)
-        grpo_seconds = time.perf_counter() - started
-        after = evaluate_difficulties(model.policy, env, [0.1], args.eval_rows, seed=0)[0].success_rate
+    model = GRPO.from_trl(str(folder), [accuracy, think_format], trl_args, train, eval_dataset=held_out)
+    env = model.get_env()
+    before = evaluate_difficulties(model.policy, env, [0.1], args.eval_rows, seed=0)[0].success_rate
+    recorder = AccuracyPerRollout()
+    started = time.perf_counter()
+    model.learn(args.iterations * args.groups * args.group_size, callback=recorder)
+    seconds = time.perf_counter() - started
+    after = evaluate_difficulties(model.policy, env, [0.1], args.eval_rows, seed=0)[0].success_rate
     w = args.window
     first, last = statistics.mean(recorder.means[:w]), statistics.mean(recorder.means[-w:])
     return {
@@ -122,8 +135,8 @@ def run(seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "held_out_before": before,
         "held_out_after": after,
         "curve": recorder.means,
-        "sft_seconds": sft_seconds,
-        "grpo_seconds": grpo_seconds,
+        "grpo_seconds": seconds,
+        "cold_start": model._cold_start_done,
     }
 
 
@@ -137,26 +150,27 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace) -> str:
         f"benchmarks/RESULTS.md` ({datetime.date.today()}).",
         "",
         f"torch {torch.__version__}, Python {platform.python_version()}; CPU {cpu_name()} ({cpu_flags()}), "
-        f"{torch.get_num_threads()} torch threads, a machine shared with other jobs. Built-in tiny model, "
-        f"{args.sft_steps} cold-start steps on stand-in targets, then {args.iterations} GRPO iterations of "
+        f"{torch.get_num_threads()} torch threads, a machine shared with other jobs. The user's model: the built-in "
+        f"tiny model after {args.pretrain_steps} SFT steps on gold solutions, from a folder (no cold start in the "
+        f"port); then {args.iterations} GRPO iterations of "
         f"K={args.groups} x G={args.group_size}; {args.train_rows} training rows, {args.eval_rows} held-out rows "
         "(arithmetic, difficulty 0.1); TRL args: num_generations, per_device_train_batch_size, "
         "max_completion_length 32, learning_rate 5e-5, beta 0, entropy_coef 0.",
         "",
         f"| seed | accuracy reward, first {args.window} iterations | last {args.window} | rise | held-out success "
-        "after the cold start | after GRPO | cold start / GRPO seconds |",
+        "before GRPO | after GRPO | GRPO seconds |",
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['seed']} | {r['accuracy_first']:.3f} | {r['accuracy_last']:.3f} | {r['rise']:+.3f} | "
             f"{r['held_out_before']:.1%} | {r['held_out_after']:.1%} | "
-            f"{r['sft_seconds']:.0f} / {r['grpo_seconds']:.0f} |"
+            f"{r['grpo_seconds']:.0f} |"
         )
     lines += [
         "",
         f"Rise of the accuracy reward over {len(results)} seeds: median **{statistics.median(rises):+.3f}**, worst "
-        f"**{min(rises):+.3f}**; held-out success after GRPO minus after the cold start: median "
+        f"**{min(rises):+.3f}**; held-out success after GRPO minus before: median "
         f"{100 * statistics.median(held):+.1f} points, worst {100 * min(held):+.1f}.",
     ]
     return "\n".join(lines)
@@ -168,22 +182,24 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--groups", type=int, default=8, help="K, prompts per rollout")
     parser.add_argument("--group-size", type=int, default=8, help="G, TRL's num_generations")
-    parser.add_argument("--sft-steps", type=int, default=100)
+    parser.add_argument("--pretrain-steps", type=int, default=500, help="SFT steps of the 'pretrained' model")
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/grpo-gym-trl-port-model"), help="its folder")
     parser.add_argument("--train-rows", type=int, default=2000)
     parser.add_argument("--eval-rows", type=int, default=200)
     parser.add_argument("--window", type=int, default=20, help="iterations averaged at the start and the end")
     parser.add_argument("--results", type=Path, default=None, help="RESULTS.md to update")
     parser.add_argument("--runs", type=Path, default=Path(__file__).with_name("trl_port_runs.json"))
     args = parser.parse_args()
+    folder = pretrained_folder(args.folder, args.pretrain_steps)
     results = []
     for seed in args.seeds:
-        results.append(run(seed, args))
+        results.append(run(seed, folder, args))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "curve"}), flush=True)
         args.runs.write_text(json.dumps(results) + "\n")
     text = report(results, args)
     print(text)
     if args.results is not None:
-        title = f"`--iterations {args.iterations} --sft-steps {args.sft_steps}`, {len(args.seeds)} seeds"
+        title = f"`--iterations {args.iterations} --pretrain-steps {args.pretrain_steps}`, {len(args.seeds)} seeds"
         update_results(args.results, SECTION, title, text)
 
 
