@@ -240,7 +240,7 @@ def sft(args: argparse.Namespace) -> int:
 
     model, env, plan = _setup(args)
     model._setup_learn(0, None, True, type(model).__name__, False)
-    model.run_cold_start()
+    model.run_cold_start(progress_bar=model._dist.is_main)  # the command's whole job: show its progress
     print(format_table({"after SFT": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)}))
     if args.save_path:
         model.save(args.save_path)

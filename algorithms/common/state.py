@@ -154,8 +154,8 @@ def _rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | Non
         return env, ""
     except Exception as error:  # any failure to rebuild: the model itself still loads
         reason = (
-            f"the env {name} records was not rebuilt ({type(error).__name__}: {error}); pass those objects as "
-            "load(path, env_objects={...}) (e.g. env_objects={'reward_funcs': [accuracy, format]}), or pass "
+            f"the env {name} records was not rebuilt ({type(error).__name__}: {error}); pass the objects it names "
+            "in env_objects (load(path, env_objects={'reward_funcs': [...], 'task_kwargs': {'data': ...}})), or pass "
             "load(path, env=...), or call model.set_env(env) later. Until then model.get_env() is None: the model "
             "predicts and exports but cannot learn"
         )

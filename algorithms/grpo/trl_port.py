@@ -149,18 +149,43 @@ def translate(
     return algorithm, env, left
 
 
-def _answer_column(dataset: Any, answer: str | None) -> str:
-    first = next(iter(dataset), None)
-    columns = list(first) if isinstance(first, Mapping) else []
-    if answer is not None:
-        return answer
-    found = next((name for name in ANSWER_COLUMNS if name in columns), None)
+def _answer_column(first: Mapping[str, Any], answer: str | None) -> str:
+    """``answer``, or the first of :data:`ANSWER_COLUMNS` the first row has."""
+    found = answer if answer is not None else next((name for name in ANSWER_COLUMNS if name in first), None)
     if found is None:
         raise ValueError(
             "from_trl: the env's dataset task needs a column of reference answers (success, evaluation and the cold "
-            f"start read it): pass answer='<column>'; the dataset's columns: {', '.join(map(str, columns))}"
+            f"start read it): pass answer='<column>'; the dataset's columns: {', '.join(map(str, first))}"
         )
     return found
+
+
+def port_env(
+    train_dataset: Any, eval_dataset: Any, funcs: dict[str, Any], tokenizer: Any, answer: str | None, env_args: dict
+) -> Any:
+    """The ``R1Zero-v0`` env of a TRL script (see the module docstring); ``env_args`` go over what it sets."""
+    import gymnasium as gym
+
+    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+    from grpo_gym.tasks.dataset import load_records
+
+    records = load_records(train_dataset, "train_dataset")[0]
+    first = records[0][1] if records and isinstance(records[0][1], Mapping) else {}
+    conversational = isinstance(first.get("prompt"), (list, tuple))
+    task_kwargs = {"data": train_dataset, "answer": _answer_column(first, answer)}
+    if eval_dataset is not None:
+        task_kwargs["eval_data"] = eval_dataset
+    kwargs = {
+        "task": "dataset",
+        "task_kwargs": task_kwargs,
+        "reward_funcs": funcs,
+        "tokenizer": tokenizer,
+        "template": "{prompt}",  # TRL uses a string prompt as it is
+        "use_chat_template": "auto" if conversational else False,
+        **env_args,
+        "reward_weights": {**BUILTIN_OFF, **env_args.get("reward_weights", {})},  # TRL scores with your functions
+    }
+    return gym.make("R1Zero-v0", **kwargs)
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:
@@ -215,9 +240,6 @@ def from_trl(
     :param env_kwargs: env arguments over what the port sets
     :param kwargs: GRPO arguments over what ``args`` gives (``verbose``, ``seed``, ``sft_steps``, ...)
     """
-    import gymnasium as gym
-
-    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
     from algorithms.common.vocabulary import model_tokenizer
     from grpo_gym.rewards.functions import named_reward_funcs
 
@@ -237,26 +259,8 @@ def from_trl(
             UserWarning,
             stacklevel=3,
         )
-    first = next(iter(train_dataset), None)
-    conversational = isinstance(first, Mapping) and isinstance(first.get("prompt"), (list, tuple))
     tokenizer = processing_class if processing_class is not None else model_tokenizer(model)
-    task_kwargs = {"data": train_dataset, "answer": _answer_column(train_dataset, answer)}
-    if eval_dataset is not None:
-        task_kwargs["eval_data"] = eval_dataset
-    env = gym.make(
-        "R1Zero-v0",
-        **{
-            "task": "dataset",
-            "task_kwargs": task_kwargs,
-            "reward_funcs": funcs,
-            "tokenizer": tokenizer,
-            "template": "{prompt}",  # TRL uses a string prompt as it is
-            "use_chat_template": "auto" if conversational else False,
-            **env_args,
-            "reward_weights": {**BUILTIN_OFF, **env_args.get("reward_weights", {})},
-            **(env_kwargs or {}),
-        },
-    )
+    env = port_env(train_dataset, eval_dataset, funcs, tokenizer, answer, {**env_args, **(env_kwargs or {})})
     policy_kwargs = {**algorithm.pop("policy_kwargs", {}), "model": model}
     if peft_config is not None:
         policy_kwargs["lora"] = _lora(peft_config)
