@@ -92,8 +92,9 @@ class R1ZeroEnv(gym.Env):
         ``"rgb_array"``, which SB3 requests by default, is accepted and renders nothing
     :param on_reward_error: ``"zero"`` (default: a reward component whose scoring raised scores 0, reported in
         ``info["reward_errors"]``) or ``"raise"`` (the exception propagates from ``step``, or from ``score_ahead``)
-    :param reward_funcs: ``{name: fn}``, each ``fn(prompts, completions, **kwargs) -> list[float | None]`` (TRL's
-        signature, ``async def`` allowed; see :mod:`grpo_gym.rewards.functions` for what is passed)
+    :param reward_funcs: a list of functions (each named after its function, as TRL names them) or ``{name: fn}``,
+        each ``fn(prompts, completions, **kwargs) -> list[float | None]`` (TRL's signature, ``async def`` allowed;
+        ``"module:function"`` strings are imported; see :mod:`grpo_gym.rewards.functions` for what is passed)
     :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
         ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
     :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
@@ -123,7 +124,7 @@ class R1ZeroEnv(gym.Env):
         reward_model: RewardModelScorer | str | os.PathLike | None = None,
         render_mode: str | None = None,
         on_reward_error: str = "zero",
-        reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        reward_funcs: Sequence[Callable[..., Any] | str] | Mapping[str, Callable[..., Any] | str] | None = None,
         overlong_buffer: int | None = None,
         reward_clip: float | str | None = "auto",
     ) -> None:

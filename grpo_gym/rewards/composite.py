@@ -16,10 +16,10 @@ built-in components:
 - ``length`` (0): DAPO's soft overlong penalty, in ``[-1, 0]`` (:func:`~grpo_gym.rewards.components.length_score`),
   when the token budget and the completion's token ids are known.
 
-Your functions (``reward_funcs={"name": fn}``, TRL's signature, see :mod:`grpo_gym.rewards.functions`) are
-components too, of weight 1 by default. Weights may be negative (a penalty). The progressive activation of S20 is a
-schedule over ``set_weights({"consistency": w})``. A batch is scored with one call per function and one reward-model
-forward (:meth:`CompositeReward.score_batch`).
+Your functions (``reward_funcs=[fn, ...]`` or ``{"name": fn}``, TRL's signature, see
+:mod:`grpo_gym.rewards.functions`) are components too, of weight 1 by default. Weights may be negative (a penalty).
+The progressive activation of S20 is a schedule over ``set_weights({"consistency": w})``. A batch is scored with one
+call per function and one reward-model forward (:meth:`CompositeReward.score_batch`).
 
 Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
 a reward function, a function's bad output) is caught for that component alone. It is counted
@@ -119,7 +119,8 @@ class CompositeReward:
         replaces the rule-based consistency component
     :param on_error: what an exception raised while scoring a component does (see the module docstring):
         ``"zero"`` (that component scores 0, the error is reported and counted) or ``"raise"`` (re-raised)
-    :param reward_funcs: ``{name: fn}`` with TRL's signature (see :mod:`grpo_gym.rewards.functions`)
+    :param reward_funcs: a list of functions with TRL's signature, named after them, or ``{name: fn}``
+        (see :func:`~grpo_gym.rewards.functions.named_reward_funcs`)
     :param max_new_tokens: the completion budget the ``length`` component measures against (``None``: ``length``
         does not apply)
     :param overlong_buffer: the ``length`` component's buffer in tokens (default: a quarter of ``max_new_tokens``)
@@ -133,7 +134,7 @@ class CompositeReward:
         weights: Mapping[str, float] | None = None,
         reward_model: Scorer | str | os.PathLike[str] | None = None,
         on_error: str = "zero",
-        reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        reward_funcs: Sequence[Callable[..., Any] | str] | Mapping[str, Callable[..., Any] | str] | None = None,
         max_new_tokens: int | None = None,
         overlong_buffer: int | None = None,
         column_names: Callable[[], Collection[str] | None] | None = None,
