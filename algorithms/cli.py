@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from algorithms.cli_options import progress_callbacks, resume_hint, reward_funcs_argument, where_it_goes
 from algorithms.common.env_util import make_env
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
@@ -54,6 +55,7 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     n_timesteps = int(config.pop("n_timesteps"))
     if getattr(args, "n_timesteps", None) is not None:
         n_timesteps = args.n_timesteps
+    config.pop("save_path", None)  # read by train() (preset_save_path)
     env = make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
     if load is not None:
@@ -113,6 +115,14 @@ def _checkpoint_dir(args: argparse.Namespace) -> Path:
     return Path("checkpoints")
 
 
+def preset_save_path(args: argparse.Namespace) -> str | None:
+    """``--save-path``, else the preset's ``save_path`` (the demo's: ``demo.zip``), else ``None`` (not saved)."""
+    if args.save_path:
+        return args.save_path
+    config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
+    return config.get("save_path")
+
+
 @contextlib.contextmanager
 def _stop_on_signals(checkpoint: Any, hint: str) -> Iterator[dict[str, int]]:
     """SIGINT / SIGTERM ask ``checkpoint`` to save and stop at the next step (exit code 130 / 143); a second
@@ -147,7 +157,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
         model._setup_learn(0, None, True, type(model).__name__, False)  # the logger: the cold start logs to the run
         if model._needs_cold_start():
             say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
-            model.run_cold_start()
+            model.run_cold_start(progress_bar=args.progress_bar and model._dist.is_main)
         plan["sft_seconds"] = time.perf_counter() - started
         before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed) if model._dist.is_main else []
         say(format_table({"before GRPO": before}), flush=True)
@@ -173,10 +183,11 @@ def train(args: argparse.Namespace) -> int:
     from algorithms.common.evaluation import EvalResult, format_table
     from algorithms.common.saving.checkpoints import IterationCheckpoint, check_writable_dir, check_writable_file
 
+    args.save_path = preset_save_path(args)
     save_path = check_writable_file(args.save_path) if args.save_path else None  # before any work
     directory = check_writable_dir(_checkpoint_dir(args))
     checkpoint = IterationCheckpoint(directory, args.checkpoint_every, run={})
-    hint = f"resume with: grpo-gym {' '.join(_without(args.argv, '--resume'))} --resume"
+    hint = resume_hint(args.argv)
     started = time.perf_counter()
     with _stop_on_signals(checkpoint, hint) as signals:
         model, env, plan = _start_or_resume(args, directory, print)
@@ -185,8 +196,10 @@ def train(args: argparse.Namespace) -> int:
         say = print if main else lambda *_, **__: None
         total = int(plan["run"]["total_timesteps"])
         say(f"{type(model).__name__}: {total} completions ...", flush=True)
+        say(where_it_goes(save_path, directory, args.checkpoint_every), flush=True)
         remaining = max(total - model.num_timesteps, 0)
-        model.learn(remaining, callback=checkpoint, reset_num_timesteps=False, progress_bar=args.progress_bar and main)
+        callback, bar = progress_callbacks(checkpoint, args.progress_bar and main, type(model).__name__)
+        model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
         say(f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {hint}", flush=True)
         return signals["code"]
@@ -205,14 +218,12 @@ def train(args: argparse.Namespace) -> int:
     )
     if save_path is not None:
         model.save(save_path)
-        print(f"saved to {args.save_path}")
+        print(f"saved to {args.save_path}; checkpoints: {directory}")
+    else:
+        print(f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")
     if args.tensorboard_log:
         print(f"tensorboard --logdir {args.tensorboard_log}")
     return 0
-
-
-def _without(argv: list[str], flag: str) -> list[str]:
-    return [arg for arg in argv if arg != flag]
 
 
 def sft(args: argparse.Namespace) -> int:
@@ -221,7 +232,7 @@ def sft(args: argparse.Namespace) -> int:
 
     model, env, plan = _setup(args)
     model._setup_learn(0, None, True, type(model).__name__, False)
-    model.run_cold_start()
+    model.run_cold_start(progress_bar=model._dist.is_main)  # the command's whole job: show its progress
     print(format_table({"after SFT": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)}))
     if args.save_path:
         model.save(args.save_path)
@@ -232,19 +243,23 @@ def sft(args: argparse.Namespace) -> int:
 def evaluate(args: argparse.Namespace) -> int:
     """Held-out success of a saved model at each ``--difficulty``, as a table."""
     from algorithms.common.evaluation import evaluate_difficulties, format_table
-    from algorithms.common.saving.run_file import recorded_env_kwargs
+    from algorithms.common.saving.run_file import recorded_env_kwargs, recorded_tokenizer
 
-    extra = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
+    extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
+    if args.reward_funcs:
+        extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
     if args.config is None and args.preset is None:  # the env the model file records
         try:
             env_id, env_kwargs, _ = recorded_env_kwargs(args.model, **extra)
         except ValueError as error:
-            raise ValueError(f"{error} (on the command line: give the training run's --config / --preset)") from error
+            raise ValueError(f"{error} (or give the training run's --config / --preset)") from error
     else:
         env_id = args.env
         env_kwargs = dict(load_hyperparams(_config(args), args.env, args.preset, {}).get("env_kwargs") or {})
-        if extra:  # the held-out split of a dataset / jsonl task
-            env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra["task_kwargs"]}
+        env_kwargs.setdefault("tokenizer", recorded_tokenizer(args.model))  # the run's, as the zip records it
+        if "task_kwargs" in extra:  # the held-out split of a dataset / jsonl task
+            env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
+        env_kwargs.update(extra)
     env = make_env(env_id, 1, env_kwargs, args.eval_seed)
     model = _algorithm(args).load(args.model, env=env)
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
@@ -356,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--n", type=int, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
     ev.add_argument("--eval-data", default=None, help="held-out split of a dataset or jsonl task (a data file)")
+    ev.add_argument(
+        "--reward-funcs", nargs="+", default=None, metavar="[NAME=]MODULE:FUNCTION",
+        help="the run's reward functions, importable from here (a run made in Python with reward_funcs=[...])",
+    )  # fmt: skip
     ev.set_defaults(func=evaluate)
     listing = commands.add_parser("tasks", help="list the tasks, and the reasoning-gym datasets when installed")
     listing.set_defaults(func=tasks)
@@ -384,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if getattr(args, "nproc", None):
         return _torchrun(args.nproc, list(sys.argv[1:] if argv is None else argv))
+    if os.getcwd() not in sys.path:  # "module:function" names resolve from the working folder, as with python -m
+        sys.path.insert(0, os.getcwd())
     try:
         return int(args.func(args))
     except ValueError as error:  # a bad config, file or argument: say what to fix, no traceback

@@ -18,9 +18,12 @@ How each argument is recorded:
 - ``task_kwargs``: paths, numbers and strings as given, small JSON lists and dicts too (at most 64 KiB); anything
   else (a ``datasets.Dataset``, a large list of rows) must be passed, as ``task_kwargs={"data": ...}``;
 - ``reward_model``: a :class:`RewardModelScorer` or path by its folder; another scorer object must be passed;
-- ``reward_funcs``: by name only, and they must always be passed. A record never names code to import for a
-  reward function, and a task recorded by ``"module:Class"`` is rebuilt only when that module is already imported:
-  a file never makes the process run code it chose.
+- ``reward_funcs``: by name only, and they must always be passed: a dict, or a list whose functions are named as the
+  env names them (:func:`~grpo_gym.rewards.functions.named_reward_funcs`); you may name them by
+  ``"module:function"`` (``reward_funcs=["my_rewards:accuracy"]``, ``grpo-gym eval --reward-funcs
+  my_rewards:accuracy``), imported then because you named them. A record never names code to import for a reward
+  function, and a task recorded by ``"module:Class"`` is rebuilt only when that module is already imported: a file
+  never makes the process run code it chose.
 
 :func:`env_kwargs_from_record` turns a record and the objects you pass into the constructor's arguments (for
 ``make_vec_env(env_id, env_kwargs=...)``); :meth:`R1ZeroEnv.from_description` and :func:`make_env_from_record`
@@ -39,6 +42,7 @@ from typing import Any
 
 import gymnasium as gym
 
+from grpo_gym.rewards.functions import named_reward_funcs
 from grpo_gym.tasks import REASONING_GYM_PREFIX, task_path
 
 RECORD_FORMAT = "grpo-gym-env/1"
@@ -88,8 +92,9 @@ def _reward_model(value: Any) -> Any:
     return path if type(value).__name__ == "RewardModelScorer" and isinstance(path, str) else MUST_PASS
 
 
-def describe_env(init_arguments: Mapping[str, Any], env_id: str) -> dict[str, Any]:
-    """The record of an env made as ``env_id`` with these constructor arguments (see the module docstring)."""
+def describe_env(init_arguments: Mapping[str, Any], env_id: str, reward_func_names: list[str]) -> dict[str, Any]:
+    """The record of an env made as ``env_id`` with these constructor arguments, whose reward functions the env
+    named ``reward_func_names`` (see the module docstring)."""
     given = dict(init_arguments)
     kwargs: dict[str, Any] = {
         name: _jsonable(value)
@@ -101,19 +106,26 @@ def describe_env(init_arguments: Mapping[str, Any], env_id: str) -> dict[str, An
     kwargs["task_kwargs"] = None if task_kwargs is None else {k: _file_or_value(v) for k, v in task_kwargs.items()}
     kwargs["tokenizer"] = _tokenizer(given["tokenizer"])
     kwargs["reward_model"] = _reward_model(given["reward_model"])
-    funcs = given["reward_funcs"]
-    kwargs["reward_funcs"] = None if funcs is None else dict.fromkeys(funcs, MUST_PASS)
+    given_funcs = given["reward_funcs"]
+    kwargs["reward_funcs"] = None if given_funcs is None else dict.fromkeys(reward_func_names, MUST_PASS)
     needs = [name for name, value in kwargs.items() if value == MUST_PASS]
     needs += [f"task_kwargs.{k}" for k, v in (kwargs["task_kwargs"] or {}).items() if v == MUST_PASS]
-    if funcs:
+    if reward_func_names:
         needs.append("reward_funcs")
     return {"format": RECORD_FORMAT, "env_id": env_id, "kwargs": kwargs, "needs": needs}
 
 
+def reward_funcs_hint(record: Mapping[str, Any]) -> str:
+    """How to pass back the record's reward functions, in Python and on the command line."""
+    names = list(record["kwargs"]["reward_funcs"] or {})
+    in_python = ", ".join(f"{name!r}: ..." for name in names)
+    flags = " ".join(f"{name}=<module>:<function>" for name in names)
+    return f"reward_funcs={{{in_python}}} (on the command line: --reward-funcs {flags})"
+
+
 def _how_to_pass(need: str, record: dict[str, Any]) -> str:
     if need == "reward_funcs":
-        names = ", ".join(f"{name!r}: ..." for name in record["kwargs"]["reward_funcs"])
-        return f"reward_funcs={{{names}}}"
+        return reward_funcs_hint(record)
     if need.startswith("task_kwargs."):
         return f"task_kwargs={{{need.split('.', 1)[1]!r}: ...}}"
     return f"{need}=..."
@@ -136,11 +148,15 @@ def env_kwargs_from_record(record: Mapping[str, Any], **objects: Any) -> dict[st
             raise ValueError(f"unknown env argument {name!r}; the record has: {', '.join(kwargs)}")
         if name == "task_kwargs" and isinstance(value, Mapping) and isinstance(kwargs["task_kwargs"], dict):
             kwargs["task_kwargs"].update(value)
-        elif name == "reward_funcs" and isinstance(kwargs["reward_funcs"], dict) and isinstance(value, Mapping):
+        elif name == "reward_funcs" and isinstance(kwargs["reward_funcs"], dict) and value is not None:
+            value = named_reward_funcs(value)  # a list is named as the env names it; strings imported (you named them)
             absent = sorted(set(kwargs["reward_funcs"]) - set(value))
             if absent:
-                raise ValueError(f"reward_funcs: the record names {absent} too; pass every recorded function")
-            kwargs["reward_funcs"] = dict(value)
+                raise ValueError(
+                    f"reward_funcs: the record names {absent} too ({sorted(value)} given); pass every recorded "
+                    f"function: {reward_funcs_hint(record)}"
+                )
+            kwargs["reward_funcs"] = value
         else:
             kwargs[name] = value
     missing = [need for need in record.get("needs", []) if _still_missing(need, kwargs)]

@@ -56,9 +56,10 @@ class R1ZeroEnv(gym.Env):
     EOS or after ``max_new_tokens`` tokens. Ids outside the vocabulary or a wrong shape raise ``ValueError``.
 
     **Rewards.** Per finished turn: the weighted sum of named components (:mod:`grpo_gym.rewards.composite`),
-    clipped to [-1, 1]: the built-ins ``syntax``, ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length``
-    (DAPO's overlong penalty, weight 0), and your ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of
-    an unfinished turn in token mode. A component that does not apply to a completion (``None``) is left out.
+    clipped to [-1, 1] unless you give reward functions (``reward_clip``): the built-ins ``syntax``,
+    ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length`` (DAPO's overlong penalty, weight 0), and your
+    ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of an unfinished turn in token mode. A
+    component that does not apply to a completion (``None``) is left out.
     ``info["reward_components"]`` holds every component (``None`` where not applicable), ``info["reward_reasons"]``
     why, ``info["is_success"]`` whether the task gave full credit. :meth:`score_ahead` scores a batch of
     completions in one call per reward function; ``step`` then takes each pair's result.
@@ -98,13 +99,17 @@ class R1ZeroEnv(gym.Env):
         ``"rgb_array"``, which SB3 requests by default, is accepted and renders nothing
     :param on_reward_error: ``"zero"`` (default: a reward component whose scoring raised scores 0, reported in
         ``info["reward_errors"]``) or ``"raise"`` (the exception propagates from ``step``, or from ``score_ahead``)
-    :param reward_funcs: ``{name: fn}``, each ``fn(prompts, completions, **kwargs) -> list[float | None]`` (TRL's
-        signature, ``async def`` allowed; see :mod:`grpo_gym.rewards.functions` for what is passed)
+    :param reward_funcs: a list of functions (each named after its function, as TRL names them) or ``{name: fn}``,
+        each ``fn(prompts, completions, **kwargs) -> list[float | None]`` (TRL's signature, ``async def`` allowed;
+        ``"module:function"`` strings are imported; see :mod:`grpo_gym.rewards.functions` for what is passed)
     :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
         ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
     :param reward_timeout: seconds a reward function call (sync or async) or a reward-model scoring may take; past
         it that component scores 0 and is reported in ``info["reward_errors"]`` (a sync function is abandoned in a
         daemon thread, where it keeps running; see :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
+    :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
+        [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given, as TRL
+        sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
 
     Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
     numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
@@ -129,9 +134,10 @@ class R1ZeroEnv(gym.Env):
         reward_model: RewardModelScorer | str | os.PathLike | None = None,
         render_mode: str | None = None,
         on_reward_error: str = "zero",
-        reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        reward_funcs: Sequence[Callable[..., Any] | str] | Mapping[str, Callable[..., Any] | str] | None = None,
         overlong_buffer: int | None = None,
         reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
+        reward_clip: float | str | None = "auto",
     ) -> None:
         #: the constructor's arguments as given (what :meth:`describe` records)
         self.init_arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -169,6 +175,7 @@ class R1ZeroEnv(gym.Env):
             overlong_buffer=overlong_buffer,
             column_names=self._task_columns,
             reward_timeout=reward_timeout,
+            clip=reward_clip,
         )
 
         vocab = self.codec.vocab_size
@@ -236,16 +243,20 @@ class R1ZeroEnv(gym.Env):
         """Ids of ``text`` inside the template: the cached affix ids around the encoded text."""
         return np.concatenate([affix_ids[0], self.codec.encode(text), affix_ids[1]])
 
-    def encode_prompt(self, question: str) -> tuple[np.ndarray, bool]:
-        """The newest ``context_length`` ids of the templated prompt around ``question``, and whether older ones
-        were cut; ``O(context_length)`` work for a question of any length (see the class docstring)."""
+    def encode_prompt(self, question: str | list[dict[str, str]]) -> tuple[np.ndarray, bool]:
+        """The newest ``context_length`` ids of the templated prompt around ``question`` (or of a conversation, a
+        list of messages, rendered whole: :meth:`PromptFormatter.prompt`), and whether older ones were cut;
+        ``O(context_length)`` work for a question of any length (see the class docstring)."""
+        if not isinstance(question, str):
+            return self.codec.encode_tail(self.formatter.prompt(question), self.context_length)
         before, after = self._prompt_affix_ids
         ids, cut = self.codec.encode_tail(question, max(0, self.context_length - len(after)))
         ids = np.concatenate([before, ids, after])
         return ids[-self.context_length :], cut or len(ids) > self.context_length
 
-    def encode_example(self, question: str, completion: str) -> tuple[np.ndarray, np.ndarray]:
-        """Token ids of a supervised example: the templated prompt, and the completion followed by EOS."""
+    def encode_example(self, question: str | list[dict[str, str]], completion: str) -> tuple[np.ndarray, np.ndarray]:
+        """Token ids of a supervised example: the templated prompt (a question, or a conversation:
+        ``problem.prompt_input``), and the completion followed by EOS."""
         return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
     def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -260,7 +271,8 @@ class R1ZeroEnv(gym.Env):
             if not str(reasoning).strip():  # no gold reasoning: a stand-in keeps the target well formed
                 reasoning = STAND_IN_REASONING.format(answer=answer)
                 self.gold_stand_ins += 1
-            examples.append(self.encode_example(problem.prompt, f"<think>{reasoning}</think><answer>{answer}</answer>"))
+            target = f"<think>{reasoning}</think><answer>{answer}</answer>"
+            examples.append(self.encode_example(problem.prompt_input, target))
         return examples
 
     def score_completion(
@@ -294,7 +306,7 @@ class R1ZeroEnv(gym.Env):
             self.task,
             problems,
             [self.codec.decode(body) for body, _ in cut],
-            [self.formatter.prompt(problem.prompt) for problem in problems],
+            [self.formatter.prompt(problem.prompt_input) for problem in problems],
             [row[:length] for row, (_, length) in zip(ids, cut, strict=True)],
         )
         self._ahead.store(problems, ids, results)
@@ -313,7 +325,8 @@ class R1ZeroEnv(gym.Env):
     def describe(self) -> dict[str, Any]:
         """A JSON-serialisable record of this env's id and constructor arguments, and the argument names that must
         be passed back to rebuild it (``"needs"``); see :mod:`grpo_gym.describe`."""
-        return describe_env(self.init_arguments, self.spec.id if self.spec is not None else "R1Zero-v0")
+        env_id = self.spec.id if self.spec is not None else "R1Zero-v0"
+        return describe_env(self.init_arguments, env_id, list(self.reward_fn.reward_funcs))
 
     @classmethod
     def from_description(cls, record: Mapping[str, Any], **objects: Any) -> R1ZeroEnv:
@@ -390,8 +403,8 @@ class R1ZeroEnv(gym.Env):
         problem = problem if problem is not None else self.sample_problem()
         check_prompt(problem)  # before anything changes: a bad prompt leaves the env as it was
         self.problem = problem
-        prompt_text = self.formatter.prompt(self.problem.prompt)
-        prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt)
+        prompt_text = self.formatter.prompt(self.problem.prompt_input)
+        prompt_ids, prompt_cut = self.encode_prompt(self.problem.prompt_input)
         self.window.reset(prompt_ids)
         if prompt_cut and not self._warned_cut:
             self._warned_cut = True

@@ -5,6 +5,14 @@ The default is the R1-Zero template (DeepSeek-R1 paper, table 1): the model answ
 which learns the format from the cold-start data instead). Any string with a ``{prompt}`` field is a template
 too. When the tokenizer has a chat template and ``use_chat_template`` is on, the instructions become the
 system message and the question the user message, rendered by the tokenizer's own chat template.
+
+A **conversation** (a conversational dataset's ``[{"role": "system" | "user" | "assistant", "content": ...}]``, TRL's
+format) is the whole prompt, as in TRL: the template is not applied around it. With a chat template (and
+``use_chat_template`` not ``False``) it is rendered by ``tokenizer.apply_chat_template(messages,
+add_generation_prompt=True)``; without one, in the templates' plain layout (:func:`plain_conversation`): a system
+message's text on its own line, then ``User: ...`` / ``Assistant: ...`` lines, ending with ``Assistant: `` (so
+``[system: the R1-Zero instructions, user: q]`` reads exactly as the ``"r1zero"`` template around ``q``, and
+``[user: q]`` as ``"compact"``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ TEMPLATES = {
     "compact": "User: {prompt}\nAssistant: ",
 }
 FEEDBACK_FORMAT = "\nUser: {feedback}\nAssistant: "
+ROLE_LABELS = {"user": "User", "assistant": "Assistant"}
+"""How the plain layout labels a message's role (other roles: the role's name, capitalised)."""
+Messages = list[dict[str, str]]
 _PLACEHOLDER = "\x00"  # stands for the question / feedback message when the template is rendered once
 _COMPLETION = "\x01"  # stands for the model's completion in the rendered chat
 
@@ -88,8 +99,11 @@ class PromptFormatter:
         before, _, after = text.partition(_PLACEHOLDER)
         return before, after
 
-    def prompt(self, question: str) -> str:
-        """The text of the first turn, ending where the model's completion starts."""
+    def prompt(self, question: str | Messages) -> str:
+        """The text of the first turn, ending where the model's completion starts: the template around a question,
+        or a conversation (a list of messages) rendered by the chat template or in the plain layout."""
+        if not isinstance(question, str):
+            return self._render(question, generation_prompt=True) if self.chat else plain_conversation(question)
         before, after = self.prompt_affixes
         return before + question + after
 
@@ -97,3 +111,12 @@ class PromptFormatter:
         """The text appended after a completion: the end of the model's turn, the feedback, the next cue."""
         before, after = self.feedback_affixes
         return before + message + after
+
+
+def plain_conversation(messages: Messages) -> str:
+    """A conversation in the templates' plain layout (see the module docstring), ending with ``"Assistant: "``."""
+    lines = []
+    for message in messages:
+        role, content = message["role"], message["content"]
+        lines.append(content if role == "system" else f"{ROLE_LABELS.get(role, role.capitalize())}: {content}")
+    return "\n".join(lines) + "\nAssistant: "

@@ -319,3 +319,8 @@ def test_exported_adapter_and_merged_folders(qwen2_folder: Path, tmp_path: Path)
     for network in (adapter, merged):
         assert th.equal(model.policy.generate(ids, mask, greedy=True, model=network.eval()).tokens, ours)
     assert not th.equal(model.policy.generate(ids, mask, greedy=True, model=plain.eval()).tokens, ours)
+    from algorithms.deploy.loading import load_policy
+
+    served, tokenizer = load_policy(tmp_path / "adapter")  # what grpo-gym serve reads: base + adapters, merged
+    assert len(tokenizer) == model.policy.vocab_size and not isinstance(served.model, peft.PeftModel)
+    assert th.equal(served.generate(ids, mask, greedy=True, max_new_tokens=ours.shape[1]).tokens, ours)

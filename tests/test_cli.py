@@ -73,8 +73,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
         str(folder / "m.zip"),
         "--tensorboard-log",
         str(folder / "tb"),
-        "--no-progress-bar",
-    ]
+    ]  # the progress bar on (the default): output to a StringIO, so progress lines
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
     return folder, config, out.getvalue()
@@ -90,6 +89,11 @@ def test_train_prints_tables_and_the_tensorboard_line(trained: tuple[Path, Path,
     assert all(difficulty == 0.1 and n == 4 for _, difficulty, n in rows)  # the env's level, eval_problems
     assert "held-out success at difficulty 0.10:" in out and "percentage points" in out
     assert f"saved to {folder / 'm.zip'}" in out
+    checkpoints = folder / "m_checkpoints"
+    assert f"the model goes to {folder / 'm.zip'}; checkpoints (every 50 iterations, the newest 2 kept) go to " in out
+    assert f"checkpoints: {checkpoints}" in out
+    assert "cold start (SFT steps): 3/3 (100%)" in out  # progress as lines: the output is not a terminal
+    assert "GRPO: 8/16 (50%)" in out and "GRPO: 16/16 (100%)" in out
     assert out.rstrip().splitlines()[-1] == f"tensorboard --logdir {folder / 'tb'}"
 
 
@@ -109,6 +113,18 @@ def test_train_writes_one_run_with_sft_and_grpo(trained: tuple[Path, Path, str])
     events = EventAccumulator(str(folder / "tb" / "GRPO_1")).Reload()
     assert [e.step for e in events.Scalars("sft/loss")] == [3]
     assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
+
+
+def test_the_readme_tensorboard_list_names_tags_the_run_writes(trained: tuple[Path, Path, str]) -> None:
+    folder, _, _ = trained
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    listed = text[text.index("- **TensorBoard**") : text.index("### Algorithm options")]
+    tags = set(re.findall(r"`((?:rollout|train|time|sft|samples|precision)/[a-z_/]+)`", listed))
+    tags = (tags - {"rollout/reward/accuracy"}) | {"rollout/reward/task"}  # <name>: a function's, a built-in's
+    events = EventAccumulator(str(folder / "tb" / "GRPO_1")).Reload().Tags()
+    texts = {tag.removesuffix("/text_summary") for tag in events["tensors"]}  # SB3 writes text as a tensor
+    written = set(events["scalars"]) | set(events["histograms"]) | texts
+    assert len(tags) > 25 and tags <= written, sorted(tags - written)
 
 
 def test_eval_needs_only_the_model_file(trained: tuple[Path, Path, str], capsys: pytest.CaptureFixture) -> None:
@@ -206,6 +222,46 @@ def test_eval_with_an_env_that_does_not_fit_the_model_exits_2(
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("grpo-gym eval: error: ") and "spaces do not match" in err.lower()
+
+
+def test_the_resume_line_pastes_into_a_shell() -> None:
+    import shlex
+
+    from algorithms.cli_options import resume_hint
+
+    argv = ["train", "--save-path", "my run.zip", "-params", "policy_kwargs:{'model': 'tiny'}", "--resume"]
+    hint = resume_hint(argv)
+    assert hint.startswith("resume with: grpo-gym train ")
+    assert shlex.split(hint.removeprefix("resume with: ")) == ["grpo-gym", *argv]
+
+
+def test_the_demo_preset_saves_its_model() -> None:
+    from algorithms.cli import preset_save_path
+
+    assert preset_save_path(build_parser().parse_args(["train", "--preset", "demo"])) == "demo.zip"
+    assert preset_save_path(build_parser().parse_args(["train", "--preset", "demo", "--save-path", "x.zip"])) == "x.zip"
+    assert preset_save_path(build_parser().parse_args(["train"])) is None  # checkpoints in ./checkpoints, said so
+
+
+def exact(prompts, completions, answer, **kwargs):
+    return [float(c.endswith(f"<answer>{a}</answer>")) for c, a in zip(completions, answer, strict=True)]
+
+
+def test_eval_of_a_run_made_in_python_names_its_reward_functions(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    import gymnasium as gym
+
+    env_kwargs = CONFIG["R1Zero-v0"]["env_kwargs"]
+    env = gym.make("R1Zero-v0", **env_kwargs, reward_funcs=[exact])
+    GRPO("TransformerPolicy", env, seed=0, policy_kwargs=CONFIG["R1Zero-v0"]["policy_kwargs"]).save(tmp_path / "r.zip")
+    argv = ["eval", str(tmp_path / "r.zip"), "--difficulty", "0.1", "--n", "2"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "--reward-funcs exact=<module>:<function>" in capsys.readouterr().err
+    assert main([*argv, "--reward-funcs", f"{__name__}:exact"]) == 0  # named on the command line: imported
+    assert table_rows(capsys.readouterr().out) == [("r", 0.1, 2)]
+    assert main([*argv, "--reward-funcs", f"exact={__name__}:exact"]) == 0
+    capsys.readouterr()
 
 
 def test_parser_defaults() -> None:

@@ -243,3 +243,21 @@ def test_malformed_sft_data_responses_are_counted_in_a_warning(tmp_path: Path) -
     env = make_vec_env()
     with pytest.warns(UserWarning, match=r"1 of 3 sft_data rows .* malformed \(row 3: empty <think>\)"):
         supervised_finetune(make_policy(env), env, steps=1, batch_size=2, learning_rate=1e-3, data=str(data))
+
+
+def test_an_untrained_model_from_a_folder_is_named_and_cold_start_true_runs_it(tmp_path: Path) -> None:
+    from algorithms.common.cold_start import check_pretrained, gold_nll
+    from algorithms.common.model.loading import load_model
+
+    folder = tmp_path / "fresh"
+    load_model("tiny", seed=0, **TINY_KWARGS).save_pretrained(folder)  # from_config, saved: untrained weights
+    env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
+    kwargs = {"n_groups": 1, "group_size": 2, "seed": 0, "policy_kwargs": {"model": folder}}
+    model = GRPO("TransformerPolicy", env, sft_steps=7, **kwargs)
+    assert not model.policy.is_builtin and gold_nll(model.policy, env) > 0.9 * math.log(BUILTIN_VOCAB_SIZE)
+    with pytest.warns(UserWarning, match=r"like an untrained one .* the cold start \(sft_steps=7\) does not run"):
+        model.learn(2)
+    assert not model._cold_start_done
+    model = GRPO("TransformerPolicy", env, sft_steps=60, sft_learning_rate=3e-3, cold_start=True, **kwargs)
+    model.learn(2)
+    assert model._cold_start_done and check_pretrained(model.policy, env, 60)  # now better than a uniform guess

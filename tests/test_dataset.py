@@ -170,3 +170,112 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(builtins, "__import__", no_pyarrow)
     with pytest.raises(ImportError, match=r"pip install 'grpo-gym\[datasets\]'"):
         DatasetTask(path, **MAPPING)
+
+
+# ---------------------------------------------------------------------------------------------- conversational
+SYSTEM = "Answer in <think></think><answer></answer> tags."
+CHAT_ROWS = [
+    {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"What is {a} + 1?"}],
+     "solution": str(a + 1)}
+    for a in range(6)
+]  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def chat_tokenizer_folder(tmp_path: Path) -> Path:
+    """A real tokenizer with a chat template, saved and read back as a folder: the built-in one plus a template."""
+    tokenizer = grpo_gym.build_char_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(tmp_path / "chat-tokenizer")
+    return tmp_path / "chat-tokenizer"
+
+
+def accuracy(completions, solution, **kwargs):
+    """A TRL reward function for conversational data: completions are [{"role": "assistant", "content": ...}]."""
+    return [
+        float(c[0]["content"].endswith(f"<answer>{s}</answer>")) for c, s in zip(completions, solution, strict=True)
+    ]
+
+
+def think_format(completions, **kwargs):
+    return [float(c[0]["content"].startswith("<think>")) for c in completions]
+
+
+def conversational_env(tokenizer: Any = None, **kwargs: Any) -> grpo_gym.R1ZeroEnv:
+    task_kwargs = {"data": Dataset.from_list(CHAT_ROWS), "answer": "solution"}
+    kwargs = {**ENV_KWARGS, "task": "dataset", "max_new_tokens": 32, "tokenizer": tokenizer, **kwargs}
+    return grpo_gym.R1ZeroEnv(**kwargs, task_kwargs=task_kwargs, reward_funcs=[accuracy, think_format])
+
+
+def test_conversational_prompts_without_a_chat_template_use_the_plain_layout() -> None:
+    env = conversational_env()
+    assert env.tokenizer.chat_template is None and env.task.conversational
+    obs, info = env.reset(seed=0)
+    problem = info["problem"]
+    question = problem.prompt
+    assert question.startswith("What is ") and problem.prompt_input == CHAT_ROWS[int(question.split()[2])]["prompt"]
+    assert info["prompt"] == f"{SYSTEM}\nUser: {question}\nAssistant: "  # the templates' plain layout
+    shown = obs["input_ids"][obs["attention_mask"] == 1]
+    assert env.codec.decode(shown) == info["prompt"]
+    instructions = grpo_gym.templates.R1ZERO_INSTRUCTIONS
+    for template, messages in (
+        ("compact", [{"role": "user", "content": "q?"}]),
+        ("r1zero", [{"role": "system", "content": instructions}, {"role": "user", "content": "q?"}]),
+    ):
+        assert env.formatter.prompt(messages) == grpo_gym.templates.TEMPLATES[template].format(prompt="q?")
+
+
+def test_conversational_prompts_with_a_chat_template_and_trl_reward_functions(tmp_path: Path) -> None:
+    env = conversational_env(tokenizer=chat_tokenizer_folder(tmp_path))
+    obs, info = env.reset(seed=0)
+    problem = info["problem"]
+    expected = env.tokenizer.apply_chat_template(problem.prompt_input, tokenize=False, add_generation_prompt=True)
+    assert info["prompt"] == expected == f"<|system|>{SYSTEM}\n<|user|>{problem.prompt}\n<|assistant|>"
+    assert env.codec.decode(obs["input_ids"][obs["attention_mask"] == 1]) == expected
+    _, reward, *_, info = env.step(env.encode_action(f"<think>add one</think><answer>{problem.answer}</answer>"))
+    components = info["reward_components"]
+    assert (components["accuracy"], components["think_format"]) == (1.0, 1.0) and info["is_success"]
+    assert reward == pytest.approx(0.3 + 0.3 + 2.0)  # syntax, task, and the two functions: no clip
+    gold, _ = env.encode_example(problem.prompt_input, "")
+    assert env.codec.decode(gold) == expected  # what evaluation and the cold start show the model
+    assert not grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, "tokenizer": env.tokenizer}, use_chat_template=False).formatter.chat
+
+
+def test_reward_functions_get_trls_conversational_forms() -> None:
+    seen: dict[str, Any] = {}
+
+    def spy(prompts, completions, **kwargs):
+        seen.update(prompts=prompts, completions=completions)
+        return [0.0] * len(completions)
+
+    env = grpo_gym.R1ZeroEnv(
+        **{**ENV_KWARGS, "task": "dataset", "max_new_tokens": 32},
+        task_kwargs={"data": CHAT_ROWS, "answer": "solution"},
+        reward_funcs=[spy],
+    )
+    _, info = env.reset(seed=0)
+    env.step(env.encode_action("<answer>1</answer>"))
+    assert seen["prompts"] == [info["problem"].prompt_input]  # the messages, as TRL passes them
+    assert seen["completions"] == [[{"role": "assistant", "content": "<answer>1</answer>"}]]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        ([], "got an empty list"),
+        ([{"content": "hi"}], "message 0 has no role"),
+        ([{"role": "user", "content": [{"type": "image"}]}], "must hold text content, got list"),
+        ([{"role": "user", "content": " "}], "every message is empty"),
+    ],
+)
+def test_bad_conversations_are_refused(prompt: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DatasetTask([{"prompt": prompt, "answer": 1}])
+
+
+def test_rows_mixing_strings_and_conversations_are_refused() -> None:
+    with pytest.raises(ValueError, match="data row 2: its prompt is a string but the first row's is a conversation"):
+        DatasetTask([CHAT_ROWS[0], {"prompt": "plain?", "solution": "1"}], answer="solution")

@@ -18,6 +18,10 @@ def accuracy(prompts, completions, answer, **kwargs):
     return [float(a in c) for c, a in zip(completions, answer, strict=True)]
 
 
+def brevity(prompts, completions, **kwargs):
+    return [-len(c) / 100 for c in completions]
+
+
 def roundtrip(env: grpo_gym.R1ZeroEnv, **objects) -> grpo_gym.R1ZeroEnv:
     record = json.loads(json.dumps(env.describe()))  # what a model file would hold
     return grpo_gym.R1ZeroEnv.from_description(record, **objects)
@@ -102,3 +106,15 @@ def test_registered_task_is_recorded_by_path_and_imported_only_when_loaded(monke
             env_kwargs_from_record(env.describe(), colour="red")
     finally:
         unregister_task("recorded_task")
+
+
+def test_a_list_of_reward_functions_is_recorded_by_name_and_passed_back_as_a_list_or_paths() -> None:
+    env = grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs=[accuracy])
+    record = env.describe()
+    assert record["kwargs"]["reward_funcs"] == {"accuracy": MUST_PASS}
+    with pytest.raises(ValueError, match=r"on the command line: --reward-funcs accuracy=<module>:<function>"):
+        roundtrip(env)
+    same_episode(env, roundtrip(env, reward_funcs=[accuracy]))
+    same_episode(env, roundtrip(env, reward_funcs=[f"{__name__}:accuracy"]))  # named by you: imported
+    with pytest.raises(ValueError, match=r"names \['accuracy'\] too \(\['brevity'\] given\)"):
+        roundtrip(env, reward_funcs=[brevity])

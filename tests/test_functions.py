@@ -75,10 +75,12 @@ def test_bad_functions_are_refused_naming_the_fix(fn: Any, message: str) -> None
 def test_reward_funcs_mapping_checks() -> None:
     assert check_reward_funcs(None, ("task",)) == {}
     assert check_reward_funcs({"acc": accuracy}, ("task",)) == {"acc": accuracy}
-    with pytest.raises(ValueError, match="must be a dict"):
-        check_reward_funcs([accuracy], ("task",))
+    with pytest.raises(ValueError, match=r"must be a list of functions .* or a dict"):
+        check_reward_funcs(42, ("task",))
     with pytest.raises(ValueError, match="'task' is a built-in component"):
         check_reward_funcs({"task": accuracy}, ("task",))
+    with pytest.raises(ValueError, match=r"'task' is a built-in component .*; rename the function, or pass a dict"):
+        check_reward_funcs([task], ("task",))
     with pytest.raises(ValueError, match="non-empty strings"):
         check_reward_funcs({"": accuracy}, ("task",))
 
@@ -93,6 +95,35 @@ def test_errors_at_env_construction() -> None:
     env = grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs={"acc": accuracy}, reward_weights={"acc": -0.5})
     assert env.reward_fn.weights["acc"] == -0.5 and env.reward_fn.names[-1] == "acc"
     assert is_async(brevity) and is_async(AsyncCallable()) and not is_async(accuracy)
+
+
+def task(prompts, completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def test_a_list_is_named_as_trl_names_its_functions() -> None:
+    named = check_reward_funcs(
+        [accuracy, brevity, functools.partial(accuracy), CallableObject(), lambda **kw: [0.0], lambda **kw: [1.0]],
+        ("task",),
+    )
+    assert list(named) == ["accuracy", "brevity", "accuracy_2", "CallableObject", "lambda", "lambda_2"]
+    assert named["accuracy"] is accuracy and named["brevity"] is brevity
+    assert check_reward_funcs(accuracy, ()) == {"accuracy": accuracy}  # one function, as TRL takes it
+    assert list(check_reward_funcs((accuracy, accuracy, accuracy), ())) == ["accuracy", "accuracy_2", "accuracy_3"]
+
+
+def test_functions_named_by_module_path() -> None:
+    path = f"{__name__}:accuracy"
+    assert check_reward_funcs([path], ()) == {"accuracy": accuracy}  # imported: you named it
+    assert check_reward_funcs({"acc": path}, ()) == {"acc": accuracy}
+    env = grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs=[path, brevity])
+    assert env.reward_fn.names[-2:] == ("accuracy", "brevity")
+    with pytest.raises(ValueError, match=r"reward function path 'tests\.nowhere:f': cannot import 'tests\.nowhere'"):
+        check_reward_funcs(["tests.nowhere:f"], ())
+    with pytest.raises(ValueError, match=rf"reward function path '{__name__}:missing': .* has no 'missing'"):
+        check_reward_funcs([f"{__name__}:missing"], ())
+    with pytest.raises(ValueError, match=r"must look like 'package\.module:name'"):
+        check_reward_funcs(["accuracy"], ())
 
 
 # ---------------------------------------------------------------------------------------------- calls
@@ -189,8 +220,11 @@ def recording(fn: Any, seen: list[tuple[str, str, Any]]) -> Any:
     return wrapped
 
 
-def run_trl(folder: Path, prompts: list[str], problems: list[Any], texts: dict[str, list[str]], funcs: list[Any]):
-    """One GRPOTrainer step on the saved tiny model whose completions are ``texts[prompt]`` (a rollout_func)."""
+def run_trl(
+    folder: Path, prompts: list[str], problems: list[Any], texts: dict[str, list[str]], funcs: list[Any], **config: Any
+) -> Any:
+    """One GRPOTrainer step on the saved tiny model whose completions are ``texts[prompt]`` (a rollout_func); the
+    trainer (its ``_logs`` hold the rollout's prompts, completions, per-function rewards and advantages)."""
     import trl
     from datasets import Dataset
 
@@ -215,11 +249,13 @@ def run_trl(folder: Path, prompts: list[str], problems: list[Any], texts: dict[s
         output_dir=str(folder.parent / "trl"), use_cpu=True, bf16=False, fp16=False, seed=0,
         gradient_checkpointing=False, per_device_train_batch_size=8, num_generations=4, max_completion_length=48,
         max_steps=1, report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True, beta=0.0,
+        **config,
     )  # fmt: skip
     trainer = trl.GRPOTrainer(
         model=str(folder), reward_funcs=funcs, args=args, train_dataset=dataset, rollout_func=rollout
     )
     trainer.train()
+    return trainer
 
 
 def test_the_same_functions_give_the_same_scores_in_trl_and_here(tmp_path: Path) -> None:
@@ -257,3 +293,67 @@ def test_the_same_functions_give_the_same_scores_in_trl_and_here(tmp_path: Path)
     pairs = [(key, trl_scores[key]) for key in ours]
     assert all(ours[key] == score for key, score in pairs), [(k, ours[k], s) for k, s in pairs if ours[k] != s]
     assert {s for *_, s in seen_acc} == {0.0, 1.0} and len({s for *_, s in seen_brev}) >= 3  # not all alike
+
+
+def answer_match(prompts, completions, answer, **kwargs):
+    return [float(c.endswith(f"<answer>{a}</answer>")) for c, a in zip(completions, answer, strict=True)]
+
+
+def thinks(prompts, completions, **kwargs):
+    return [None if "<" not in c else float(c.startswith("<think>")) for c in completions]
+
+
+def pairwise_order(values: list[float]) -> list[int]:
+    """For every pair (i, j), i < j: -1, 0 or 1 as values[i] is below, equal to or above values[j]."""
+    pairs = [(a, b) for i, a in enumerate(values) for b in values[i + 1 :]]
+    return [int(np.sign(round(a - b, 9))) for a, b in pairs]
+
+
+def test_two_functions_add_up_and_order_completions_as_trl_does(tmp_path: Path) -> None:
+    """TRL's own aggregation (GRPOTrainer: weighted nansum of the functions, then group advantages) against the env's
+    total with the built-ins off: the same order within each group, ties included; the seed's clip would break it."""
+    from algorithms.common.model.loading import load_model
+
+    folder = tmp_path / "model"
+    load_model("tiny", seed=0, **TINY_KWARGS).save_pretrained(folder)
+    grpo_gym.build_char_tokenizer().save_pretrained(folder)
+    weights = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "answer_match": 1.0, "thinks": 0.5}
+    env = grpo_gym.R1ZeroEnv(
+        **{**ENV_KWARGS, "max_new_tokens": 48}, reward_funcs=[answer_match, thinks], reward_weights=weights
+    )
+    problems = [env.sample_problem(seed=s) for s in (3, 4)]
+    prompts = [env.formatter.prompt(p.prompt) for p in problems]
+    texts = {
+        prompt: [
+            f"<think>{env.task.solution(p)[0]}</think><answer>{p.answer}</answer>",  # 1 + 0.5
+            "<think>guess</think><answer>-1</answer>",  # 0 + 0.5
+            f"<answer>{p.answer}</answer>",  # 1 + 0
+            "no tags at all",  # 0 + None (left out of TRL's nansum and of ours)
+        ]
+        for prompt, p in zip(prompts, problems, strict=True)
+    }
+    trainer = run_trl(folder, prompts, problems, texts, [answer_match, thinks], reward_weights=[1.0, 0.5])
+    logs = trainer._logs
+    assert list(logs["rewards"]) == ["answer_match", "thinks"]  # TRL names them as the env does
+    by_prompt: dict[str, list[tuple[str, float]]] = {}
+    for prompt, completion, advantage in zip(logs["prompt"], logs["completion"], logs["advantages"], strict=True):
+        by_prompt.setdefault(prompt, []).append((completion, advantage))
+    assert sorted(by_prompt) == sorted(prompts) and all(len(group) == 4 for group in by_prompt.values())
+    clipped = grpo_gym.R1ZeroEnv(
+        **{**ENV_KWARGS, "max_new_tokens": 48}, reward_funcs=[answer_match, thinks], reward_weights=weights,
+        reward_clip=1.0,
+    )  # fmt: skip
+    orders = []
+    with pytest.warns(RuntimeWarning, match="clipped"):  # the clipped env warns (once) that it flattens totals
+        for prompt, problem in zip(prompts, problems, strict=True):
+            completions, trl_advantages = zip(*by_prompt[prompt], strict=True)
+            ours, seed_clip = [], []
+            for text in completions:
+                for scorer, totals in ((env, ours), (clipped, seed_clip)):
+                    scorer.reset(options={"problem": problem})
+                    totals.append(scorer.step(scorer.encode_action(text))[1])
+            assert sorted(ours) == [0.0, 0.5, 1.0, 1.5]  # the sum, unclipped
+            orders.append((pairwise_order(ours), pairwise_order(seed_clip), pairwise_order(list(trl_advantages))))
+    for ours_order, clipped_order, trl_order in orders:
+        assert ours_order == trl_order
+        assert clipped_order != trl_order  # with the seed's clip, 1.5 and 1.0 tie at 1

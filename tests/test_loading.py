@@ -87,3 +87,14 @@ def test_policy_for_model_takes_its_spaces_from_the_tokenizer(saved: dict[str, P
     check_tokenizer(policy, build_char_tokenizer())
     with pytest.raises(ValueError, match="12 tokens"):
         check_tokenizer(policy, small_tokenizer())
+
+
+def test_a_zip_brings_the_tokenizer_its_env_record_names(tmp_path: Path) -> None:
+    """A run with its own tokenizer folder: serving its zip reads that folder, with no --tokenizer."""
+    small_tokenizer().save_pretrained(tmp_path / "tokenizer")
+    env = gym.make("R1Zero-v0", **ENV_KWARGS, tokenizer=str(tmp_path / "tokenizer"))
+    GRPO("TransformerPolicy", env, policy_kwargs=TINY, seed=0).save(tmp_path / "run.zip")
+    policy, tokenizer = load_policy(tmp_path / "run.zip")
+    assert len(tokenizer) == policy.vocab_size == 12
+    with pytest.raises(ValueError, match="12 tokens"):
+        load_policy(tmp_path / "run.zip", tokenizer="builtin")

@@ -486,7 +486,8 @@ def test_set_weights_rejects(mapping: dict, message: str) -> None:
 
 def test_total_clipped(task: SumTask, problem: Problem) -> None:
     reward = CompositeReward(weights={"syntax": 2, "consistency": 2, "task": 2})
-    assert reward(task, problem, GOOD).total == 1.0  # 6 clipped
+    with pytest.warns(RuntimeWarning, match="was clipped"):
+        assert reward(task, problem, GOOD).total == 1.0  # 6 clipped
     assert reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>").total == 1.0  # 4 clipped
     assert reward(task, problem, "<think>I think it is 42</think><answer>4</answer>").total == 1.0  # 2 + 0
     reward.set_weights({"syntax": 0.1, "consistency": 0.5})
@@ -639,7 +640,7 @@ def test_negative_weights_are_penalties(task: SumTask, problem: Problem) -> None
     assert result.components["shout"] == 0.0
     assert result.total == pytest.approx(-0.5 + 0.3)
     reward.set_weights({"shout": -2.0})
-    assert reward(task, problem, "<THINK>X</THINK>").total == -1.0  # -2 clipped to -1
+    assert reward(task, problem, "<THINK>X</THINK>").total == -2.0  # with reward functions: no clip (TRL's sum)
 
 
 def test_none_is_left_out_of_the_sum(task: SumTask, problem: Problem) -> None:
@@ -718,3 +719,41 @@ def test_functions_are_called_once_per_batch_with_the_same_results(task: SumTask
     assert batch == [reward(task, p, c, "p") for p, c in zip(problems, completions, strict=True)]
     assert calls == [4, 1, 1, 1, 1]
     assert [r.components["counting"] for r in batch] == [1.3, 1.1, 1.1, 0.3]
+
+
+def answer_is_42(prompts, completions, **kwargs):
+    return [float(c.endswith("<answer>42</answer>")) for c in completions]
+
+
+def has_think(prompts, completions, **kwargs):
+    return [float(c.startswith("<think>")) for c in completions]
+
+
+def test_reward_functions_add_up_without_a_clip(task: SumTask, problem: Problem) -> None:
+    """The issue's blocker: with the built-ins off, a right and a wrong well-formatted answer must not tie at 1."""
+    builtins_off = {"syntax": 0.0, "consistency": 0.0, "task": 0.0}
+    reward = CompositeReward(builtins_off, reward_funcs=[answer_is_42, has_think])
+    assert reward.clip is None  # "auto" with reward functions: TRL's unclipped sum
+    right, wrong = reward(task, problem, GOOD), reward(task, problem, "<think>12 + 30 = 41</think><answer>41</answer>")
+    assert (right.total, wrong.total) == (2.0, 1.0) and reward.clipped_count == 0
+    assert CompositeReward().clip == 1.0  # the built-ins alone: the seed's [-1, 1]
+    clipped = CompositeReward(builtins_off, reward_funcs=[answer_is_42, has_think], clip=1.0)
+    with pytest.warns(RuntimeWarning, match=r"clipped to \[-1, 1\] \(reward_clip=1\).*reward_clip=None"):
+        assert clipped(task, problem, GOOD).total == 1.0  # the tie the issue reported, now with a warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once only
+        assert clipped(task, problem, GOOD).total == 1.0
+    assert clipped.clipped_count == 2
+    assert CompositeReward(reward_funcs=[answer_is_42], clip=3)(task, problem, GOOD).total == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("clip", [0, -1, math.inf, "none", True])
+def test_reward_clip_is_checked(clip: object) -> None:
+    with pytest.raises(ValueError, match="reward_clip must be a finite number > 0"):
+        CompositeReward(clip=clip)  # type: ignore[arg-type]
+
+
+def test_the_env_passes_reward_clip() -> None:
+    env = R1ZeroEnv(template="compact", reward_funcs=[has_think], reward_clip=0.5)
+    assert env.reward_fn.clip == 0.5 and env.describe()["kwargs"]["reward_clip"] == 0.5
+    assert R1ZeroEnv(template="compact").reward_fn.clip == 1.0

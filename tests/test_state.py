@@ -324,9 +324,15 @@ def test_an_env_with_reward_funcs_needs_them_back_at_load(tmp_path: Path) -> Non
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs={"exact": exact_match}))])
     model = make_model(env, sft_steps=0)
     model.save(tmp_path / "m.zip")
-    with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}"):
+    with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}.*env_objects=.*get_env\(\) is None"):
         bare = GRPO.load(tmp_path / "m.zip")
     assert bare.env is None  # predicts, does not train
+    with pytest.raises(ValueError, match=r"GRPO.learn needs an env: the env .*m\.zip records was not rebuilt .*"
+                       r"reward_funcs=\{'exact': \.\.\.\}.*env_objects="):  # fmt: skip
+        bare.learn(8)
+    with pytest.warns(UserWarning, match=r"names \['exact'\] too \(\['exact_match'\] given\)"):
+        as_list = GRPO.load(tmp_path / "m.zip", env_objects={"reward_funcs": [f"{__name__}:exact_match"]})
+    assert as_list.env is None  # a list names the function "exact_match", not the recorded "exact"
     rebuilt = GRPO.load(tmp_path / "m.zip", env_objects={"reward_funcs": {"exact": exact_match}})
     assert rebuilt.env is not None
     assert rebuilt.env.env_method("describe")[0]["kwargs"]["reward_funcs"] == {"exact": "<must be passed>"}

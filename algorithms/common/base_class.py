@@ -138,6 +138,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._rollout: RolloutBatch | None = None
         self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None  # the state a save records
         self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
+        self._env_missing = ""  # why load() could not rebuild the recorded env (learn() says it)
         self._curriculum: CurriculumCallback | None = None
 
     # ------------------------------------------------------------------ setup
@@ -314,11 +315,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if print_system_info:
             get_system_info()
         saved = run_file.read_run(path, custom_objects, allow_pickle)
+        name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
         if saved.algorithm != cls.__name__:
-            name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
+        env_missing = ""  # why the recorded env was not rebuilt, for learn()'s error
         if env is None and rebuild_env and saved.env:
-            env = run_file.rebuild_env(saved.env, dict(env_objects or {}), saved.arguments.get("seed"))
+            seed = saved.arguments.get("seed")
+            env, env_missing = run_file.rebuild_env(saved.env, dict(env_objects or {}), seed, name)
         elif env_objects:
             raise ValueError("env_objects rebuild the recorded env: pass them without env=")
         if env is not None:
@@ -329,6 +332,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if env is None:
             model.observation_space, model.action_space = saved.observation_space, saved.action_space
         model.__dict__.update({key: value for key, value in kwargs.items() if key not in saved.arguments})
+        model._env_missing = env_missing
         model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
         model._setup_model()
         model.set_parameters(saved.state_dicts, exact_match=True, device=device)

@@ -4,7 +4,12 @@ Targets are checked: a task problem without gold reasoning (a data row without `
 families) gets the env's stand-in reasoning (``<think>The answer is X.</think>``) so the target stays well formed,
 and a warning says how many examples had one; ``sft_data`` responses that do not follow the template are counted
 and warned about too. A task that gives no gold answer at all (some reasoning-gym families) fails with an error
-that asks for ``sft_data``."""
+that asks for ``sft_data``.
+
+Whether a model needs the stage: ``cold_start="auto"`` runs it for a built-in model (a fresh initialisation) and not
+for a model from a folder or hub name, taken as pretrained. A folder can hold an untrained model too (one saved right
+after ``from_config``): :func:`check_pretrained` measures how well the model predicts the task's gold solutions and
+warns, naming ``cold_start=True``, when it does no better than a uniform guess over its vocabulary."""
 
 from __future__ import annotations
 
@@ -17,8 +22,10 @@ import numpy as np
 import torch as th
 
 from algorithms.common.losses import aggregate
+from algorithms.common.progress import progress
 from algorithms.common.rollout.batch import left_pad, right_pad
 from grpo_gym.rewards import parse_completion
+from grpo_gym.tasks.base import HELD_OUT_SEED
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
 
 
@@ -71,6 +78,7 @@ def supervised_finetune(
     logger: Any = None,
     verbose: int = 0,
     log_interval: int = 50,
+    progress_bar: bool = False,
 ) -> dict[str, float]:
     """Minimise the completion tokens' negative log-likelihood for ``steps`` steps (its own AdamW optimizer).
 
@@ -87,6 +95,8 @@ def supervised_finetune(
     :param logger: an SB3 logger (optional)
     :param verbose: print progress when >= 1
     :param log_interval: steps between logged values
+    :param progress_bar: show the steps done: a bar on a terminal, a line per tenth otherwise
+        (:func:`~algorithms.common.progress.progress`)
     """
     rows = load_sft_rows(data) if data is not None else None
     if rows is not None:
@@ -96,21 +106,18 @@ def supervised_finetune(
     rng = np.random.default_rng(seed)
     optimizer = th.optim.AdamW(policy.parameters(), lr=learning_rate, weight_decay=0.0)
     scheduler = th.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(steps, 1), eta_min=learning_rate / 10)
-    device = next(policy.parameters()).device
     stats: dict[str, float] = {}
+    shown = progress(steps, "cold start (SFT steps)") if progress_bar else None
     for step in range(1, steps + 1):
-        examples = sft_examples(env, batch_size, rows, rng)
-        prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
-        prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
-        completion_ids, completion_mask = right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
-        batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
-        log_probs, _ = policy.log_probs(*(t.to(device) for t in batch), stage="sft")  # the cold start's precision
-        loss = -aggregate(log_probs, completion_mask.to(device), mode="token")
+        log_probs, completion_mask = _example_log_probs(policy, sft_examples(env, batch_size, rows, rng))
+        loss = -aggregate(log_probs, completion_mask, mode="token")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         th.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
+        if shown is not None:
+            shown.update(step)
         if step % log_interval == 0 or step == steps:
             stats = {"loss": loss.item(), "mean_token_prob": log_probs.detach().exp()[completion_mask].mean().item()}
             if logger is not None:
@@ -120,9 +127,67 @@ def supervised_finetune(
                 logger.dump(step=step)
             elif verbose:
                 print(f"sft step {step}/{steps}: loss {stats['loss']:.4f}")
+    if shown is not None:
+        shown.close()
     if rows is None:
         _warn_stand_ins(env, _stand_ins(env) - stand_ins_before, steps * batch_size)
     return stats
+
+
+def _example_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor]:
+    """``(B, C)`` log-probs of the examples' completions, in the cold start's precision, and their mask."""
+    device = next(policy.parameters()).device
+    prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
+    prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
+    completion_ids, completion_mask = right_pad([th.as_tensor(c) for _, c in examples], policy.pad_token_id)
+    batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    log_probs, _ = policy.log_probs(*(t.to(device) for t in batch), stage="sft")
+    return log_probs, completion_mask.to(device)
+
+
+def gold_nll(policy: Any, env: Any, n: int = 8) -> float | None:
+    """The model's mean negative log-likelihood per token (nats) of the gold solutions of ``n`` problems drawn from
+    held-out seeds (the env's own random stream is not touched), or ``None`` when the task gives no gold answer."""
+    task = env.get_attr("task", indices=[0])[0]
+    difficulty = float(env.get_attr("difficulty", indices=[0])[0])
+    examples = []
+    try:
+        for i in range(n):
+            problem = task.sample_seeded(difficulty, HELD_OUT_SEED + i)
+            reasoning, answer = task.solution(problem)
+            target = f"<think>{reasoning}</think><answer>{answer}</answer>"
+            examples.append(env.env_method("encode_example", problem.prompt_input, target, indices=[0])[0])
+    except Exception:  # a task without gold answers (some reasoning-gym families): nothing to measure
+        return None
+    with th.no_grad():
+        log_probs, mask = _example_log_probs(policy, examples)
+    return float(-log_probs[mask].mean())
+
+
+UNTRAINED = 0.9
+"""A model whose gold-solution NLL is above this fraction of ``log(vocabulary size)`` is taken as untrained."""
+
+
+def check_pretrained(policy: Any, env: Any, sft_steps: int, verbose: int = 0) -> bool:
+    """Whether the model (from a folder or hub name, ``cold_start="auto"``) predicts the task's gold solutions better
+    than a uniform guess; when not, warn that the cold start does not run and how to run it."""
+    nll = gold_nll(policy, env)
+    uniform = float(np.log(policy.vocab_size))
+    if nll is not None and nll > UNTRAINED * uniform:
+        warnings.warn(
+            f"the model {policy.model_name!r} predicts the task's gold solutions like an untrained one ({nll:.2f} "
+            f"nats per token; a uniform guess over its {policy.vocab_size} tokens is {uniform:.2f}), but a model from "
+            f"a folder or hub name is taken as pretrained: the cold start (sft_steps={sft_steps}) does not run under "
+            "cold_start='auto'. Pass cold_start=True to run it (-params cold_start:True on the command line), or "
+            "cold_start=False to skip it without this check",
+            UserWarning,
+            stacklevel=4,
+        )
+        return False
+    if verbose >= 1:
+        name = policy.model_name
+        print(f"cold start skipped: {name!r} is taken as pretrained (cold_start='auto'); cold_start=True runs it")
+    return True
 
 
 def check_responses(rows: list[tuple[str, str]], path: str) -> int:

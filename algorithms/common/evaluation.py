@@ -68,7 +68,7 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
     device = next(policy.parameters()).device
     prompts = []
     for problem in problems:
-        prompt, _ = env.env_method("encode_example", problem.prompt, "", indices=[0])[0]
+        prompt, _ = env.env_method("encode_example", problem.prompt_input, "", indices=[0])[0]
         prompts.append(th.as_tensor(prompt[-policy.context_limit :]))
     generator = th.Generator(device=device)
     generator.manual_seed(seed)

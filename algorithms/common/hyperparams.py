@@ -22,7 +22,7 @@ from stable_baselines3.common.utils import LinearSchedule
 
 SCHEDULABLE = ("learning_rate", "clip_range", "clip_range_high", "ent_coef")
 #: the keys of a preset that are not constructor arguments of the algorithm (``grpo-gym train`` uses them)
-RUN_KEYS = ("n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems")
+RUN_KEYS = ("n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems", "save_path")
 
 
 def default_config(name: str = "grpo.yml") -> Path:

@@ -29,7 +29,7 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.cold_start import supervised_finetune
+from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, contexts_from_obs
@@ -253,6 +253,7 @@ class LMAlgorithm(LMBaseAlgorithm):
     ) -> SelfLMAlgorithm:
         """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
         tb_log_name = tb_log_name or type(self).__name__
+        self._check_has_env()
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
@@ -262,7 +263,7 @@ class LMAlgorithm(LMBaseAlgorithm):
             callback.init_callback(self)
         self.logger.record("precision/choice", self.precision.describe(), exclude=TEXT_ONLY)  # with the next dump
         if self._needs_cold_start():
-            self.run_cold_start()
+            self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
         assert self.env is not None
         while self.num_timesteps < total_timesteps:
@@ -276,6 +277,15 @@ class LMAlgorithm(LMBaseAlgorithm):
                 self.dump_logs()
         callback.on_training_end()
         return self
+
+    def _check_has_env(self) -> None:
+        """A clear error when there is no env to train on (e.g. a loaded model whose recorded env was not rebuilt)."""
+        if self.env is None:
+            why = self._env_missing or "it was made or loaded without one"
+            raise ValueError(
+                f"{type(self).__name__}.learn needs an env: {why}. Pass one with model.set_env(env), or load with "
+                f"{type(self).__name__}.load(path, env=...) or load(path, env_objects={{...}})"
+            )
 
     def _setup_learn(
         self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
@@ -291,10 +301,13 @@ class LMAlgorithm(LMBaseAlgorithm):
     def _needs_cold_start(self) -> bool:
         if self._cold_start_done or self.sft_steps <= 0:
             return False
+        if self.cold_start == "auto" and not self.policy.is_builtin and self.env is not None and self._dist.is_main:
+            check_pretrained(self.policy, self.env, self.sft_steps, self.verbose)  # warns if it looks untrained
         return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
 
-    def run_cold_start(self) -> dict[str, float]:
-        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``."""
+    def run_cold_start(self, progress_bar: bool = False) -> dict[str, float]:
+        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``;
+        ``progress_bar`` shows its steps (a bar on a terminal, a line per tenth otherwise)."""
         assert self.env is not None
         if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
             self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
@@ -309,6 +322,7 @@ class LMAlgorithm(LMBaseAlgorithm):
                 generator=self._seeds.generator,
                 logger=self.logger,
                 verbose=self.verbose,
+                progress_bar=progress_bar,
             )
         self._cold_start_done = True
         if self.ref_model is not None:

@@ -148,7 +148,7 @@ def distillation_kl(
     env's difficulty, the evaluation's problem set), sampled with the teacher's settings and ``seed``."""
     problems = held_out_problems(env, n, float(env.get_attr("difficulty", indices=[0])[0]), seed)
     limit = min(teacher.context_limit, student.context_limit)
-    prompts = [env.env_method("encode_example", p.prompt, "", indices=[0])[0][0][-limit:] for p in problems]
+    prompts = [env.env_method("encode_example", p.prompt_input, "", indices=[0])[0][0][-limit:] for p in problems]
     device = student.device
     ids, mask = (t.to(device) for t in left_pad([th.as_tensor(p) for p in prompts], student.pad_token_id))
     generator = th.Generator(device=device).manual_seed(seed)

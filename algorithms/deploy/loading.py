@@ -76,14 +76,16 @@ def load_policy(
 
     location = Path(path)
     if location.is_dir():
-        own = tokenizer if tokenizer is not None else (path if has_tokenizer(path) else None)
-        tokenizer = load_tokenizer(own, trust_remote_code=trust_remote_code)
-        if is_int8_folder(location):
-            model = load_int8(location, trust_remote_code=trust_remote_code)
+        if (location / ADAPTER_CONFIG).is_file():
+            model, own = adapter_model(location, trust_remote_code)
+        elif is_int8_folder(location):
+            model, own = load_int8(location, trust_remote_code=trust_remote_code), path
         else:
             from algorithms.common.model.loading import load_model
 
-            model = load_model(os.fspath(location), trust_remote_code=trust_remote_code)
+            model, own = load_model(os.fspath(location), trust_remote_code=trust_remote_code), path
+        own = own if own is not None and has_tokenizer(own) else None
+        tokenizer = load_tokenizer(tokenizer if tokenizer is not None else own, trust_remote_code=trust_remote_code)
         check_finite_weights(model, f"the model {os.fspath(path)!r}")
         return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
     if not location.is_file():
@@ -93,14 +95,40 @@ def load_policy(
         )
     import algorithms
     from algorithms.common.saving.model_file import read_model_file
+    from algorithms.common.saving.run_file import recorded_tokenizer
 
     name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
     algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
     policy = algorithm.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
     check_finite_weights(policy, f"the model {os.fspath(path)!r}")
-    tokenizer = load_tokenizer(tokenizer, trust_remote_code=trust_remote_code)
+    recorded = tokenizer if tokenizer is not None else recorded_tokenizer(location)  # the run's, as the zip records
+    tokenizer = load_tokenizer(recorded, trust_remote_code=trust_remote_code)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
     return policy, tokenizer
+
+
+#: the file that makes a folder a peft adapter folder
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_model(folder: Path, trust_remote_code: bool = False) -> tuple[nn.Module, str | None]:
+    """A LoRA adapter folder's base model with the adapters merged in, and the folder to read the tokenizer from
+    (the adapter folder's own, else the base's, else ``None``: the built-in one)."""
+    from algorithms.common.model.loading import load_model
+    from algorithms.common.model.lora import require_peft
+
+    peft = require_peft()
+    base = peft.PeftConfig.from_pretrained(os.fspath(folder)).base_model_name_or_path
+    if not base or not (Path(base).is_dir() or "/" in base):  # a folder here, or a hub name (org/name)
+        raise ValueError(
+            f"{os.fspath(folder)} is a LoRA adapter folder whose base model {base!r} is not a folder or hub name: "
+            "serve the merged export instead (model.save_pretrained(folder, merge=True)), or a zip"
+        )
+    model = load_model(base, trust_remote_code=trust_remote_code)
+    model = peft.PeftModel.from_pretrained(model, os.fspath(folder)).merge_and_unload()
+    model.requires_grad_(True)  # a plain model again, as load_model gives one (peft froze the base)
+    own = folder if has_tokenizer(folder) else (base if has_tokenizer(base) else None)
+    return model, None if own is None else os.fspath(own)
 
 
 def check_finite_weights(model: nn.Module, what: str = "the model") -> None:

@@ -26,9 +26,10 @@ from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuff
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.common.schedules import UpdateDecay
-from algorithms.grpo import advantages, controls, objective, replay, update
+from algorithms.grpo import advantages, controls, objective, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_RULES
 from algorithms.grpo.sampling import RolloutSampling, truncated_rows
+from algorithms.trl_names import with_trl_hints
 
 
 class GRPO(LMAlgorithm):
@@ -127,6 +128,7 @@ class GRPO(LMAlgorithm):
 
     policy: TransformerPolicy
 
+    @with_trl_hints  # a TRL name (num_generations=...) raises a TypeError naming ours
     def __init__(
         self,
         policy: str | type[TransformerPolicy],
@@ -290,6 +292,15 @@ class GRPO(LMAlgorithm):
         super().set_run_state(state, rng)
         if state.get("_prompt_pool_state") is not None and self._prompt_pool is not None:
             self._prompt_pool.set_state(state["_prompt_pool_state"])
+
+    @classmethod
+    def from_trl(
+        cls, model: Any, reward_funcs: Any, args: Any = None, train_dataset: Any = None, **kwargs: Any
+    ) -> GRPO:
+        """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, ...)`` as a GRPO model on ``R1Zero-v0``; then
+        ``model.learn(total_timesteps)`` trains (timesteps count completions). Arguments, and what it builds:
+        :func:`algorithms.grpo.trl_port.from_trl`."""
+        return trl_port.from_trl(cls, model, reward_funcs, args, train_dataset, **kwargs)
 
     def save_replay_buffer(self, path: str | os.PathLike) -> None:
         """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""

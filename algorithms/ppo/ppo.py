@@ -21,6 +21,7 @@ from algorithms.common.rollout.batch import RolloutBatch, minibatches
 from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import PPO_RULES
+from algorithms.trl_names import with_trl_hints
 
 
 class LMPPO(LMAlgorithm):
@@ -86,6 +87,7 @@ class LMPPO(LMAlgorithm):
 
     policy: TransformerPolicy
 
+    @with_trl_hints  # a TRL name (num_generations=...) raises a TypeError naming ours
     def __init__(
         self,
         policy: str | type[TransformerPolicy],

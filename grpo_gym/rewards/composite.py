@@ -1,7 +1,12 @@
 """The composite reward: a weighted sum of named components, the built-ins and your reward functions.
 
 ``total = sum(weight[name] * score[name])`` over the components that apply to this completion (``None`` scores
-are left out, as TRL leaves out ``None`` rewards), clipped to ``[-1, 1]`` (S5). The built-in components:
+are left out, as TRL leaves out ``None`` rewards), then clipped to ``[-clip, clip]`` when ``clip`` is set. ``clip``
+(the env's ``reward_clip``) is ``"auto"`` by default: 1 (the seed's ``[-1, 1]``, S5) with the built-in components
+alone, **no clip** when reward functions are given, as TRL sums its reward functions without clipping (a clip
+would score a correct, well-formatted answer and a wrong, well-formatted one alike once both reach it). When a clip
+is set and changes a total, the reward warns once and counts it (:attr:`CompositeReward.clipped_count`). The
+built-in components:
 
 - ``syntax`` (0.3): the R1-Zero template followed exactly once (:func:`~grpo_gym.rewards.components.syntax_score`);
 - ``consistency`` (0.4): rule-based (:func:`~grpo_gym.rewards.components.consistency_score`; ``None`` where the task
@@ -11,10 +16,10 @@ are left out, as TRL leaves out ``None`` rewards), clipped to ``[-1, 1]`` (S5). 
 - ``length`` (0): DAPO's soft overlong penalty, in ``[-1, 0]`` (:func:`~grpo_gym.rewards.components.length_score`),
   when the token budget and the completion's token ids are known.
 
-Your functions (``reward_funcs={"name": fn}``, TRL's signature, see :mod:`grpo_gym.rewards.functions`) are
-components too, of weight 1 by default. Weights may be negative (a penalty). The progressive activation of S20 is a
-schedule over ``set_weights({"consistency": w})``. A batch is scored with one call per function and one reward-model
-forward (:meth:`CompositeReward.score_batch`).
+Your functions (``reward_funcs=[fn, ...]`` or ``{"name": fn}``, TRL's signature, see
+:mod:`grpo_gym.rewards.functions`) are components too, of weight 1 by default. Weights may be negative (a penalty).
+The progressive activation of S20 is a schedule over ``set_weights({"consistency": w})``. A batch is scored with one
+call per function and one reward-model forward (:meth:`CompositeReward.score_batch`).
 
 Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
 a reward function, a function's bad output, a call past ``reward_timeout``) is caught for that component alone. It is
@@ -49,6 +54,8 @@ DEFAULT_WEIGHTS = {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0
 FUNCTION_WEIGHT = 1.0
 """The default weight of a reward function (TRL's)."""
 ON_ERROR = ("zero", "raise")
+SEED_CLIP = 1.0
+"""The seed's clip (S5): totals in ``[-1, 1]``, the default without reward functions."""
 _MAX_ERROR_CHARS = 300
 Scored = tuple[float | None, str, str | None]  # (score, reason, error text)
 ModelScore = float | BaseException | None
@@ -64,7 +71,7 @@ class Scorer(Protocol):
 class RewardResult:
     """The reward of one completion.
 
-    :param total: the weighted sum of the components that apply, clipped to ``[-1, 1]``
+    :param total: the weighted sum of the components that apply (clipped to ``[-clip, clip]`` when a clip is set)
     :param components: every component's score (``None`` where it does not apply), built-ins first
     :param is_success: whether the task component is 1 (full credit)
     :param reasons: a short non-empty explanation per component
@@ -114,13 +121,16 @@ class CompositeReward:
         replaces the rule-based consistency component
     :param on_error: what an exception raised while scoring a component does (see the module docstring):
         ``"zero"`` (that component scores 0, the error is reported and counted) or ``"raise"`` (re-raised)
-    :param reward_funcs: ``{name: fn}`` with TRL's signature (see :mod:`grpo_gym.rewards.functions`)
+    :param reward_funcs: a list of functions with TRL's signature, named after them, or ``{name: fn}``
+        (see :func:`~grpo_gym.rewards.functions.named_reward_funcs`)
     :param max_new_tokens: the completion budget the ``length`` component measures against (``None``: ``length``
         does not apply)
     :param overlong_buffer: the ``length`` component's buffer in tokens (default: a quarter of ``max_new_tokens``)
     :param column_names: called when a reward function requires a named argument: the columns the task provides
     :param reward_timeout: seconds each reward function call and each reward-model scoring may take before that
         component scores 0 as a reward error (:mod:`grpo_gym.rewards.timeouts`; ``None``: no limit)
+    :param clip: ``"auto"`` (1 without reward functions, ``None`` with them), ``None`` (no clip) or a positive
+        number ``c``: totals clipped to ``[-c, c]``
     """
 
     def __init__(
@@ -128,13 +138,21 @@ class CompositeReward:
         weights: Mapping[str, float] | None = None,
         reward_model: Scorer | str | os.PathLike[str] | None = None,
         on_error: str = "zero",
-        reward_funcs: Mapping[str, Callable[..., Any]] | None = None,
+        reward_funcs: Sequence[Callable[..., Any] | str] | Mapping[str, Callable[..., Any] | str] | None = None,
         max_new_tokens: int | None = None,
         overlong_buffer: int | None = None,
         column_names: Callable[[], Collection[str] | None] | None = None,
         reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
+        clip: float | str | None = "auto",
     ) -> None:
         self.reward_funcs = check_reward_funcs(reward_funcs, BUILTIN_COMPONENTS, column_names)
+        if clip == "auto":
+            clip = None if self.reward_funcs else SEED_CLIP
+        #: totals are clipped to ``[-clip, clip]``; ``None``: not clipped
+        self.clip = check_float("reward_clip", clip, low=0.0, low_open=True, allow_none=True, hint="or 'auto'")
+        self.clipped_count = 0
+        """How many totals the clip changed, since construction."""
+        self._warned_clip = False
         self._weights = {**DEFAULT_WEIGHTS, **dict.fromkeys(self.reward_funcs, FUNCTION_WEIGHT)}
         if weights is not None:
             self.set_weights(weights)
@@ -165,7 +183,7 @@ class CompositeReward:
     def __repr__(self) -> str:
         return (
             f"CompositeReward(weights={self._weights}, reward_model={self.reward_model!r}, on_error={self.on_error!r}, "
-            f"reward_funcs={list(self.reward_funcs)})"
+            f"reward_funcs={list(self.reward_funcs)}, clip={self.clip})"
         )
 
     @property
@@ -274,6 +292,9 @@ class CompositeReward:
             columns = problem_columns(task, problems)
         except Exception as exc:  # a task's reward_columns raised: every function errs
             return {name: [exc] * n for name in self.reward_funcs}
+        if not isinstance(problems[0].prompt_input, str):  # a conversational dataset: TRL's conversational forms
+            prompts = [problem.prompt_input for problem in problems]  # type: ignore[misc]
+            texts = [[{"role": "assistant", "content": text}] for text in texts]  # type: ignore[misc]
         kwargs = {
             **columns,
             "prompts": prompts,
@@ -306,6 +327,24 @@ class CompositeReward:
         if self.on_error == "raise":
             raise exc
         return 0.0, f"error: {text}", text
+
+    def _clipped(self, total: float) -> float:
+        """``total`` clipped to ``[-clip, clip]``; a change is counted and warned about once."""
+        if self.clip is None or -self.clip <= total <= self.clip:
+            return total
+        self.clipped_count += 1
+        if not self._warned_clip:
+            self._warned_clip = True
+            warnings.warn(
+                f"the weighted sum of the reward components ({total:.4g}) was clipped to "
+                f"[-{self.clip:g}, {self.clip:g}] (reward_clip={self.clip:g}): completions beyond the clip all get "
+                "the same reward, so what tells them apart no longer reaches the advantages; pass reward_clip=None "
+                "(no clip) or a larger one, or lower the weights (further clips are counted in "
+                "reward_fn.clipped_count, not warned about)",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return max(-self.clip, min(self.clip, total))
 
     def _component(self, name: str, fn: Callable[..., tuple[float | None, str]], *args: Any) -> Scored:
         try:
@@ -345,7 +384,7 @@ class CompositeReward:
         scores = {name: score for name, (score, _, _) in scored.items()}
         total = sum(self._weights[name] * value for name, value in scores.items() if value is not None)
         return RewardResult(
-            total=min(1.0, max(-1.0, total)),
+            total=self._clipped(total),
             components=scores,
             is_success=scores["task"] == 1.0,
             reasons={name: reason for name, (_, reason, _) in scored.items()},

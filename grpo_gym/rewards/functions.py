@@ -1,11 +1,19 @@
 """Your reward functions, with TRL's signature: ``fn(prompts, completions, **kwargs) -> list[float | None]``.
 
 The same function object works in TRL's ``GRPOTrainer(reward_funcs=[fn])`` and here
-(``gym.make("R1Zero-v0", reward_funcs={"name": fn})``). It is called once per batch of completions with keyword
-arguments, as TRL calls it:
+(``gym.make("R1Zero-v0", reward_funcs=[fn])`` or ``reward_funcs={"name": fn}``). In a list, each function is named
+as TRL names it (:func:`reward_func_name`: its ``__name__``, a ``functools.partial`` by the function it wraps, a
+callable object by its class), a lambda ``"lambda"``; a name taken already gets ``_2``, ``_3``, ... in list order;
+the names label the components (``info["reward_components"]``, ``rollout/reward/<name>``, ``reward_weights``).
+A function may also be given as a ``"module:function"`` string, imported then (you named it; a saved record never
+names code to import, see :mod:`grpo_gym.describe`). Each function is called once
+per batch of completions with keyword arguments, as TRL calls it:
 
-- ``prompts``: the prompt texts the model was shown (the template around the question), one per completion;
-- ``completions``: the completion texts (decoded up to EOS, special tokens dropped);
+- ``prompts``: the prompt texts the model was shown (the template around the question), one per completion; for a
+  conversational dataset (a ``prompt`` column of ``[{"role": ..., "content": ...}]`` messages), the messages, as TRL
+  passes them;
+- ``completions``: the completion texts (decoded up to EOS, special tokens dropped); for a conversational dataset,
+  ``[{"role": "assistant", "content": text}]`` per completion, as TRL passes them;
 - ``completion_ids``: the completion token ids up to and including EOS, as lists of ints;
 - every problem column, as a list aligned with the prompts: ``answer``, ``difficulty``, the task's own fields, and
   for the ``dataset`` task every column of your data by its own name (:meth:`Task.reward_columns`);
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import functools
 import inspect
 import math
 import os
@@ -45,6 +54,8 @@ PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extr
 """The keyword arguments every call passes besides the problem columns."""
 
 RewardFunc = Callable[..., Any]
+LAMBDA_NAME = "lambda"
+"""The name of a lambda in a list of reward functions (its ``__name__`` is ``"<lambda>"``)."""
 _LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None
 _LOOP_LOCK = threading.Lock()
 
@@ -95,28 +106,71 @@ def check_reward_function(name: str, fn: Any, column_names: Callable[[], Collect
         )
 
 
+def reward_func_name(fn: Any) -> str:
+    """TRL's name of a reward function (``trl.trainer.utils.get_callable_name``): its ``__name__``, a
+    ``functools.partial`` by the function it wraps, a callable object by its class; a lambda is ``"lambda"``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__name__", type(fn).__name__)
+    return LAMBDA_NAME if name == "<lambda>" else str(name)
+
+
+def resolve_reward_func(spec: Any) -> RewardFunc:
+    """``spec`` itself, or the function a ``"module:function"`` string names (imported now: you named it)."""
+    if not isinstance(spec, str):
+        return spec
+    from grpo_gym.tasks import load_path
+
+    return load_path(spec, what="reward function path")
+
+
+def named_reward_funcs(reward_funcs: Any) -> dict[str, Any]:
+    """``reward_funcs`` as ``{name: function}``: a mapping keeps its names; a list (or one function) is named by
+    :func:`reward_func_name`, a repeated name getting ``_2``, ``_3``, ... in list order. ``"module:function"``
+    strings are imported (:func:`resolve_reward_func`)."""
+    if isinstance(reward_funcs, Mapping):
+        return {name: resolve_reward_func(fn) for name, fn in reward_funcs.items()}
+    if isinstance(reward_funcs, str) or callable(reward_funcs):
+        reward_funcs = [reward_funcs]
+    if not isinstance(reward_funcs, Sequence):
+        raise ArgumentError(
+            "reward_funcs must be a list of functions (named after them, as TRL does) or a dict {name: function}, "
+            f"got {type(reward_funcs).__name__}"
+        )
+    named: dict[str, Any] = {}
+    for spec in reward_funcs:
+        fn = resolve_reward_func(spec)
+        base = reward_func_name(fn)
+        name, count = base, 1
+        while name in named:
+            count += 1
+            name = f"{base}_{count}"
+        named[name] = fn
+    return named
+
+
 def check_reward_funcs(
     reward_funcs: Any, reserved: Collection[str], column_names: Callable[[], Collection[str] | None] | None = None
 ) -> dict[str, RewardFunc]:
-    """``reward_funcs`` as a ``{name: function}`` dict, every function checked (:func:`check_reward_function`).
+    """``reward_funcs`` as a ``{name: function}`` dict (:func:`named_reward_funcs`), every function checked
+    (:func:`check_reward_function`).
 
-    :param reward_funcs: ``None`` or a mapping of names to functions
+    :param reward_funcs: ``None``, a list of functions (or ``"module:function"`` strings), or a mapping of names to
+        them
     :param reserved: names taken by the built-in components
     :param column_names: see :func:`check_reward_function`
     """
     if reward_funcs is None:
         return {}
-    if not isinstance(reward_funcs, Mapping):
-        raise ArgumentError(
-            f"reward_funcs must be a dict {{name: function}} (names label the components), got {type(reward_funcs)}"
-        )
+    from_list = not isinstance(reward_funcs, Mapping)
     checked: dict[str, RewardFunc] = {}
-    for name, fn in reward_funcs.items():
+    for name, fn in named_reward_funcs(reward_funcs).items():
         if not isinstance(name, str) or not name or "/" in name:
             raise ArgumentError(f"reward_funcs: names must be non-empty strings without '/', got {name!r}")
         if name in reserved:
+            fix = "rename the function, or pass a dict {name: function}" if from_list else "choose another name"
             raise ArgumentError(
-                f"reward_funcs: {name!r} is a built-in component ({', '.join(reserved)}); choose another name "
+                f"reward_funcs: {name!r} is a built-in component ({', '.join(reserved)}); {fix} "
                 "(set a built-in's weight to 0 in reward_weights to turn it off)"
             )
         check_reward_function(name, fn, column_names)

@@ -58,28 +58,31 @@ def importable_path(obj: Any) -> str | None:
     return f"{module}:{qualname}" if found is obj else None
 
 
-def load_path(path: str) -> Any:
+def load_path(path: str, what: str = "task path") -> Any:
     """The object a ``"module:QualName"`` path names (``__main__`` also looks in a subprocess's re-imported main).
 
+    :param path: ``"package.module:QualName"``
+    :param what: what the path stands for, in messages (``"task path"``, ``"reward function path"``)
     :raises ArgumentError: when the path is malformed or names nothing
     """
     module_name, _, qualname = path.partition(":")
     if not module_name or not qualname:
-        raise ArgumentError(f"task path {path!r} must look like 'package.module:ClassName'")
+        example = "ClassName" if what == "task path" else "name"
+        raise ArgumentError(f"{what} {path!r} must look like 'package.module:{example}'")
     if module_name == "__main__":
         modules = [sys.modules.get("__main__"), sys.modules.get("__mp_main__")]
     else:
         try:
             modules = [importlib.import_module(module_name)]
         except ImportError as error:
-            raise ArgumentError(f"task path {path!r}: cannot import {module_name!r} ({error})") from None
+            raise ArgumentError(f"{what} {path!r}: cannot import {module_name!r} ({error})") from None
     for module in modules:
         obj: Any = module
         for part in qualname.split("."):
             obj = getattr(obj, part, None)
         if obj is not None:
             return obj
-    raise ArgumentError(f"task path {path!r}: {module_name!r} has no {qualname!r}")
+    raise ArgumentError(f"{what} {path!r}: {module_name!r} has no {qualname!r}")
 
 
 def _published() -> dict[str, str]:

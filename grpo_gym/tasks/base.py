@@ -98,7 +98,8 @@ class Problem:
     :param difficulty: the level it was generated at, in [0.1, 1.0]
     :param seed: the seed it was generated from (``None`` for rows read from a file)
     :param solution: an optional gold reasoning text (used by the ``jsonl`` task when the file gives one)
-    :param metadata: task-specific data the verifier needs (e.g. the countdown numbers)
+    :param metadata: task-specific data the verifier needs (e.g. the countdown numbers); ``"messages"``: the
+        conversation of a conversational dataset's row (then ``prompt`` is its last user message's text)
     """
 
     prompt: str
@@ -108,6 +109,13 @@ class Problem:
     seed: int | None = None
     solution: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_input(self) -> str | list[dict[str, str]]:
+        """What the env lays out as the first turn: the conversation (``[{"role", "content"}]`` messages) of a
+        conversational row, else the question text (see :mod:`grpo_gym.templates`)."""
+        messages = self.metadata.get("messages")
+        return messages if isinstance(messages, list) else self.prompt
 
 
 def check_prompt(problem: Problem) -> None:

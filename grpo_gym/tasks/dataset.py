@@ -9,7 +9,11 @@
   as ``Dataset.to_json`` writes them), a ``.csv`` file (a header row; UTF-8) or a ``.parquet`` file (needs
   ``pyarrow``: ``pip install grpo-gym[datasets]``).
 
-Columns: ``prompt`` (the question, a non-empty string) and ``answer`` (a string or a number) are required;
+Columns: ``prompt`` and ``answer`` (a string or a number) are required. The prompt is a non-empty string (the
+question, laid out by the env's template), or a conversation in TRL's conversational format: a list of
+``{"role": "system" | "user" | "assistant", "content": "..."}`` messages, which is the whole prompt (rendered by
+the tokenizer's chat template, or without one in the plain ``User: ... / Assistant:`` layout; see
+:mod:`grpo_gym.templates`); all rows take the same form.
 ``solution`` (gold reasoning for the cold start) and ``difficulty`` (a number in [0.1, 1.0], every row) are
 optional. Every column of a row — these and all the others — reaches reward functions by its own name, as TRL
 passes a dataset's columns (:meth:`RowTask.reward_columns`); values are kept as plain JSON data (numbers, strings,
@@ -173,10 +177,18 @@ class Columns:
             if column is not None and column not in record:
                 shown = ", ".join(map(str, list(record)[:20]))
                 raise ValueError(f"{at}: no column {column!r} (the {argument}= column); its columns: {shown}")
-        prompt = checked_text(record[self.prompt], at, f"the prompt column {self.prompt!r}")
+        prompt = record[self.prompt]
         answer = answer_as_text(record[self.answer], at, f"the answer column {self.answer!r}")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{at}: the prompt column {self.prompt!r} must hold a non-empty string")
+        messages = None
+        if isinstance(prompt, (list, tuple)):
+            messages = self._messages(prompt, at)
+            prompt = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+        elif not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(
+                f"{at}: the prompt column {self.prompt!r} must hold a non-empty string, or a conversation "
+                '[{"role": "user", "content": "..."}] (TRL\'s conversational format)'
+            )
+        checked_text(prompt, at, f"the prompt column {self.prompt!r}")
         if not isinstance(answer, str) or not answer.strip():
             raise ValueError(f"{at}: the answer column {self.answer!r} must hold a non-empty string or a number")
         solution = record[self.solution] if self.solution is not None else None
@@ -187,7 +199,28 @@ class Columns:
         if self.difficulty is not None:
             difficulty = self._difficulty(record[self.difficulty], at)
         columns = plain(dict(record))
-        return Row(prompt, answer.strip(), solution or None, difficulty, line, columns)
+        return Row(prompt, answer.strip(), solution or None, difficulty, line, columns, messages)
+
+    def _messages(self, value: Sequence[Any], at: str) -> list[dict[str, str]]:
+        """A conversational prompt's messages as plain ``{"role", "content"}`` dicts (TRL's format, text only)."""
+        wanted = f'the prompt column {self.prompt!r} holds a conversation: a list of {{"role": ..., "content": "..."}}'
+        if not value:
+            raise ValueError(f"{at}: {wanted}, got an empty list")
+        messages = []
+        for index, message in enumerate(value):
+            role = message.get("role") if isinstance(message, Mapping) else None
+            content = message.get("content") if isinstance(message, Mapping) else None
+            if not isinstance(role, str) or not role:
+                raise ValueError(f"{at}: {wanted}; message {index} has no role (got {message!r:.80})")
+            if not isinstance(content, str):
+                raise ValueError(
+                    f"{at}: {wanted}; message {index} ({role}) must hold text content, got "
+                    f"{type(content).__name__} (content parts such as images are not supported)"
+                )
+            messages.append({"role": role, "content": checked_text(content, at, f"message {index} ({role})")})
+        if not any(m["content"].strip() for m in messages):
+            raise ValueError(f"{at}: {wanted}; every message is empty")
+        return messages
 
     def _difficulty(self, value: Any, at: str) -> float:
         if isinstance(value, str):  # a .csv file's values are text
@@ -237,7 +270,19 @@ class DatasetTask(RowTask):
         rows = [self.columns.row(record, line, where) for line, record in records]
         if not rows:
             raise ValueError(f"{name}: no rows; give at least one row with a {self.columns.prompt!r} column")
+        mixed = next((row for row in rows if (row.messages is None) != (rows[0].messages is None)), None)
+        if mixed is not None:
+            kinds = ("a conversation", "a string") if rows[0].messages is not None else ("a string", "a conversation")
+            raise ValueError(
+                f"{where}{mixed.line}: its prompt is {kinds[1]} but the first row's is {kinds[0]}; every row's prompt "
+                "must take the same form"
+            )
         return rows
+
+    @property
+    def conversational(self) -> bool:
+        """Whether the prompts are conversations (TRL's conversational format)."""
+        return self.rows[0].messages is not None
 
     @property
     def missing_solutions(self) -> int:

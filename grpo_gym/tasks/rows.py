@@ -47,6 +47,8 @@ class Row(NamedTuple):
     :param line: where it came from (the file's line, or the row's 1-based index)
     :param columns: the row's own columns as plain JSON values, passed to reward functions (``None``: the
         ``jsonl`` task, whose rows have no other columns)
+    :param messages: a conversational prompt's messages (``[{"role", "content"}]``), or ``None``; ``prompt`` is
+        then the text of its last user message
     """
 
     prompt: str
@@ -55,6 +57,7 @@ class Row(NamedTuple):
     difficulty: float | None
     line: int
     columns: dict[str, Any] | None = None
+    messages: list[dict[str, str]] | None = None
 
 
 def checked_text(value: Any, at: str, what: str) -> Any:
@@ -156,6 +159,8 @@ class RowTask(Task):
         metadata: dict[str, Any] = {"line": row.line, "row_difficulty": row.difficulty}
         if row.columns is not None:
             metadata["columns"] = row.columns
+        if row.messages is not None:
+            metadata["messages"] = row.messages
         return Problem(
             prompt=row.prompt,
             answer=row.answer,

@@ -40,7 +40,7 @@ import torch as th
 
 from algorithms.common.env_util import make_env
 from algorithms.common.saving.model_file import decode, read_model_file
-from grpo_gym.describe import env_kwargs_from_record, recorded_env_id
+from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
 
 
 @dataclass
@@ -203,17 +203,27 @@ def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, d
     return recorded_env_id(record), env_kwargs_from_record(record, **objects), n_envs
 
 
-def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None) -> Any:
-    """The VecEnv the record describes, or None with a warning saying why (an object the record needs is missing,
-    a recorded file is absent here, ...): the model then predicts and exports but does not train."""
+def recorded_tokenizer(path: str | os.PathLike) -> str | None:
+    """The tokenizer folder or hub name the model file at ``path`` records for its env (``None``: the built-in one,
+    no env record, or a tokenizer object a file could not hold)."""
+    saved = read_model_file(path)[0].get("env") or {}
+    tokenizer = saved.get("record", {}).get("kwargs", {}).get("tokenizer") if isinstance(saved, dict) else None
+    return tokenizer if isinstance(tokenizer, str) and tokenizer != MUST_PASS else None
+
+
+def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None, name: str) -> tuple[Any, str]:
+    """The VecEnv the record describes and ``""``, or None and why not, warned about (an object the record needs is
+    missing, a recorded file is absent here, ...): the model then predicts and exports but does not train."""
     try:
         n_envs, record = check_recorded_envs(saved), saved["record"]
         env_id, kwargs = recorded_env_id(record), env_kwargs_from_record(record, **objects)
-        return make_env(env_id, n_envs, kwargs, seed)
+        return make_env(env_id, n_envs, kwargs, seed), ""
     except Exception as error:  # any failure to rebuild: the model itself still loads
-        warnings.warn(
-            f"the recorded env was not rebuilt, the model predicts but cannot train ({type(error).__name__}: "
-            f"{error}); pass env= or env_objects=",
-            stacklevel=3,
+        reason = (
+            f"the env {name} records was not rebuilt ({type(error).__name__}: {error}); pass the objects it names "
+            "in env_objects (load(path, env_objects={'reward_funcs': [...], 'task_kwargs': {'data': ...}})), or pass "
+            "load(path, env=...), or call model.set_env(env) later. Until then model.get_env() is None: the model "
+            "predicts and exports but cannot learn"
         )
-        return None
+        warnings.warn(reason, stacklevel=3)
+        return None, reason

@@ -1,0 +1,268 @@
+"""``GRPO.from_trl``: a TRL ``GRPOTrainer(model, reward_funcs, args, train_dataset)`` call as a GRPO model.
+
+It builds what a TRL script describes in this project's terms, by the table of :mod:`algorithms.trl_names`:
+
+- the env: ``gym.make("R1Zero-v0", task="dataset", ...)`` over ``train_dataset`` (its ``prompt`` column, string or
+  conversational; ``eval_dataset`` as the held-out split), with ``reward_funcs`` (a list, named after the functions
+  as TRL names them), ``reward_weights`` from TRL's list, the built-in components at weight 0 (TRL scores with your
+  functions alone; their sum is not clipped), ``processing_class`` (or the model folder's tokenizer) as the
+  tokenizer, string prompts used as they are (``template="{prompt}"``, as TRL does) and conversations rendered by the
+  chat template (or the plain layout without one), ``max_new_tokens`` from ``max_completion_length``;
+- the model: ``GRPO("TransformerPolicy", env, ...)`` with the ``args`` fields that have an equivalent, ``model`` and
+  ``peft_config`` in ``policy_kwargs``, then your own keyword arguments over them.
+
+Which ``args`` fields are read: a ``GRPOConfig`` brings TRL's values, its defaults included (TRL's run, ported),
+but for the fields ``GRPOConfig`` fills in itself (:data:`FILLED_BY_TRL`: ``bf16``, ``generation_batch_size``,
+``steps_per_generation``, ...; give them in a dict to port them); a dict brings its keys, the rest taking our
+defaults. A field you set (a dict's key, or a ``GRPOConfig`` field changed from TRL's default) that has no
+equivalent the port can copy (a scheduler, a callback, vLLM) is named in one warning with what to do instead.
+Batching: ``n_groups`` (prompts per rollout) is ``generation_batch_size / num_generations``, where TRL's
+``generation_batch_size`` is ``per_device_train_batch_size x steps_per_generation`` (or
+``x gradient_accumulation_steps``) when not given; ``batch_size`` (completions per optimizer step) is
+``per_device_train_batch_size x gradient_accumulation_steps``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from algorithms.trl_names import GRPO_CONFIG, TrlName, spelled
+
+if TYPE_CHECKING:
+    from algorithms.common.lm_algorithm import LMAlgorithm
+
+ANSWER_COLUMNS = ("answer", "solution", "ground_truth", "target")
+"""The columns ``from_trl`` looks for reference answers in, in this order, when ``answer`` is not given."""
+FILLED_BY_TRL = frozenset(
+    {
+        "output_dir",
+        "bf16",
+        "activation_checkpointing",
+        "disable_tqdm",
+        "report_to",
+        "debug",
+        "pad_to_multiple_of",
+        "generation_batch_size",
+        "steps_per_generation",
+        "accelerator_config",
+        "dataloader_pin_memory",
+        "logging_dir",
+    }
+)
+"""Fields whose value ``GRPOConfig`` sets itself: not read from a ``GRPOConfig`` (a dict may give them)."""
+BATCHING = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+)
+BUILTIN_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
+
+
+def config_values(args: Any) -> tuple[dict[str, Any], set[str]]:
+    """The fields ``args`` gives and those you set: a mapping's keys (both), or a ``GRPOConfig``'s fields but
+    :data:`FILLED_BY_TRL` and, as set, those that differ from TRL's defaults. ``TypeError`` for a name that is not a
+    ``GRPOConfig`` field."""
+    if args is None:
+        return {}, set()
+    if isinstance(args, Mapping):
+        values, changed = dict(args), set(args)
+    elif dataclasses.is_dataclass(args) and not isinstance(args, type):
+        values, changed = {}, set()
+        for spec in dataclasses.fields(args):
+            if spec.name in FILLED_BY_TRL:
+                continue
+            default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+            values[spec.name] = getattr(args, spec.name)
+            if values[spec.name] != default:
+                changed.add(spec.name)
+    else:
+        raise TypeError(f"args must be a trl.GRPOConfig or a dict of its fields, got {type(args).__name__}")
+    unknown = sorted(name for name in values if name not in GRPO_CONFIG)
+    if unknown:
+        raise TypeError(f"args: {', '.join(unknown)} are not fields of TRL's GRPOConfig (1.16)")
+    return values, changed
+
+
+def _converted(name: str, entry: TrlName, value: Any) -> tuple[bool, Any]:
+    """``(use it, our value)``: TRL's value through the entry's ``values``; a false value with no mapping
+    (``bf16=False``) is not used, another one with no equivalent is a ``ValueError``."""
+    if entry.values is None:
+        return True, value
+    if value in entry.values:
+        return True, entry.values[value]
+    if not value:
+        return False, None
+    choices = sorted(set(entry.values.values()))
+    raise ValueError(f"{name}={value!r} has no equivalent here; ours: {entry.ours} in {choices}")
+
+
+def _batching(values: dict[str, Any], group_size: int) -> dict[str, int]:
+    """``n_groups`` and ``batch_size`` from TRL's batch fields (see the module docstring); only those they set."""
+    if not any(name in values for name in BATCHING):
+        return {}
+    per_device = int(values.get("per_device_train_batch_size", 8))
+    accumulation = int(values.get("gradient_accumulation_steps", 1))
+    steps = int(values.get("steps_per_generation") or accumulation)
+    generation = int(values.get("generation_batch_size") or per_device * steps)
+    return {"n_groups": max(1, generation // group_size), "batch_size": per_device * accumulation}
+
+
+def translate(
+    values: dict[str, Any], changed: set[str], names: list[str]
+) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """The GRPO arguments, env arguments and the fields you set that are left for you (with ours) of a TRL config's
+    ``values``; ``names``: the reward functions' names, for TRL's list of ``reward_weights``."""
+    algorithm: dict[str, Any] = {}
+    env: dict[str, Any] = {}
+    policy: dict[str, Any] = {}
+    left: list[str] = []
+    for name, value in values.items():
+        entry = GRPO_CONFIG[name]
+        if name in BATCHING or name == "output_dir":
+            continue
+        if name == "reward_weights":
+            if value is None:
+                continue
+            if len(value) != len(names):
+                raise ValueError(f"reward_weights has {len(value)} weights for {len(names)} reward functions")
+            env["reward_weights"] = dict(zip(names, map(float, value), strict=True))
+            continue
+        if not entry.ported:
+            if name in changed:
+                left.append(f"{name} ({spelled(name, entry)}{': ' + entry.note if entry.note else ''})")
+            continue
+        used, ours = _converted(name, entry, value)
+        if not used or ours is None:  # None (TRL's "unset", e.g. epsilon_high): ours applies
+            continue
+        key, _, inner = str(entry.ours).partition(".")
+        if entry.where == "policy" and inner:
+            policy.setdefault(key, {})[inner] = ours
+        else:
+            {"arg": algorithm, "env": env, "policy": policy}[entry.where][key] = ours
+    algorithm.update(_batching(values, int(algorithm.get("group_size", 8))))
+    if policy:
+        algorithm["policy_kwargs"] = policy
+    return algorithm, env, left
+
+
+def _answer_column(first: Mapping[str, Any], answer: str | None) -> str:
+    """``answer``, or the first of :data:`ANSWER_COLUMNS` the first row has."""
+    found = answer if answer is not None else next((name for name in ANSWER_COLUMNS if name in first), None)
+    if found is None:
+        raise ValueError(
+            "from_trl: the env's dataset task needs a column of reference answers (success, evaluation and the cold "
+            f"start read it): pass answer='<column>'; the dataset's columns: {', '.join(map(str, first))}"
+        )
+    return found
+
+
+def port_env(
+    train_dataset: Any, eval_dataset: Any, funcs: dict[str, Any], tokenizer: Any, answer: str | None, env_args: dict
+) -> Any:
+    """The ``R1Zero-v0`` env of a TRL script (see the module docstring); ``env_args`` go over what it sets."""
+    import gymnasium as gym
+
+    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+    from grpo_gym.tasks.dataset import load_records
+
+    records = load_records(train_dataset, "train_dataset")[0]
+    first = records[0][1] if records and isinstance(records[0][1], Mapping) else {}
+    conversational = isinstance(first.get("prompt"), (list, tuple))
+    task_kwargs = {"data": train_dataset, "answer": _answer_column(first, answer)}
+    if eval_dataset is not None:
+        task_kwargs["eval_data"] = eval_dataset
+    kwargs = {
+        "task": "dataset",
+        "task_kwargs": task_kwargs,
+        "reward_funcs": funcs,
+        "tokenizer": tokenizer,
+        "template": "{prompt}",  # TRL uses a string prompt as it is
+        "use_chat_template": "auto" if conversational else False,
+        **env_args,
+        "reward_weights": {**BUILTIN_OFF, **env_args.get("reward_weights", {})},  # TRL scores with your functions
+    }
+    return gym.make("R1Zero-v0", **kwargs)
+
+
+def _lora(peft_config: Any) -> dict[str, Any]:
+    """``policy_kwargs["lora"]`` from a ``peft.LoraConfig`` (dropout 0: the policy never runs dropout)."""
+    import peft
+
+    from algorithms.common.model.lora import PASSED, lora_config
+
+    defaults = peft.LoraConfig()
+    lora = {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": 0.0}
+    if peft_config.target_modules is not None:
+        target = peft_config.target_modules
+        lora["target_modules"] = target if isinstance(target, str) else sorted(target)
+    lora.update({k: getattr(peft_config, k) for k in PASSED if getattr(peft_config, k) != getattr(defaults, k)})
+    if peft_config.lora_dropout:
+        warnings.warn(
+            f"peft_config.lora_dropout={peft_config.lora_dropout} is not used: the policy never runs dropout (its "
+            "model stays in eval mode, so a fresh rollout's importance ratio is exactly 1)",
+            UserWarning,
+            stacklevel=3,
+        )
+    lora_config(lora)  # checked now, with the key named
+    return lora
+
+
+def from_trl(
+    cls: type[LMAlgorithm],
+    model: Any,
+    reward_funcs: Any,
+    args: Any = None,
+    train_dataset: Any = None,
+    eval_dataset: Any = None,
+    processing_class: Any = None,
+    peft_config: Any = None,
+    answer: str | None = None,
+    env_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> LMAlgorithm:
+    """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, ...)`` as a ``cls`` (GRPO) model: see the module
+    docstring for what it builds. ``GRPO.from_trl(...)`` calls it.
+
+    :param cls: the algorithm class (GRPO)
+    :param model: a built-in size, a model folder or hub name, or a model object (TRL's ``model``)
+    :param reward_funcs: TRL's reward functions: one, a list (named after them) or a dict; ``"module:function"``
+        strings are imported
+    :param args: a ``trl.GRPOConfig`` or a dict of its fields (those with an equivalent are ported)
+    :param train_dataset: the rows (a ``datasets.Dataset``, a list of dicts, a data file) with a ``prompt`` column
+    :param eval_dataset: the held-out rows, or ``None``
+    :param processing_class: the tokenizer (default: the model folder's, else the built-in one)
+    :param peft_config: a ``peft.LoraConfig`` (LoRA adapters are trained)
+    :param answer: the column of reference answers (default: the first of :data:`ANSWER_COLUMNS` the rows have)
+    :param env_kwargs: env arguments over what the port sets
+    :param kwargs: GRPO arguments over what ``args`` gives (``verbose``, ``seed``, ``sft_steps``, ...)
+    """
+    from algorithms.common.model.tokenizer_check import model_tokenizer
+    from grpo_gym.rewards.functions import named_reward_funcs
+
+    if train_dataset is None:
+        raise ValueError("from_trl needs train_dataset= (a datasets.Dataset, a list of dicts or a data file)")
+    specs = [reward_funcs] if isinstance(reward_funcs, str) else reward_funcs
+    if isinstance(specs, (list, tuple)) and any(isinstance(spec, str) and ":" not in spec for spec in specs):
+        raise ValueError(
+            "from_trl: a reward model named by a string is a TRL reward function we do not take; give a reward model "
+            "folder as the env's reward_model= (env_kwargs), or name functions as 'module:function'"
+        )
+    funcs = named_reward_funcs(reward_funcs)
+    algorithm, env_args, left = translate(*config_values(args), list(funcs))
+    if left:
+        warnings.warn(
+            "from_trl: these GRPOConfig fields were set but are not ported; do it by hand: " + "; ".join(left),
+            UserWarning,
+            stacklevel=3,
+        )
+    tokenizer = processing_class if processing_class is not None else model_tokenizer(model)
+    env = port_env(train_dataset, eval_dataset, funcs, tokenizer, answer, {**env_args, **(env_kwargs or {})})
+    policy_kwargs = {**algorithm.pop("policy_kwargs", {}), "model": model}
+    if peft_config is not None:
+        policy_kwargs["lora"] = _lora(peft_config)
+    policy_kwargs.update(kwargs.pop("policy_kwargs", None) or {})
+    return cls("TransformerPolicy", env, **{**algorithm, **kwargs, "policy_kwargs": policy_kwargs})

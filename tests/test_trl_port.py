@@ -1,0 +1,140 @@
+"""Coming from TRL: the README's porting recipe run as written, GRPO.from_trl with a GRPOConfig or a dict, its
+errors, LoRA from a peft_config, and Weights & Biases through wandb's SB3 callback (offline)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+from datasets import Dataset
+
+from algorithms import GRPO
+from tests.sizes import TINY, TINY_KWARGS
+
+trl = pytest.importorskip("trl")
+README = Path(__file__).resolve().parent.parent / "README.md"
+SMALL = {"policy_kwargs": {"model_kwargs": TINY_KWARGS}}  # the test-size built-in model, over from_trl's "tiny"
+BUILTINS_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
+
+
+def readme_python_blocks(section: str) -> list[str]:
+    """The ```python blocks of the README's ``## <section>``, in order."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"## {section}\n")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```python\n(.*?)```", text[start : end if end > 0 else None], flags=re.S)
+
+
+def test_the_readme_porting_recipe_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    recipe = readme_python_blocks("Coming from TRL")[0]
+    assert "GRPO.from_trl(" in recipe and "model.learn(" in recipe
+    namespace: dict = {"__name__": "readme_recipe"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the stand-in cold start's warning (the rows have no gold reasoning)
+        exec(compile(recipe, "README.md: Coming from TRL", "exec"), namespace)
+    model = namespace["model"]
+    env = model.get_env()
+    reward = env.get_attr("reward_fn")[0]
+    assert (model.n_groups, model.group_size, model.batch_size, model.learning_rate) == (2, 4, 8, 5e-5)
+    assert env.get_attr("max_new_tokens")[0] == 32 and env.get_attr("task")[0].conversational
+    assert reward.weights == {**BUILTINS_OFF, "accuracy": 1.0, "think_format": 1.0} and reward.clip is None
+    assert model.num_timesteps == 32 and (tmp_path / "from_trl.zip").is_file()
+    functions = [namespace["accuracy"], namespace["think_format"]]
+    objects = {"reward_funcs": functions, "task_kwargs": {"data": namespace["dataset"]}}  # what a file cannot hold
+    again = GRPO.load(tmp_path / "from_trl.zip", env_objects=objects)
+    assert again.get_env() is not None and again.num_timesteps == 32
+
+
+def accuracy(completions, answer, **kwargs):
+    return [float(c.endswith(f"<answer>{a}</answer>")) for c, a in zip(completions, answer, strict=True)]
+
+
+def brevity(completions, **kwargs):
+    return [-len(c) / 100 for c in completions]
+
+
+ROWS = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(12)]
+
+
+def test_a_grpo_config_ports_the_fields_you_changed(tmp_path: Path) -> None:
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path / "trl"), use_cpu=True, num_generations=4, per_device_train_batch_size=8,
+        gradient_accumulation_steps=2, max_completion_length=24, epsilon=0.1, epsilon_high=0.3, num_iterations=2,
+        loss_type="dr_grpo", scale_rewards="batch", temperature=0.7,
+        mask_truncated_completions=True, reward_weights=[1.0, 0.5], lr_scheduler_type="cosine", seed=3,
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"not ported; do it by hand: lr_scheduler_type \(learning_rate=\.\.\."):
+        model = GRPO.from_trl("tiny", [accuracy, brevity], args=args, train_dataset=Dataset.from_list(ROWS), **SMALL)
+    assert (model.group_size, model.n_groups, model.batch_size, model.n_epochs) == (4, 4, 16, 2)
+    assert (model.clip_range(1), model.clip_range_high(1), model.beta, model.max_grad_norm) == (0.1, 0.3, 0.0, 1.0)
+    assert (model.loss_aggregation, model.advantage_scale, model.mask_truncated, model.seed) == (
+        "constant",
+        "batch",
+        True,
+        3,
+    )
+    assert (model.policy.temperature, model.policy.top_p) == (0.7, 1.0)
+    assert model.learning_rate == 1e-6 and model.ent_coef(1) == 0.0  # TRL's defaults come with a GRPOConfig
+    assert model.policy.gradient_checkpointing is True and model.policy.optimizer.defaults["weight_decay"] == 0.0
+    assert model.device.type == "cpu" and model.mixed_precision == "auto"  # bf16: GRPOConfig fills it in itself
+    env = model.get_env()
+    assert env.get_attr("max_new_tokens")[0] == 24
+    assert env.get_attr("reward_fn")[0].weights == {**BUILTINS_OFF, "accuracy": 1.0, "brevity": 0.5}
+    _, info = env.envs[0].reset(seed=0)
+    assert info["prompt"] == info["problem"].prompt  # a string prompt is used as it is, as TRL does
+
+
+def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
+    data = Dataset.from_list([{"prompt": r["prompt"], "target": r["answer"]} for r in ROWS])
+    model = GRPO.from_trl("tiny", accuracy, {"num_generations": 2, "bf16": False, "use_cpu": False}, data, **SMALL)
+    assert model.group_size == 2 and model.n_groups == 4 and model.batch_size is None  # no batch field given
+    assert model.get_env().get_attr("task")[0].columns.answer == "target"  # found among answer/solution/...
+    with pytest.raises(TypeError, match="num_generation are not fields of TRL's GRPOConfig"):
+        GRPO.from_trl("tiny", accuracy, {"num_generation": 2}, data)
+    with pytest.raises(ValueError, match="loss_type='cispo' has no equivalent here"):
+        GRPO.from_trl("tiny", accuracy, {"loss_type": "cispo"}, data)
+    with pytest.raises(ValueError, match="pass answer='<column>'; the dataset's columns: prompt, label"):
+        GRPO.from_trl("tiny", accuracy, {}, [{"prompt": "x", "label": "1"}])
+    with pytest.raises(ValueError, match="a reward model named by a string"):
+        GRPO.from_trl("tiny", "org/reward-model", {}, data)
+    with pytest.raises(ValueError, match="reward_weights has 2 weights for 1 reward functions"):
+        GRPO.from_trl("tiny", [accuracy], {"reward_weights": [1.0, 2.0]}, data)
+
+
+def test_a_peft_config_trains_lora_adapters() -> None:
+    peft = pytest.importorskip("peft")
+    config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["v_proj", "q_proj"], use_rslora=True)
+    with pytest.warns(UserWarning, match="lora_dropout=0.05 is not used: the policy never runs dropout"):
+        model = GRPO.from_trl("tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, sft_steps=0)
+    lora = model.policy.lora
+    assert (lora["r"], lora["alpha"], lora["dropout"], lora["use_rslora"]) == (4, 8, 0.0, True)
+    assert sorted(lora["target_modules"]) == ["q_proj", "v_proj"]
+
+
+def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's W&B recipe: wandb's SB3 WandbCallback with sync_tensorboard, offline. The run's file holds the
+    TensorBoard tags GRPO wrote (wandb's offline format has no public reader; the tags are its history keys)."""
+    wandb = pytest.importorskip("wandb")
+    import gymnasium as gym
+    from wandb.integration.sb3 import WandbCallback
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = wandb.init(project="grpo-gym", sync_tensorboard=True, mode="offline", dir=str(tmp_path))
+    try:
+        env = gym.make("R1Zero-v0", template="compact", max_new_tokens=24, context_length=256, difficulty=0.1)
+        model = GRPO(
+            "TransformerPolicy", env, n_groups=2, group_size=4, sft_steps=2, seed=0, policy_kwargs=TINY,
+            tensorboard_log=f"runs/{run.id}",
+        )  # fmt: skip
+        model.learn(total_timesteps=16, callback=WandbCallback())
+        assert run.config["algo"] == "GRPO" and run.config["n_groups"] == 2  # the callback records the arguments
+    finally:
+        run.finish()
+    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    synced = log.read_bytes()
+    for tag in ("rollout/ep_rew_mean", "rollout/reward/task", "train/loss", "sft/loss"):
+        assert tag.encode() in synced, tag
