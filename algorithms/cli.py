@@ -4,19 +4,25 @@ distill, quantize and serve."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
-import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from algorithms.cli_options import progress_callbacks, resume_hint, reward_funcs_argument, where_it_goes
+from algorithms.cli_options import (
+    next_step,
+    progress_callbacks,
+    resume_hint,
+    resumed_params,
+    reward_funcs_argument,
+    stop_on_signals,
+    where_it_goes,
+)
 from algorithms.common.env_util import make_env
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
@@ -116,40 +122,19 @@ def _checkpoint_dir(args: argparse.Namespace) -> Path:
 
 
 def preset_save_path(args: argparse.Namespace) -> str | None:
-    """``--save-path``, else the preset's ``save_path`` (the demo's: ``demo.zip``), else ``None`` (not saved)."""
-    if args.save_path:
+    """``--save-path``, else the preset's ``save_path`` (the demo's: ``demo.zip``), else ``None`` (not saved); an
+    empty ``--save-path`` is kept, for the up-front check to refuse."""
+    if args.save_path is not None:
         return args.save_path
     config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
     return config.get("save_path")
-
-
-@contextlib.contextmanager
-def _stop_on_signals(checkpoint: Any, hint: str) -> Iterator[dict[str, int]]:
-    """SIGINT / SIGTERM ask ``checkpoint`` to save and stop at the next step (exit code 130 / 143); a second
-    signal exits at once. Yields ``{"code": exit code}`` (0 when no signal came)."""
-    received = {"code": 0}
-
-    def handler(number: int, _frame: Any) -> None:
-        code = 128 + number
-        if received["code"]:
-            print(f"\nstopped without a checkpoint. {hint}", file=sys.stderr, flush=True)
-            os._exit(code)
-        received["code"] = code
-        checkpoint.request_stop()
-        print("\nstopping: writing a checkpoint at the next iteration boundary (again to quit now)", file=sys.stderr)
-
-    previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield received
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
 
 
 def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
     from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run
+    from algorithms.common.saving.run_file import read_run as read_run_file
 
     if not args.resume:
         model, env, plan = _setup(args)
@@ -167,6 +152,9 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     if folder is None:
         raise ValueError(f"--resume: no checkpoint in {os.fspath(directory)!r}; start the run without --resume")
     run = read_run(folder)
+    taken = resumed_params(args.hyperparams, read_run_file(folder / MODEL).arguments, run)
+    if taken:
+        say(f"resuming with the saved settings; -params taken: {', '.join(taken)}", flush=True)
     model, env, plan = _setup(args, load=folder / MODEL)
     if (folder / REPLAY).exists():
         model.load_replay_buffer(folder / REPLAY)
@@ -184,13 +172,19 @@ def train(args: argparse.Namespace) -> int:
     from algorithms.common.saving.checkpoints import IterationCheckpoint, check_writable_dir, check_writable_file
 
     args.save_path = preset_save_path(args)
-    save_path = check_writable_file(args.save_path) if args.save_path else None  # before any work
+    save_path = check_writable_file(args.save_path) if args.save_path is not None else None  # before any work
     directory = check_writable_dir(_checkpoint_dir(args))
     checkpoint = IterationCheckpoint(directory, args.checkpoint_every, run={})
-    hint = resume_hint(args.argv)
     started = time.perf_counter()
-    with _stop_on_signals(checkpoint, hint) as signals:
-        model, env, plan = _start_or_resume(args, directory, print)
+    with stop_on_signals(checkpoint, args.argv) as signals:
+        try:
+            model, env, plan = _start_or_resume(args, directory, print)
+        except KeyboardInterrupt:
+            if not signals["code"]:
+                raise
+            print(f"\nstopped before training started. {next_step(directory, args.argv)}", file=sys.stderr)
+            return signals["code"]
+        signals["learning"] = 1
         checkpoint.run = plan["run"]
         main = model._dist.is_main
         say = print if main else lambda *_, **__: None
@@ -201,7 +195,10 @@ def train(args: argparse.Namespace) -> int:
         callback, bar = progress_callbacks(checkpoint, args.progress_bar and main, type(model).__name__)
         model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
-        say(f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {hint}", flush=True)
+        say(
+            f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {resume_hint(args.argv)}",
+            flush=True,
+        )
         return signals["code"]
     grpo_seconds = time.perf_counter() - started - plan["sft_seconds"]
     if not main:

@@ -1,13 +1,19 @@
-"""What ``grpo-gym train`` and ``eval`` say and take beyond their flags: where a run's files go, a pasteable resume
-command, progress wherever the output goes, reward functions named on the command line."""
+"""What ``grpo-gym train`` and ``eval`` say and take beyond their flags: where a run's files go, stopping on a signal
+and a pasteable resume command, what ``-params`` may change on ``--resume``, progress wherever the output goes,
+reward functions named on the command line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from algorithms.common.hyperparams import parse_overrides
 
 
 def resume_hint(argv: list[str]) -> str:
@@ -41,3 +47,64 @@ def reward_funcs_argument(specs: list[str]) -> list[str] | dict[str, str]:
     if any(sep for _, sep, _ in named):
         raise ValueError("--reward-funcs: give every function as name=module:function, or none of them")
     return list(specs)
+
+
+@contextlib.contextmanager
+def stop_on_signals(checkpoint: Any, argv: list[str]) -> Iterator[dict[str, int]]:
+    """SIGINT / SIGTERM: before training starts (setup, cold start, the first evaluation: nothing to checkpoint
+    yet), stop at once, as Python's KeyboardInterrupt; once ``stops["learning"]`` is set, ask ``checkpoint`` to save
+    and stop at the next step, and a second signal exits at once. Yields ``{"code": exit code (130 / 143, 0 when no
+    signal came), "learning": 0 or 1}``."""
+    stops = {"code": 0, "learning": 0}
+
+    def handler(number: int, _frame: Any) -> None:
+        code = 128 + number
+        if not stops["learning"]:
+            stops["code"] = code
+            raise KeyboardInterrupt
+        if stops["code"]:
+            print(f"\nstopped without a new checkpoint. {next_step(checkpoint.directory, argv)}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(code)
+        stops["code"] = code
+        checkpoint.request_stop()
+        print("\nstopping: writing a checkpoint at the next iteration boundary (again to quit now)", file=sys.stderr)
+
+    previous = {number: signal.signal(number, handler) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stops
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def next_step(directory: Path, argv: list[str]) -> str:
+    """What to run after a stop: resume from the newest checkpoint of ``directory``, or, with none yet, the same
+    command without ``--resume`` (the run starts over)."""
+    from algorithms.common.saving.checkpoints import latest_checkpoint
+
+    if latest_checkpoint(directory) is not None:
+        return resume_hint(argv)
+    return f"no checkpoint was written yet; start again with: {shlex.join(['grpo-gym', *without_resume(argv)])}"
+
+
+def without_resume(argv: list[str]) -> list[str]:
+    return [arg for arg in argv if arg != "--resume"]
+
+
+def resumed_params(hyperparams: list[str] | None, saved: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """``-params`` on ``--resume``: the evaluation's settings are taken (returned, to say so); a change to anything
+    else is refused, naming it (a resumed run continues with the settings it was saved with)."""
+    given = parse_overrides(hyperparams or [])
+    recorded = {**saved, "n_timesteps": run.get("total_timesteps")}
+    taken = sorted(key for key in given if key in ("eval_difficulties", "eval_problems"))
+    changed = {key: value for key, value in given.items() if key not in taken and recorded.get(key) != value}
+    if changed:
+        shown = ", ".join(
+            f"{key}:{value!r} (saved: {recorded.get(key, 'not a saved setting')!r})" for key, value in changed.items()
+        )
+        raise ValueError(
+            f"--resume continues the saved run with its own settings; -params would change {shown}. Drop them to "
+            "resume, or start a new run (without --resume) to use them"
+        )
+    return taken

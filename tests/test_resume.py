@@ -139,3 +139,62 @@ def test_a_signal_leaves_a_resumable_checkpoint(tmp_path: Path, number: int, cod
     resumed = subprocess.run(cli(*run, "--resume"), cwd=ROOT, capture_output=True, text=True, check=False)
     assert resumed.returncode == 0, resumed.stderr
     assert GRPO.load(tmp_path / "m.zip").num_timesteps == 80
+
+
+@pytest.mark.parametrize("save_path", ["", ".zip", "   "])
+def test_a_save_path_that_is_no_file_name_is_refused_before_any_work(tmp_path: Path, capsys, save_path: str) -> None:
+    config = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(config), "--save-path", save_path])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--save-path" in err and "file name" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("number,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_during_the_cold_start_stops_within_seconds(tmp_path: Path, number: int, code: int) -> None:
+    config = write_config(tmp_path)
+    run = ["--config", str(config), "--save-path", str(tmp_path / "m.zip"), "-params", "sft_steps:100000"]
+    process = subprocess.Popen(cli(*run), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = [process.stdout.readline() for _ in range(3)]
+    while not any("cold start" in line for line in lines):  # wait until the cold start has begun
+        assert process.poll() is None and lines[-1], lines
+        lines.append(process.stdout.readline())
+    time.sleep(1.0)
+    os.kill(process.pid, number)
+    signalled = time.monotonic()
+    _, err = process.communicate(timeout=120)
+    stopped_after = time.monotonic() - signalled
+    assert process.returncode == code, err
+    assert "stopped before training started" in err and "no checkpoint was written yet" in err
+    assert "start again with: grpo-gym train" in err and "--resume" not in err and "Traceback" not in err
+    assert stopped_after < 60, stopped_after  # (the run would take hours: it stopped at once; a loose bound)
+    assert latest_checkpoint(tmp_path / "m_checkpoints") is None
+
+
+def test_after_a_stop_the_hint_resumes_only_when_a_checkpoint_exists(tmp_path: Path) -> None:
+    from algorithms.cli_options import next_step
+
+    argv = ["train", "--config", "my config.yml", "--resume"]
+    assert (
+        next_step(tmp_path, argv)
+        == "no checkpoint was written yet; start again with: grpo-gym train --config 'my config.yml'"
+    )
+    (tmp_path / "iteration_0000002").mkdir()
+    (tmp_path / "iteration_0000002" / "run.json").write_text("{}")
+    (tmp_path / "iteration_0000002" / "model.zip").write_text("")
+    assert next_step(tmp_path, argv) == "resume with: grpo-gym train --config 'my config.yml' --resume"
+
+
+def test_resume_refuses_changed_params_and_says_which_it_takes(tmp_path: Path, capsys) -> None:
+    config = write_config(tmp_path)
+    run = ["train", "--config", str(config), "--checkpoint-every", "1", "--save-path", str(tmp_path / "m.zip")]
+    assert main([*run, "--no-progress-bar", "-params", "n_timesteps:8"]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*run, "--resume", "-params", "learning_rate:0.5", "n_timesteps:8"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--resume continues the saved run with its own settings" in err and "learning_rate:0.5" in err
+    assert main([*run, "--resume", "--no-progress-bar", "-params", "n_timesteps:8", "eval_problems:3"]) == 0
+    assert "-params taken: eval_problems" in capsys.readouterr().out

@@ -23,6 +23,8 @@ from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
+from algorithms.common.saving.model_file import model_file_path
+
 PREFIX = "iteration_"
 MODEL, REPLAY, RUN = "model.zip", "replay.npz", "run.json"
 
@@ -30,11 +32,10 @@ MODEL, REPLAY, RUN = "model.zip", "replay.npz", "run.json"
 def check_writable_file(path: str | os.PathLike, what: str = "--save-path") -> Path:
     """``path`` as a model file name (``.zip`` added), after checking its folder can be written: raises a
     ``ValueError`` naming ``what`` and the fix otherwise (before any work is done)."""
-    path = Path(path)
-    if os.fspath(path).endswith(os.sep) or path.is_dir() or path.name in ("", ".", ".."):
-        raise ValueError(f"{what} {os.fspath(path)!r} is a folder; pass a file name such as model.zip")
-    if path.suffix != ".zip":
-        path = path.with_name(path.name + ".zip")
+    try:
+        path = model_file_path(path)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
     check_writable_dir(path.parent, what)
     return path
 

@@ -164,11 +164,7 @@ def write_model_file(
     path: str | os.PathLike, data: dict[str, Any], state_dicts: dict[str, Any], variables: dict[str, Any]
 ) -> pathlib.Path:
     """Write the model zip atomically (temporary file beside it, then renamed); ``.zip`` is added when missing."""
-    path = pathlib.Path(path)
-    if path.suffix != ".zip":
-        path = path.with_name(path.name + ".zip")
-    if not path.stem or path.name.startswith("."):
-        raise ValueError(f"{os.fspath(path)!r} is not a file name for a model; pass e.g. 'model.zip'")
+    path = model_file_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     import stable_baselines3
 
@@ -179,6 +175,23 @@ def write_model_file(
         archive.writestr(VARIABLES, _torch_bytes(variables))
         archive.writestr("_stable_baselines3_version", stable_baselines3.__version__)
         archive.writestr("system_info.txt", get_system_info(print_info=False)[1])
+    return path
+
+
+def model_file_path(path: str | os.PathLike) -> pathlib.Path:
+    """The file a model saved to ``path`` goes to: ``.zip`` added when missing; ``ValueError`` naming the fix for a
+    name that is no file name (empty, ``.zip`` alone, hidden, a folder). The one rule :func:`write_model_file` and
+    the command line's up-front check share."""
+    text = os.fspath(path)
+    path = pathlib.Path(text)
+    if not text.strip():
+        raise ValueError(f"{text!r} is empty, not a file name for a model; pass e.g. 'model.zip'")
+    if text.endswith(os.sep) or path.is_dir() or path.name in ("", ".", ".."):
+        raise ValueError(f"{text!r} is a folder; pass a file name such as model.zip")
+    if path.suffix != ".zip":
+        path = path.with_name(path.name + ".zip")
+    if not path.stem or path.name.startswith("."):
+        raise ValueError(f"{text!r} is not a file name for a model; pass e.g. 'model.zip'")
     return path
 
 
