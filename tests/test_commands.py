@@ -71,3 +71,23 @@ def test_errors_exit_2_with_one_line(
     assert stopped.value.code == 2
     error = capsys.readouterr().err
     assert message in error and error.count("\n") == 1
+
+
+def test_distill_never_writes_over_existing_outputs_unless_told(
+    teacher: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    (tmp_path / "student").mkdir()
+    (tmp_path / "student" / "config.json").write_text("{}")  # someone's model folder where the student would go
+    argv = ["distill", "--teacher", str(teacher), "--student", json.dumps(STUDENT), "--steps", "1", "--n", "2"]
+    argv += ["--batch-size", "2", "--save-path", str(tmp_path / "student.zip"), "--no-progress-bar"]
+    argv += ["--config", str(write_config(tmp_path))]
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == 2 and "is a folder that is not empty" in capsys.readouterr().err
+    assert (tmp_path / "student" / "config.json").read_text() == "{}" and not (tmp_path / "student.zip").exists()
+    assert main([*argv, "--overwrite"]) == 0
+    assert GRPO.load(tmp_path / "student.zip").policy.model.config.hidden_size == 24
+    (tmp_path / "student").rename(tmp_path / "moved")
+    with pytest.raises(SystemExit):  # the folder moved away, the zip is still there
+        main(argv)
+    assert "student.zip' exists; choose a new name, or pass --overwrite" in capsys.readouterr().err

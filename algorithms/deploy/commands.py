@@ -34,12 +34,19 @@ def distill_command(args: argparse.Namespace) -> int:
     from algorithms.common.evaluation import evaluate_problems, format_table, held_out_problems
     from algorithms.common.hyperparams import load_hyperparams
     from algorithms.common.model.tokenizer_check import has_tokenizer
+    from algorithms.common.saving.checkpoints import check_writable_file
     from algorithms.deploy.distill import distill, student_paths
     from algorithms.deploy.loading import load_policy
     from grpo_gym.validation import check_int
 
     check_int("--n", args.n, low=1, allow_none=True)  # the numbers distill() does not check itself: before any work
     check_int("--eval-seed", args.eval_seed, low=0)
+    if args.save_path is not None:  # the outputs' places, before any work: new, or replaced only with --overwrite
+        zip_path, folder, int8_folder = student_paths(check_writable_file(args.save_path))
+        for output in (folder, int8_folder) if args.int8_qat else (folder,):
+            check_output_folder(output, args.teacher, args.overwrite)
+        if zip_path.exists() and not args.overwrite:
+            raise ValueError(f"--save-path {os.fspath(zip_path)!r} exists; choose a new name, or pass --overwrite")
     config = load_hyperparams(args.config, args.env, args.preset, {})
     env_kwargs = dict(config.get("env_kwargs", {}))
     if has_tokenizer(args.teacher):  # a Hugging Face teacher brings its tokenizer; the env must use it
@@ -165,6 +172,7 @@ def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.
     d.add_argument("--int8-qat", action="store_true", help="train through INT8 rounding; also write the INT8 export")
     d.add_argument("--qat-start", type=float, default=0.0, help="share of the steps before the INT8 rounding starts")
     d.add_argument("--save-path", default=None, help="student.zip; also writes student/ and student-int8/")
+    d.add_argument("--overwrite", action="store_true", help="replace the student files --save-path names if they exist")
     d.add_argument("--n", type=int, default=None, help="held-out problems in the final table (config's eval_problems)")
     d.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder (tags under distill/)")
     d.add_argument("--seed", type=int, default=0)
