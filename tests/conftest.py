@@ -1,11 +1,18 @@
 """What every test shares: the precision probe's cache (``mixed_precision="auto"`` on a CPU with native bf16,
-:mod:`algorithms.common.runtime.precision_probe`) goes to a temporary folder, not the user's ``~/.cache``."""
+:mod:`algorithms.common.runtime.precision_probe`) goes to a temporary folder, not the user's ``~/.cache``; and no
+library phones home. huggingface_hub's telemetry thread (started by TRL's trainer in the tests that run it) looks up
+a host name while the test forks processes, and the lookup crashed the whole run once (a segmentation fault in
+``getaddrinfo``); tests never need the network, so it is switched off before anything imports huggingface_hub."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
 
 
 @pytest.fixture(autouse=True, scope="session")
