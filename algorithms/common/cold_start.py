@@ -18,6 +18,7 @@ import torch as th
 
 from algorithms.common.losses import aggregate
 from algorithms.common.rollout.batch import left_pad, right_pad
+from algorithms.common.runtime.sharding import clip_grad_norm
 from grpo_gym.rewards import parse_completion
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
 
@@ -71,6 +72,7 @@ def supervised_finetune(
     logger: Any = None,
     verbose: int = 0,
     log_interval: int = 50,
+    loss_weight: float = 1.0,
 ) -> dict[str, float]:
     """Minimise the completion tokens' negative log-likelihood for ``steps`` steps (its own AdamW optimizer).
 
@@ -87,6 +89,8 @@ def supervised_finetune(
     :param logger: an SB3 logger (optional)
     :param verbose: print progress when >= 1
     :param log_interval: steps between logged values
+    :param loss_weight: what this process's loss is multiplied by before its backward (1 / processes when the
+        processes run the same batch on a sharded model, whose backward sums their gradients)
     """
     rows = load_sft_rows(data) if data is not None else None
     if rows is not None:
@@ -107,8 +111,8 @@ def supervised_finetune(
         log_probs, _ = policy.log_probs(*(t.to(device) for t in batch), stage="sft")  # the cold start's precision
         loss = -aggregate(log_probs, completion_mask.to(device), mode="token")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        th.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        (loss * loss_weight).backward()
+        clip_grad_norm(policy.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         if step % log_interval == 0 or step == steps:

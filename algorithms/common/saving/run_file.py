@@ -57,6 +57,11 @@ class SavedRun:
     state_dicts: dict[str, Any]  # the weights
     rng: dict[str, th.Tensor]  # the torch RNG states
     env: dict[str, Any] | None  # the env record, see :func:`env_record`
+    sharded_weights: bool = False  # the weights are in the sharded checkpoint folder around the file
+
+
+#: ``data["weights"]`` of a model file whose weights are the shards of the checkpoint folder it lies in
+SHARDED_WEIGHTS = "sharded checkpoint"
 
 
 def read_run(
@@ -84,6 +89,7 @@ def read_run(
         state_dicts=state_dicts,
         rng=variables.get("rng", {}),
         env=data.get("env"),
+        sharded_weights=data.get("weights") == SHARDED_WEIGHTS,
     )
 
 
