@@ -6,7 +6,8 @@ references call :func:`grpo` and :func:`ppo` here, unsharded).
 - ``train``: GRPO (cold start of 2 SFT steps, ``beta`` > 0: a sharded reference) learns 2 iterations, saves
   ``model.zip`` and a sharded checkpoint ``ckpt/``, writes its whole state (``two.pt``), learns a third iteration
   (``three.pt``); a LoRA GRPO in bf16 learns 1 iteration and exports its adapter folder (``lora.pt``,
-  ``adapter/``); LMPPO (a sharded value head and reference) learns 1 iteration (``ppo.pt``).
+  ``adapter/``); LMPPO (a sharded value head and reference) learns 1 iteration (``ppo_fsdp.pt``), and so does
+  LMPPO with DDP (``ppo_ddp.pt``).
 - ``resume``: loads ``model.zip`` and then ``ckpt/model.zip`` on the 2 processes (``loaded_zip.pt``,
   ``loaded_ckpt.pt``), each learning the third iteration (``resumed_zip.pt``, ``resumed_ckpt.pt``); then writes
   ``ckpt/`` again while rank 1 is killed (SIGKILL) with its shard written.
@@ -17,6 +18,7 @@ each rank held.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -43,16 +45,16 @@ def grpo(**kwargs) -> GRPO:
     return GRPO("TransformerPolicy", make_env(), **{**SETTINGS, **kwargs})
 
 
-def ppo() -> LMPPO:
-    settings = {**SETTINGS, "group_size": 1, "n_epochs": 2}
+def ppo(**kwargs) -> LMPPO:
+    settings = {**SETTINGS, "group_size": 1, "n_epochs": 2, **kwargs}
     settings.pop("beta")
     return LMPPO("TransformerPolicy", make_env(), **settings)
 
 
 def whole(model) -> dict:
-    """The model's whole policy and optimizer state (rank 0; ``{}`` elsewhere)."""
-    parameters = model.get_parameters()
-    return {"policy": parameters["policy"], "optimizer": parameters["policy.optimizer"]}
+    """A copy of the model's whole policy and optimizer state (rank 0; ``{}`` elsewhere)."""
+    parameters = model.get_parameters()  # unsharded: SB3's, the live tensors
+    return copy.deepcopy({"policy": parameters["policy"], "optimizer": parameters["policy.optimizer"]})
 
 
 def save(state: dict, path: Path) -> None:
@@ -76,9 +78,10 @@ def train(out: Path) -> None:
     lora.learn(ITERATION)
     lora.save_pretrained(str(out / "adapter"))
     save({"initial": initial, "final": lora.get_parameters()["policy"]}, out / "lora.pt")
-    critic = ppo()
-    critic.learn(2)
-    save(whole(critic), out / "ppo.pt")
+    for sharding in ("fsdp", None):
+        critic = ppo(sharding=sharding)
+        critic.learn(2)
+        save(whole(critic), out / f"ppo_{sharding or 'ddp'}.pt")
     (out / f"facts_{dist.get_rank()}.json").write_text(json.dumps(facts))
 
 
