@@ -3,11 +3,12 @@ references call :func:`grpo` and :func:`ppo` here, unsharded).
 
 ``python -m torch.distributed.run --standalone --nproc_per_node 2 tests/sharded_training_job.py OUT MODE``:
 
-- ``train``: GRPO (cold start of 2 SFT steps, ``beta`` > 0: a sharded reference) learns 2 iterations, saves
+- ``train``: GRPO (cold start of 2 SFT steps, ``beta`` > 0: a sharded reference, which samples the first rollout)
+  learns 2 iterations, saves
   ``model.zip`` and a sharded checkpoint ``ckpt/``, writes its whole state (``two.pt``), learns a third iteration
-  (``three.pt``); a LoRA GRPO in bf16 learns 1 iteration and exports its adapter folder (``lora.pt``,
-  ``adapter/``); LMPPO (a sharded value head and reference) learns 1 iteration (``ppo_fsdp.pt``), and so does
-  LMPPO with DDP (``ppo_ddp.pt``).
+  (``three.pt``); a LoRA GRPO in bf16 learns 1 iteration and exports its adapter folder and the merged model
+  (``lora.pt``, ``adapter/``, ``merged/``); LMPPO with gradient checkpointing (a sharded value head and reference)
+  learns 1 iteration (``ppo_fsdp.pt``), and so does LMPPO with DDP (``ppo_ddp.pt``).
 - ``resume``: loads ``model.zip`` and then ``ckpt/model.zip`` on the 2 processes (``loaded_zip.pt``,
   ``loaded_ckpt.pt``), each learning the third iteration (``resumed_zip.pt``, ``resumed_ckpt.pt``); then writes
   ``ckpt/`` again while rank 1 is killed (SIGKILL) with its shard written.
@@ -36,7 +37,7 @@ from tests.test_grpo import make_env
 
 SETTINGS = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": True, "sft_steps": 2,
             "sft_batch_size": 4, "seed": 0, "policy_kwargs": TINY, "dist_timeout": 60.0, "mixed_precision": "no",
-            "sharding": "fsdp"}  # fmt: skip
+            "sharding": "fsdp", "protected_rollouts": 1}  # fmt: skip
 LORA = {**TINY, "lora": {"r": 4, "alpha": 8}}
 ITERATION = 8  # completions: K x G
 
@@ -46,8 +47,10 @@ def grpo(**kwargs) -> GRPO:
 
 
 def ppo(**kwargs) -> LMPPO:
-    settings = {**SETTINGS, "group_size": 1, "n_epochs": 2, **kwargs}
-    settings.pop("beta")
+    policy = {**TINY, "gradient_checkpointing": True}  # a chunk of layers gathered as one FSDP group
+    settings = {**SETTINGS, "group_size": 1, "n_epochs": 2, "policy_kwargs": policy, **kwargs}
+    for name in ("beta", "protected_rollouts"):  # GRPO's
+        settings.pop(name)
     return LMPPO("TransformerPolicy", make_env(), **settings)
 
 
@@ -77,6 +80,7 @@ def train(out: Path) -> None:
     initial = lora.get_parameters()["policy"]
     lora.learn(ITERATION)
     lora.save_pretrained(str(out / "adapter"))
+    lora.save_pretrained(str(out / "merged"), merge=True)
     save({"initial": initial, "final": lora.get_parameters()["policy"]}, out / "lora.pt")
     for sharding in ("fsdp", None):
         critic = ppo(sharding=sharding)

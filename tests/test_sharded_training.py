@@ -138,8 +138,23 @@ def test_lora_with_sharding_trains_the_adapters_and_exports_their_folder(trained
         torch.testing.assert_close(exported[key], saved["final"][name], **EXACT, msg=name)
 
 
+def test_lora_with_sharding_exports_the_merged_model(trained: Path):
+    """save_pretrained(merge=True) from the gathered state dict (a sharded network cannot be copied): an ordinary
+    model folder whose logits are those of the trained adapters on their base."""
+    from transformers import AutoModelForCausalLM
+
+    policy = job.grpo(policy_kwargs=job.LORA, cold_start=False).policy
+    policy.load_state_dict(torch.load(trained / "lora.pt")["final"])
+    merged = AutoModelForCausalLM.from_pretrained(trained / "merged")
+    ids = torch.arange(2, 14).view(2, 6)
+    with torch.no_grad():
+        expected = policy.model(input_ids=ids).logits
+        torch.testing.assert_close(merged(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
 def test_lmppo_with_sharding_trains_the_weights_of_ddp(trained: Path):
-    """LMPPO's value head and reference sharded too: the job's DDP run's weights, within float32's summation order."""
+    """LMPPO's value head and reference sharded too, its layers in gradient-checkpointed chunks: the job's DDP run's
+    weights, within float32's summation order."""
     assert_same_state(torch.load(trained / "ppo_fsdp.pt"), torch.load(trained / "ppo_ddp.pt"), WEIGHTS, MOMENTS)
 
 

@@ -196,7 +196,9 @@ class LMAlgorithm(LMBaseAlgorithm):
         evaluating); with ``sharding="fsdp"`` they are gathered, a collective every rank enters."""
         return self._parallel.gathered(self.policy.model)
 
-    def predict(self, observation, state=None, episode_start=None, deterministic=False):
+    def predict(
+        self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False
+    ) -> tuple[Any, Any]:
         """SB3's ``predict``; with ``sharding="fsdp"`` on several processes a collective (every rank calls it)."""
         with self.gathered_policy():
             return super().predict(observation, state, episode_start, deterministic)

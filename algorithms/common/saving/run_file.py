@@ -4,7 +4,9 @@ A model file (the format is :mod:`algorithms.common.saving.model_file`) holds:
 
 - the constructor's arguments, by name (so ``load`` builds the same algorithm and validates them again);
 - the weights: the policy, its optimizer state, the frozen reference when there is one (with LoRA on a base
-  model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again);
+  model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again); in a
+  sharded checkpoint (``save_sharded``) none: ``data["weights"]`` says they are the shards of the folder the file
+  lies in;
 - the run state (:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`):
   ``num_timesteps``, the update and iteration counters, skipped steps and the algorithm's own counters; the RNG
   states of torch, numpy, Python, the sampler's generator and the problem stream; each env's
