@@ -22,6 +22,7 @@ import io
 import json
 import os
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
@@ -276,20 +277,20 @@ class LMBaseAlgorithm(BaseAlgorithm):
     def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
         """Write the model to ``path`` (``.zip`` added when missing), atomically, as plain JSON and weights:
         the constructor's arguments, the weights and optimizer state, and the run state at the last iteration
-        boundary (see :mod:`algorithms.common.saving.run_file`). With several processes only rank 0 writes.
+        boundary (see :mod:`algorithms.common.saving.run_file`). With several processes only rank 0 writes (with
+        ``sharding="fsdp"`` every rank calls it: the shards are gathered to rank 0).
 
         ``exclude`` and ``include`` (SB3's) are not supported: the file holds arguments and state by name."""
         if exclude or include:
             raise ValueError(
                 "save() writes the constructor's arguments and the run state; exclude/include are not supported"
             )
-        if not (self._dist.is_main or self._parallel.sharded):
-            return
-        parameters = self.get_parameters()  # sharded: gathered to rank 0, a collective
+        sharded = self._parallel.sharded  # the whole tensors gathered to rank 0: a collective
+        parameters = self.get_parameters() if self._dist.is_main or sharded else {}
         if self._dist.is_main:
             self._write_model_file(path, parameters)
 
-    def save_sharded(self, directory: str | os.PathLike, write_extra=None) -> Path:
+    def save_sharded(self, directory: str | os.PathLike, write_extra: Callable[[Path], None] | None = None) -> Path:
         """Write a checkpoint folder: each rank its shards of the policy, its optimizer and the reference
         (``torch.distributed.checkpoint``), rank 0 ``model.zip`` (the arguments and run state, its weights left to
         the shards) and ``write_extra(folder)``'s files; atomically (a kill leaves the previous folder). ``load`` of
