@@ -358,11 +358,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if env is not None:
             env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
             check_for_correct_spaces(env, saved.observation_space, saved.action_space)
-        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in saved.arguments}}
+        taken = set(saved.arguments) | set(inspect.signature(cls.__init__).parameters) - set(NOT_SAVED)  # e.g. sharding
+        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
         if env is None:
             model.observation_space, model.action_space = saved.observation_space, saved.action_space
-        model.__dict__.update({key: value for key, value in kwargs.items() if key not in saved.arguments})
+        model.__dict__.update({key: value for key, value in kwargs.items() if key not in taken})
         model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
         model._setup_model()
         if saved.sharded_weights:  # a checkpoint of save_sharded: the weights are the shards beside the file
