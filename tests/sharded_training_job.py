@@ -77,6 +77,7 @@ def train(out: Path) -> None:
     model.learn(ITERATION, reset_num_timesteps=False)
     save(whole(model), out / "three.pt")
     lora = grpo(policy_kwargs=LORA, mixed_precision="bf16", cold_start=False)
+    facts["lora"] = sorted({f"{type(p).__name__} {p.requires_grad}" for p in lora.policy.parameters()})
     initial = lora.get_parameters()["policy"]
     lora.learn(ITERATION)
     lora.save_pretrained(str(out / "adapter"))

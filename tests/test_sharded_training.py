@@ -123,8 +123,10 @@ def test_a_kill_during_a_sharded_checkpoint_leaves_the_previous_one(resumed):
 
 
 def test_lora_with_sharding_trains_the_adapters_and_exports_their_folder(trained: Path):
-    """bf16 compute on float32 master weights: every adapter weight moved, no base weight did; save_pretrained wrote
-    the adapter folder (gathered on rank 0) with the trained adapters."""
+    """Adapters and frozen base both sharded, bf16 compute on float32 master weights: every adapter weight moved, no
+    base weight did; save_pretrained wrote the adapter folder (gathered on rank 0) with the trained adapters."""
+    facts = json.loads((trained / "facts_0.json").read_text())
+    assert facts["lora"] == ["DTensor False", "DTensor True"]  # the frozen base and the adapters, both sharded
     saved = torch.load(trained / "lora.pt")
     adapters = [name for name in saved["final"] if ".lora_" in name]
     assert adapters
