@@ -57,6 +57,8 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     """Read the config, apply the command line, build the env and the model (or ``load`` a saved one into it)."""
     algorithm = _algorithm(args)
     config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
+    sharding = {"sharding": args.sharding} if getattr(args, "sharding", None) else {}  # --sharding over the config
+    config.update(sharding)
     check_keys(config, _grpo_keys(algorithm), f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params")
     n_timesteps = int(config.pop("n_timesteps"))
     if getattr(args, "n_timesteps", None) is not None:
@@ -65,7 +67,7 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     env = make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
     if load is not None:
-        model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose)
+        model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose, **sharding)
         return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
     model = algorithm(
         config.pop("policy", "TransformerPolicy"),
@@ -90,10 +92,14 @@ def _grpo_keys(algorithm: Any = None) -> set[str]:
 
 
 def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, seed: int) -> list[Any]:
+    """Held-out results on rank 0 (``[]`` on the others); every rank calls it: a sharded policy is gathered."""
     from algorithms.common.evaluation import evaluate_difficulties
 
-    levels = difficulties or [float(env.get_attr("difficulty", indices=[0])[0])]
-    return evaluate_difficulties(model.policy, env, levels, n, seed=seed)
+    with model.gathered_policy():
+        if not model._dist.is_main:
+            return []
+        levels = difficulties or [float(env.get_attr("difficulty", indices=[0])[0])]
+        return evaluate_difficulties(model.policy, env, levels, n, seed=seed)
 
 
 def _torchrun(nproc: int, argv: Sequence[str]) -> int:
@@ -144,7 +150,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
             say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
             model.run_cold_start(progress_bar=args.progress_bar and model._dist.is_main)
         plan["sft_seconds"] = time.perf_counter() - started
-        before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed) if model._dist.is_main else []
+        before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
         say(format_table({"before GRPO": before}), flush=True)
         run = {"total_timesteps": plan["n_timesteps"], "before": [dataclasses.asdict(r) for r in before]}
         return model, env, {**plan, "run": run}
@@ -201,10 +207,12 @@ def train(args: argparse.Namespace) -> int:
         )
         return signals["code"]
     grpo_seconds = time.perf_counter() - started - plan["sft_seconds"]
+    after = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
+    if save_path is not None:
+        model.save(save_path)  # every rank: a sharded model is gathered to rank 0, which writes
     if not main:
         return 0
-    rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]]}
-    rows["after GRPO"] = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
+    rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]], "after GRPO": after}
     print(format_table(rows))
     for before, after in zip(rows["before GRPO"], rows["after GRPO"], strict=True):
         change = 100 * (after.success_rate - before.success_rate)
@@ -214,7 +222,6 @@ def train(args: argparse.Namespace) -> int:
         f"total {time.perf_counter() - started:.0f} s"
     )
     if save_path is not None:
-        model.save(save_path)
         print(f"saved to {args.save_path}; checkpoints: {directory}")
     else:
         print(f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")
@@ -230,10 +237,11 @@ def sft(args: argparse.Namespace) -> int:
     model, env, plan = _setup(args)
     model._setup_learn(0, None, True, type(model).__name__, False)
     model.run_cold_start(progress_bar=model._dist.is_main)  # the command's whole job: show its progress
-    print(format_table({"after SFT": _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)}))
+    results = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
     if args.save_path:
         model.save(args.save_path)
-        print(f"saved to {args.save_path}")
+    if model._dist.is_main:
+        print(format_table({"after SFT": results}) + (f"\nsaved to {args.save_path}" if args.save_path else ""))
     return 0
 
 
@@ -344,6 +352,7 @@ def _add_train_arguments(command: argparse.ArgumentParser) -> None:
     add("--n-timesteps", "-n", type=int, default=None, help="completions to train on (default: the preset's)")
     add("--no-progress-bar", dest="progress_bar", action="store_false", help="no progress bar")
     add("--nproc", type=int, default=None, help="train on N processes: runs this command under torchrun (S17)")
+    add("--sharding", choices=["fsdp"], default=None, help="shard weights, gradients, optimizer state over processes")
     add("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (0: only on a signal)")
     add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
     add("--resume", action="store_true", help="continue from the newest checkpoint to the same total")

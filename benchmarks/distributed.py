@@ -67,8 +67,9 @@ def worker(args: argparse.Namespace) -> None:
     class Clock(BaseCallback):
         def _on_rollout_start(self) -> None:
             marks.append(time.perf_counter())
-            if len(marks) == args.warmup + 1 and model._sync is not None:  # count from the first timed iteration
-                model._sync.seconds, model._sync.bytes, model._sync.steps = 0.0, 0, 0
+            sync = model._parallel.sync  # DDP's reducer
+            if len(marks) == args.warmup + 1 and sync is not None:  # count from the first timed iteration
+                sync.seconds, sync.bytes, sync.steps = 0.0, 0, 0
 
         def _on_step(self) -> bool:
             return True
@@ -78,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
     if not model._dist.is_main:
         return
     iterations = [b - a for a, b in itertools.pairwise(marks)][args.warmup :]
-    sync = model._sync
+    sync = model._parallel.sync
     timed_train = sum(train_seconds[args.warmup :])  # the updates whose gradient combination was counted
     print(
         json.dumps(

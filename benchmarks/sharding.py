@@ -24,10 +24,17 @@ its seconds.
 On 2 CPU cores the processes share the cores: the times show the overhead of going multi-process and sharded,
 not a speed-up; the header says how much of the machine other processes used meanwhile.
 
-Commands (what ``benchmarks/RESULTS.md`` records; about 10 minutes on 2 cores; ``benchmarks/gpu_check.sh`` runs
+With ``--grpo`` the unit is a whole GRPO iteration instead (``GRPO(..., sharding=None | "fsdp")``: K=2 problems x G=4
+completions of ``--tokens`` new tokens, beta 0.04, so a frozen reference too, one update over the rollout): per rank
+the training state (the policy's parameters, gradients and AdamW state, and the reference's parameters, i.e. this
+rank's shards under FSDP2), the process peak, and the median seconds of an iteration (sampling from the gathered
+weights, scoring, the reference's log-probs, the update) after one warm-up iteration.
+
+Commands (what ``benchmarks/RESULTS.md`` records; about 10 minutes each on 2 cores; ``benchmarks/gpu_check.sh`` runs
 the CUDA variant)::
 
     python benchmarks/sharding.py --models small base --results benchmarks/RESULTS.md
+    python benchmarks/sharding.py --grpo --models small base --tokens 32 --steps 3 --results benchmarks/RESULTS.md
     python benchmarks/sharding.py --device cuda --compute-dtype bf16 --models base --processes 1 --out figures.md
 """
 
@@ -36,6 +43,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -50,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import busy_cpu_seconds, cpu_flags, cpu_name, memory_mib, others_share, update_results
 
 SECTION = "## Sharding: per-rank memory and time of a training step, DDP vs FSDP2 (issue 26)"
+GRPO_SECTION = "## Sharding: per-rank memory and time of a GRPO iteration, DDP vs FSDP2 (issue 26)"
 MiB = 2**20
 
 
@@ -140,6 +149,59 @@ def worker(settings: dict) -> None:
         print(json.dumps(everyone))
 
 
+def grpo_worker(settings: dict) -> None:
+    """One GRPO run (one process, or one rank of a torchrun job); rank 0 prints every rank's figures as JSON."""
+    import torch
+    import torch.distributed as dist
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    import grpo_gym
+    from algorithms import GRPO
+    from algorithms.common.runtime.sharding import gathered_weights
+
+    torch.set_num_threads(settings["threads"])
+    baseline = memory_mib()["rss"]
+    env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(template="compact", max_new_tokens=settings["tokens"],
+                                                          difficulty=0.3))])  # fmt: skip
+    precision = {"no": "no", "bf16": "bf16"}[settings["compute_dtype"]]
+    model = GRPO("TransformerPolicy", env, n_groups=2, group_size=4, beta=0.04, ent_coef=0.0, cold_start=False,
+                 mixed_precision=precision, policy_kwargs={"model": settings["model"]}, seed=0,
+                 sharding=settings["sharding"], device=settings["device"])  # fmt: skip
+    marks: list[float] = []
+
+    class Clock(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            marks.append(time.perf_counter())
+
+        def _on_step(self) -> bool:
+            return True
+
+    model.learn((settings["steps"] + 1) * 8, callback=Clock())  # the last rollout's start closes the last interval
+    parameters = list(model.policy.parameters())
+    moments = [v for s in model.policy.optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+    reference = list(model.ref_model.parameters()) if model.ref_model is not None else []
+    state = local_bytes(parameters) + local_bytes(p.grad for p in parameters) + local_bytes(moments)
+    state += local_bytes(reference)
+    cuda = model.device.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(model.device) / MiB if cuda else memory_mib()["peak"] - baseline
+    intervals = [b - a for a, b in itertools.pairwise(marks)][1:]  # after one warm-up iteration
+    median = statistics.median(intervals)
+    figures = {"state_mib": state / MiB, "peak_mib": peak, "step_s": median, "tokens_per_s": 8 / median,
+               "parameters": sum(p.numel() for p in parameters)}  # fmt: skip
+    if settings["sharding"] == "fsdp":
+        figures.update(measure_gather(model.policy.model, model.device, gathered_weights))
+    everyone = [None] * model._dist.world_size
+    if dist.is_initialized():
+        dist.all_gather_object(everyone, figures)
+        dist.destroy_process_group()
+    else:
+        everyone = [figures]
+    if model._dist.is_main:
+        print(json.dumps(everyone))
+
+
 def measure_gather(model, device, gathered_weights) -> dict:
     """What :func:`gathered_weights` costs on this rank: the full weights' bytes, the memory it added, its seconds."""
     import torch
@@ -156,7 +218,7 @@ def measure_gather(model, device, gathered_weights) -> dict:
 def launch(settings: dict, processes: int) -> list[dict]:
     """Run one configuration in fresh processes (torchrun when sharded or several), return every rank's figures."""
     job = [__file__, "--worker", json.dumps(settings)]
-    if processes == 1 and settings["mode"] == "single":
+    if processes == 1 and settings["mode"] in ("single", "grpo"):
         command = [sys.executable, *job]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}", *job]
@@ -172,22 +234,28 @@ def table(args: argparse.Namespace, model: str) -> str:
     cores = os.cpu_count() or 1
     base = {"model": model, "device": args.device, "compute_dtype": args.compute_dtype, "rows": args.rows,
             "tokens": args.tokens, "steps": args.steps}  # fmt: skip
+    modes = {"single": {"mode": "single"}, "ddp": {"mode": "ddp"}, "fsdp": {"mode": "fsdp"}}
+    if args.grpo:  # the same modes as GRPO(sharding=...)
+        modes = {key: {"mode": "grpo", "sharding": "fsdp" if key == "fsdp" else None} for key in modes}
     runs = {}
     if args.device == "cpu":
-        runs["1 process"] = launch({**base, "mode": "single", "threads": args.threads}, 1)
+        runs["1 process"] = launch({**base, **modes["single"], "threads": args.threads}, 1)
     threads = max(1, args.threads // args.processes) if args.device == "cpu" else 1
-    runs[f"DDP, {args.processes} processes"] = launch({**base, "mode": "ddp", "threads": threads}, args.processes)
-    runs[f"FSDP2, {args.processes} processes"] = launch({**base, "mode": "fsdp", "threads": threads}, args.processes)
+    runs[f"DDP, {args.processes} processes"] = launch({**base, **modes["ddp"], "threads": threads}, args.processes)
+    runs[f"FSDP2, {args.processes} processes"] = launch({**base, **modes["fsdp"], "threads": threads}, args.processes)
     ddp = max(rank["state_mib"] for rank in runs[f"DDP, {args.processes} processes"])
     ddp_step = statistics.median(rank["step_s"] for rank in runs[f"DDP, {args.processes} processes"])
     parameters = runs[f"DDP, {args.processes} processes"][0]["parameters"]
     peak = "peak allocated (CUDA)" if args.device == "cuda" else "process peak above imports"
+    unit, rate = ("iteration", "completions/s") if args.grpo else ("step", "tokens/s")
+    work = (f"2 x 4 completions of at most {args.tokens} new tokens per iteration" if args.grpo
+            else f"{args.rows} sequences x {args.tokens} tokens per step in all")  # fmt: skip
     lines = [
-        f"Model `{model}` ({parameters / 1e6:.1f}M parameters), {args.rows} sequences x {args.tokens} tokens per step "
-        f"in all, compute {args.compute_dtype}, median of {args.steps - 1} steps after 1 warm-up; device "
-        f"{args.device}, {cores} cores. Per rank: the largest over the ranks.",
+        f"Model `{model}` ({parameters / 1e6:.1f}M parameters), {work}, compute {args.compute_dtype}, median of "
+        f"{args.steps - 1} {unit}s after 1 warm-up; device {args.device}, {cores} cores. Per rank: the largest over "
+        "the ranks.",
         "",
-        f"| run | training state per rank | vs DDP | {peak} | s/step | vs DDP | tokens/s | gather for sampling: "
+        f"| run | training state per rank | vs DDP | {peak} | s/{unit} | vs DDP | {rate} | gather for sampling: "
         "full weights, memory added, seconds |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -201,7 +269,7 @@ def table(args: argparse.Namespace, model: str) -> str:
         peak_mib, tokens = max(r["peak_mib"] for r in ranks), statistics.median(r["tokens_per_s"] for r in ranks)
         lines.append(
             f"| {name} | {state:.0f} MiB | {state / ddp:.2f}x | {peak_mib:.0f} MiB | {step:.2f} | "
-            f"{step / ddp_step:.2f}x | {tokens:.0f} | {gather} |"
+            f"{step / ddp_step:.2f}x | {tokens:.{2 if args.grpo else 0}f} | {gather} |"
         )
     return "\n".join(lines)
 
@@ -218,10 +286,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of the single process (split over ranks)")
     parser.add_argument("--results", type=Path, help="update this RESULTS.md")
     parser.add_argument("--out", type=Path, help="write the tables to this file")
+    parser.add_argument("--grpo", action="store_true", help="time whole GRPO iterations instead of training steps")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(json.loads(args.worker))
+        settings = json.loads(args.worker)
+        (grpo_worker if settings["mode"] == "grpo" else worker)(settings)
         return
     import torch
 
@@ -241,7 +311,9 @@ def main() -> None:
         body = f"{header} {noise if args.device == 'cpu' else ''}\n\n{runs}"
         print(body, flush=True)
         if args.results:
-            update_results(args.results, SECTION, f"`--model {model}` on {args.device}", body)
+            update_results(
+                args.results, GRPO_SECTION if args.grpo else SECTION, f"`--model {model}` on {args.device}", body
+            )
         if args.out:
             with args.out.open("a") as out:
                 out.write(f"{body}\n\n")

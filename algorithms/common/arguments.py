@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from algorithms.common.runtime.distributed import COMPRESSIONS
+from algorithms.common.runtime.parallel import SHARDINGS
 from algorithms.common.runtime.precision import PRECISIONS
 from algorithms.common.schedules import UpdateDecay
 from grpo_gym.validation import (
@@ -120,6 +121,7 @@ LM_ALGORITHM_RULES: dict[str, Rule] = {
     "max_grad_norm": number(low=0.0, low_open=True),
     "gamma": number(low=0.0, high=1.0, low_open=True),
     "gradient_compression": choice(*COMPRESSIONS),
+    "sharding": choice(*SHARDINGS),
     "dist_timeout": number(low=0.0, low_open=True),
     "mixed_precision": choice(*PRECISIONS),
     "cold_start": choice(True, False, "auto"),

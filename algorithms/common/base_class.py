@@ -2,7 +2,8 @@
 
 The role SB3's ``BaseAlgorithm`` (``base_class.py``) plays under ``OnPolicyAlgorithm``: the constructor's shared
 arguments, the policy with its mixed precision (S15), the frozen reference, the rollouts' seeds
-(:class:`~algorithms.common.rollout.seeds.RolloutSeeds`), several processes (S17), the guarded optimizer step, the
+(:class:`~algorithms.common.rollout.seeds.RolloutSeeds`), several processes (S17: whole replicas or FSDP2 shards,
+:mod:`algorithms.common.runtime.parallel`), the guarded optimizer step, the
 run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`) and ``save`` / ``load``
 (the file's contents: :mod:`algorithms.common.saving.run_file`). The learning loop and rollout collection are
 :class:`~algorithms.common.lm_algorithm.LMAlgorithm`'s.
@@ -21,6 +22,8 @@ import io
 import json
 import os
 from collections import deque
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import gymnasium as gym
@@ -37,9 +40,12 @@ from algorithms.common.model.tokenizer_check import check_embedding_rows, check_
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.seeds import RolloutSeeds
-from algorithms.common.runtime.distributed import Distributed, GradientSync
+from algorithms.common.runtime.distributed import Distributed
+from algorithms.common.runtime.parallel import load_checkpoint, parallelism
 from algorithms.common.runtime.precision import ProbeShape, choose_precision
+from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
 from algorithms.common.saving import run_file
+from algorithms.common.saving.checkpoints import MODEL
 from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
 from grpo_gym.validation import check_mapping
 
@@ -80,6 +86,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         max_grad_norm: float,
         gamma: float,
         gradient_compression: str | None,
+        sharding: str | None,
         dist_timeout: float,
         mixed_precision: str,
         cold_start: bool | str,
@@ -117,6 +124,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self.max_grad_norm = check("max_grad_norm", max_grad_norm)
         self.gamma = check("gamma", gamma)
         self.gradient_compression = check("gradient_compression", gradient_compression)
+        self.sharding = check("sharding", sharding)
+        #: whole replicas (DDP) or FSDP2 shards: see :mod:`algorithms.common.runtime.parallel`
+        self._parallel = parallelism(self.sharding, self._dist, self.device, self.gradient_compression)
         self.dist_timeout = check("dist_timeout", dist_timeout)
         self.mixed_precision = check("mixed_precision", mixed_precision)
         self.cold_start = check("cold_start", cold_start)
@@ -127,7 +137,6 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if self.sft_data is not None and not os.path.isfile(self.sft_data):
             raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
         self.curriculum = check("curriculum", curriculum)
-        self._sync: GradientSync | None = None
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
         self.ref_model: th.nn.Module | None = None
@@ -178,6 +187,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         }
         if self._needs_reference():
             self.ref_model = self._frozen_copy()
+        self._parallel.prepare(self.policy, self.ref_model, self.precision)  # FSDP2: shards them
 
     def _needs_reference(self) -> bool:
         """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
@@ -191,6 +201,11 @@ class LMBaseAlgorithm(BaseAlgorithm):
         reference = copy.deepcopy(self.policy.model).eval()
         reference.requires_grad_(False)
         return reference
+
+    def _refresh_reference(self) -> None:
+        """Give the frozen reference (when there is a copy) the policy's current weights, shard by shard."""
+        if self.ref_model is not None:
+            copy_weights(self.policy.model, self.ref_model)
 
     @contextlib.contextmanager
     def _reference(self):
@@ -263,15 +278,33 @@ class LMBaseAlgorithm(BaseAlgorithm):
     def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
         """Write the model to ``path`` (``.zip`` added when missing), atomically, as plain JSON and weights:
         the constructor's arguments, the weights and optimizer state, and the run state at the last iteration
-        boundary (see :mod:`algorithms.common.saving.run_file`). With several processes only rank 0 writes.
+        boundary (see :mod:`algorithms.common.saving.run_file`). With several processes only rank 0 writes (with
+        ``sharding="fsdp"`` every rank calls it: the shards are gathered to rank 0).
 
         ``exclude`` and ``include`` (SB3's) are not supported: the file holds arguments and state by name."""
         if exclude or include:
             raise ValueError(
                 "save() writes the constructor's arguments and the run state; exclude/include are not supported"
             )
-        if not self._dist.is_main:
-            return
+        sharded = self._parallel.sharded  # the whole tensors gathered to rank 0: a collective
+        parameters = self.get_parameters() if self._dist.is_main or sharded else {}
+        if self._dist.is_main:
+            self._write_model_file(path, parameters)
+
+    def save_sharded(self, directory: str | os.PathLike, write_extra: Callable[[Path], None] | None = None) -> Path:
+        """Write a checkpoint folder: each rank its shards of the policy, its optimizer and the reference
+        (``torch.distributed.checkpoint``), rank 0 ``model.zip`` (the arguments and run state, its weights left to
+        the shards) and ``write_extra(folder)``'s files; atomically (a kill leaves the previous folder). ``load`` of
+        its ``model.zip`` reads it on any number of processes. A collective: every rank calls it."""
+
+        def extra(folder: Path) -> None:
+            self._write_model_file(folder / MODEL, {}, sharded_weights=True)
+            if write_extra is not None:
+                write_extra(folder)
+
+        return self._parallel.save_checkpoint(directory, self.policy, self.ref_model, extra)
+
+    def _write_model_file(self, path: str | os.PathLike, parameters: dict[str, Any], sharded_weights=False) -> None:
         state, rng = self._boundary or self.get_run_state()
         data = {
             "algorithm": type(self).__name__,
@@ -281,9 +314,10 @@ class LMBaseAlgorithm(BaseAlgorithm):
             "arguments": encode(self._constructor_arguments()),
             "state": state,
             "env": run_file.env_record(self.env),
+            **({"weights": run_file.SHARDED_WEIGHTS} if sharded_weights else {}),
         }
-        parameters = self.get_parameters()
-        parameters["policy"] = self.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
+        if not sharded_weights:
+            parameters["policy"] = self.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
         write_model_file(path, data, parameters, {"rng": rng})
 
     @classmethod
@@ -327,15 +361,20 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if env is not None:
             env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
             check_for_correct_spaces(env, saved.observation_space, saved.action_space)
-        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in saved.arguments}}
+        taken = set(saved.arguments) | set(inspect.signature(cls.__init__).parameters) - set(NOT_SAVED)  # e.g. sharding
+        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
         if env is None:
             model.observation_space, model.action_space = saved.observation_space, saved.action_space
-        model.__dict__.update({key: value for key, value in kwargs.items() if key not in saved.arguments})
+        model.__dict__.update({key: value for key, value in kwargs.items() if key not in taken})
         model._env_missing = env_missing
         model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
         model._setup_model()
-        model.set_parameters(saved.state_dicts, exact_match=True, device=device)
+        if saved.sharded_weights:  # a checkpoint of save_sharded: the weights are the shards beside the file
+            if not load_checkpoint(path, model.policy, model.ref_model):
+                model._refresh_reference()
+        else:
+            model.set_parameters(saved.state_dicts, exact_match=True, device=device)
         model.set_run_state(saved.state, saved.rng)
         return model
 
@@ -354,30 +393,39 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if "policy" in params:  # a file of adapters only: the base weights are those read from the base's folder
             params["policy"] = self.policy.completed_state_dict(params["policy"])
         saved_reference = params.pop("ref_model", None)
-        wants_reference = self.ref_model is not None
-        self.ref_model = None  # load the policy and optimizer alone, then deal with the reference
-        super().set_parameters(params, exact_match, device)
-        if wants_reference:
-            self.ref_model = self._frozen_copy()
-            if saved_reference is not None:
-                self.ref_model.load_state_dict(saved_reference)
+        reference, self.ref_model = self.ref_model, None  # load the policy and optimizer alone, then the reference
+        if self._parallel.sharded:  # every rank reads the whole tensors and keeps its shards
+            load_full_state(self.policy, params["policy"], self.policy.optimizer, params.get("policy.optimizer"))
+        else:
+            super().set_parameters(params, exact_match, device)
+        self.ref_model = reference
+        if reference is not None and saved_reference is not None:
+            load_full_state(reference, saved_reference)
+        else:
+            self._refresh_reference()
+
+    def get_parameters(self) -> dict[str, dict[str, Any]]:
+        """SB3's state dicts by name; with ``sharding="fsdp"`` whole tensors gathered to rank 0 on the CPU (a
+        collective: every rank calls it, the others get empty dicts)."""
+        if self._parallel.sharded:
+            return self._parallel.whole_parameters(self.policy, self.ref_model)
+        return super().get_parameters()
 
     def save_pretrained(self, directory: str, merge: bool = False) -> None:
         """Export the policy as a standard Hugging Face folder (model + the env's tokenizer); with LoRA a peft
         adapter folder, or the merged model with ``merge=True`` (see :meth:`TransformerPolicy.save_pretrained`)."""
         tokenizer = self.env.get_attr("tokenizer", indices=[0])[0] if self.env is not None else None
-        self.policy.save_pretrained(directory, tokenizer=tokenizer, merge=merge)
+        state = None
+        if self._parallel.sharded:  # gathered to rank 0, which writes (a collective)
+            state = self._parallel.whole_state_dict(self.policy.model)
+            if not self._dist.is_main:
+                return
+        self.policy.save_pretrained(directory, tokenizer=tokenizer, merge=merge, state_dict=state)
 
     # ------------------------------------------------------------------ steps every update shares
     def _start_gradient_sync(self) -> None:
-        """S17, once after the cold start: rank 0's weights everywhere, and the reducer that sums gradients."""
-        if not self._dist.enabled or self._sync is not None:
-            return
-        self._dist.broadcast_module(self.policy)
-        if self.ref_model is not None:
-            self._dist.broadcast_module(self.ref_model)
-        trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self._sync = GradientSync(trainable, self._dist.world_size, self.gradient_compression)
+        """S17, once after the cold start: DDP copies rank 0's weights everywhere and makes its reducer."""
+        self._parallel.start(self.policy, self.ref_model)
 
     def _optimizer_step(self, loss: th.Tensor | None) -> th.Tensor:
         """Backward (unless ``loss`` is None: the gradients are there already), unscale (fp16), clip and step;
@@ -386,11 +434,10 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if loss is not None:
             optimizer.zero_grad(set_to_none=True)
             (loss if self._scaler is None else self._scaler.scale(loss)).backward()
-        if self._sync is not None:  # S17: the sum of every rank's (share-weighted) gradient
-            self._sync.sync()
+        self._parallel.reduce()  # S17: the sum of every rank's (share-weighted) gradient
         if self._scaler is not None:
             self._scaler.unscale_(optimizer)
-        grad_norm = th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        grad_norm = clip_grad_norm(self.policy.parameters(), self.max_grad_norm)
         finite = bool(th.isfinite(grad_norm))
         if self._scaler is not None:
             self._scaler.step(optimizer)  # skips the step itself when the unscaled gradients hold inf or NaN

@@ -24,6 +24,7 @@ import torch as th
 from algorithms.common.losses import aggregate
 from algorithms.common.progress import progress
 from algorithms.common.rollout.batch import left_pad, right_pad
+from algorithms.common.runtime.sharding import clip_grad_norm
 from grpo_gym.rewards import parse_completion
 from grpo_gym.tasks.base import HELD_OUT_SEED
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
@@ -79,6 +80,7 @@ def supervised_finetune(
     verbose: int = 0,
     log_interval: int = 50,
     progress_bar: bool = False,
+    loss_weight: float = 1.0,
 ) -> dict[str, float]:
     """Minimise the completion tokens' negative log-likelihood for ``steps`` steps (its own AdamW optimizer).
 
@@ -97,6 +99,8 @@ def supervised_finetune(
     :param log_interval: steps between logged values
     :param progress_bar: show the steps done: a bar on a terminal, a line per tenth otherwise
         (:func:`~algorithms.common.progress.progress`)
+    :param loss_weight: what this process's loss is multiplied by before its backward (1 / processes when the
+        processes run the same batch on a sharded model, whose backward sums their gradients)
     """
     rows = load_sft_rows(data) if data is not None else None
     if rows is not None:
@@ -112,8 +116,8 @@ def supervised_finetune(
         log_probs, completion_mask = _example_log_probs(policy, sft_examples(env, batch_size, rows, rng))
         loss = -aggregate(log_probs, completion_mask, mode="token")
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        th.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+        (loss * loss_weight).backward()
+        clip_grad_norm(policy.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         if shown is not None:

@@ -191,6 +191,18 @@ class LMAlgorithm(LMBaseAlgorithm):
                 noise_rows=noise_rows,
             )
 
+    def gathered_policy(self) -> contextlib.AbstractContextManager:
+        """The policy's whole weights on every rank for the block, so that one rank may sample alone (e.g. rank 0
+        evaluating); with ``sharding="fsdp"`` they are gathered, a collective every rank enters."""
+        return self._parallel.gathered(self.policy.model)
+
+    def predict(
+        self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False
+    ) -> tuple[Any, Any]:
+        """SB3's ``predict``; with ``sharding="fsdp"`` on several processes a collective (every rank calls it)."""
+        with self.gathered_policy():
+            return super().predict(observation, state, episode_start, deterministic)
+
     def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
         """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
         if not self._dist.enabled:
@@ -267,7 +279,10 @@ class LMAlgorithm(LMBaseAlgorithm):
         callback.on_training_start(locals(), globals())
         assert self.env is not None
         while self.num_timesteps < total_timesteps:
-            if not self.collect_rollouts(self.env, callback):
+            sampling = [self.policy.model, self.ref_model if self._samples_from_reference() else None]
+            with self._parallel.gathered(*sampling):  # FSDP2: the whole weights for the rollout's sampler
+                collected = self.collect_rollouts(self.env, callback)
+            if not collected:
                 break
             self._iteration += 1
             self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
@@ -323,10 +338,10 @@ class LMAlgorithm(LMBaseAlgorithm):
                 logger=self.logger,
                 verbose=self.verbose,
                 progress_bar=progress_bar,
+                loss_weight=self._parallel.sft_loss_weight,
             )
         self._cold_start_done = True
-        if self.ref_model is not None:
-            self.ref_model = self._frozen_copy()
+        self._refresh_reference()
         return stats
 
     def dump_logs(self) -> None:

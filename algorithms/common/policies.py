@@ -16,7 +16,7 @@ from algorithms.common.generation.sampler import MIN_TEMPERATURE, Completions, c
 from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.model.loading import is_builtin_model, load_model
 from algorithms.common.model.lora import DEFAULTS as LORA_DEFAULTS
-from algorithms.common.model.lora import apply_lora, frozen_base_names, is_peft_model, lora_record
+from algorithms.common.model.lora import apply_lora, base_network, frozen_base_names, is_peft_model, lora_record
 from algorithms.common.runtime.precision import autocast, float32_region
 from algorithms.common.saving.atomic import atomic_directory
 from grpo_gym.validation import check_bool, check_float, check_int, check_mapping
@@ -134,8 +134,13 @@ class TransformerPolicy(BasePolicy):
         self.autocast_dtypes: dict[str, th.dtype | None] = {}
         self.model.eval()
         self._freeze(frozen_parameters or [])
+        self.make_optimizer(lr_schedule(1))
+
+    def make_optimizer(self, learning_rate: float) -> None:
+        """Make the optimizer over the trainable parameters (again after sharding replaced them: see
+        :mod:`algorithms.common.runtime.parallel`)."""
         trainable = [p for p in self.parameters() if p.requires_grad]
-        self.optimizer = self.optimizer_class(trainable, lr=lr_schedule(1), **self.optimizer_kwargs)
+        self.optimizer = self.optimizer_class(trainable, lr=learning_rate, **self.optimizer_kwargs)
 
     def _freeze(self, names: list[str]) -> None:
         parameters = dict(self.model.named_parameters())
@@ -370,7 +375,13 @@ class TransformerPolicy(BasePolicy):
         tokens = self.generate(prompt_ids, prompt_mask, greedy=deterministic).tokens  # (B, max_new_tokens)
         return tokens if isinstance(self.action_space, spaces.MultiDiscrete) else tokens[:, 0]
 
-    def save_pretrained(self, directory: str | os.PathLike, tokenizer: Any = None, merge: bool = False) -> None:
+    def save_pretrained(
+        self,
+        directory: str | os.PathLike,
+        tokenizer: Any = None,
+        merge: bool = False,
+        state_dict: dict[str, th.Tensor] | None = None,
+    ) -> None:
         """Write a standard Hugging Face folder (model, and the tokenizer when given) that
         ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` load; atomically: a kill at any
         instant leaves the old complete folder or the new one
@@ -384,12 +395,26 @@ class TransformerPolicy(BasePolicy):
         :param directory: the folder to write (replaced when it exists)
         :param tokenizer: a Hugging Face tokenizer to write beside the model (e.g. the env's)
         :param merge: write the merged model instead of the adapters (LoRA only)
+        :param state_dict: the network's whole state dict to write instead of its live weights (those of a sharded
+            network, gathered: :meth:`~algorithms.common.base_class.LMBaseAlgorithm.save_pretrained`)
         """
         check_bool("merge", merge)
         with atomic_directory(directory) as folder:
             if self.lora is not None and merge:
-                copy.deepcopy(self.model).merge_and_unload().save_pretrained(folder)
+                self._plain_copy(state_dict).merge_and_unload().save_pretrained(folder)
             else:
-                self.model.save_pretrained(folder)
+                self.model.save_pretrained(folder, state_dict=state_dict)
             if tokenizer is not None:
                 tokenizer.save_pretrained(folder)
+
+    def _plain_copy(self, state_dict: dict[str, th.Tensor] | None) -> nn.Module:
+        """A copy of the network with ``state_dict``'s weights (built again from its config and adapter: a sharded
+        network cannot be copied), or a copy of the live one."""
+        if state_dict is None:
+            return copy.deepcopy(self.model)
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_config(base_network(self.model).config)
+        network = apply_lora(base, self.lora, self.seed)
+        network.load_state_dict(state_dict)
+        return network

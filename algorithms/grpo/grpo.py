@@ -107,6 +107,9 @@ class GRPO(LMAlgorithm):
     :param replay_buffer_kwargs: arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)
     :param gradient_compression: with several processes (S17, :mod:`~algorithms.common.runtime.distributed`):
         ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"`` (PyTorch's DDP communication hooks)
+    :param sharding: with several processes: ``None`` (each holds a whole replica, DDP) or ``"fsdp"`` (FSDP2: the
+        weights, gradients, optimizer state and reference sharded over the processes; the same weights trained,
+        see :mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded
     :param dist_timeout: seconds a rank waits for the others before the job fails (a hung rank ends the job)
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): forward passes under autocast,
         weights, optimizer and loss in float32 (:mod:`~algorithms.common.runtime.precision`; the choice of
@@ -171,6 +174,7 @@ class GRPO(LMAlgorithm):
         max_replay_age: int = 10,
         replay_buffer_kwargs: dict[str, Any] | None = None,
         gradient_compression: str | None = None,
+        sharding: str | None = None,
         dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
         cold_start: bool | str = "auto",
@@ -195,6 +199,7 @@ class GRPO(LMAlgorithm):
             max_grad_norm=max_grad_norm,
             gamma=gamma,
             gradient_compression=gradient_compression,
+            sharding=sharding,
             dist_timeout=dist_timeout,
             mixed_precision=mixed_precision,
             cold_start=cold_start,
@@ -240,6 +245,8 @@ class GRPO(LMAlgorithm):
         self.reward_ramp = check("reward_ramp", reward_ramp)
         self.protected_rollouts = check("protected_rollouts", protected_rollouts)
         self.diagnostics = check("diagnostics", diagnostics)
+        if self.diagnostics and self.sharding == "fsdp":  # backward_by_group reads whole per-group gradients
+            raise ValueError("diagnostics measures each group's whole gradient: not with sharding='fsdp'")
         self.replay_ratio = check("replay_ratio", replay_ratio)
         self.max_replay_age = check("max_replay_age", max_replay_age)
         self.replay_buffer_kwargs = dict(check("replay_buffer_kwargs", replay_buffer_kwargs) or {})

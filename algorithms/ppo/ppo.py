@@ -65,6 +65,9 @@ class LMPPO(LMAlgorithm):
     :param target_kl: stop the rollout's update when a minibatch's approximate KL to the sampling policy exceeds
         ``1.5 * target_kl`` (SB3's rule); ``None``: never
     :param gradient_compression: with several processes: ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"``
+    :param sharding: with several processes: ``None`` (each holds a whole replica, DDP) or ``"fsdp"`` (FSDP2: the
+        weights, gradients, optimizer state and reference sharded over the processes; the same weights trained,
+        see :mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded
     :param dist_timeout: seconds a rank waits for the others before the job fails
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (see :class:`~algorithms.grpo.GRPO`); the
         value head and the losses stay float32
@@ -109,6 +112,7 @@ class LMPPO(LMAlgorithm):
         kl_placement: str = "reward",
         target_kl: float | None = None,
         gradient_compression: str | None = None,
+        sharding: str | None = None,
         dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
         cold_start: bool | str = "auto",
@@ -139,6 +143,7 @@ class LMPPO(LMAlgorithm):
             max_grad_norm=max_grad_norm,
             gamma=gamma,
             gradient_compression=gradient_compression,
+            sharding=sharding,
             dist_timeout=dist_timeout,
             mixed_precision=mixed_precision,
             cold_start=cold_start,

@@ -42,7 +42,7 @@ MODEL, OPTIMIZER = "model", "optimizer"
 #: the file DCP writes last, once every rank's shard is written
 METADATA = ".metadata"
 
-__all__ = ["load_sharded", "save_sharded"]
+__all__ = ["load_sharded", "save_sharded", "saved_keys"]
 
 
 def _distributed() -> bool:
@@ -97,6 +97,11 @@ def _shared_path(path: Path | None, distributed: bool) -> str:
     return box[0]
 
 
+def saved_keys(directory: str | os.PathLike) -> set[str]:
+    """The keys a complete checkpoint folder holds, flattened: ``"model.<parameter>"``, ``"optimizer.<...>"``."""
+    return set(FileSystemReader(Path(directory)).read_metadata().state_dict_metadata)
+
+
 def load_sharded(
     directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> None:
@@ -111,7 +116,7 @@ def load_sharded(
             f"{os.fspath(directory)!r} is not a complete sharded checkpoint (no {METADATA} file); "
             "pass the folder save_sharded wrote"
         )
-    saved = FileSystemReader(directory).read_metadata().state_dict_metadata
+    saved = saved_keys(directory)
     state: dict[str, object] = {MODEL: get_model_state_dict(model)}
     if optimizer is not None and any(key.startswith(f"{OPTIMIZER}.") for key in saved):
         state[OPTIMIZER] = get_optimizer_state_dict(model, optimizer)  # the layout to read into

@@ -69,6 +69,7 @@ __all__ = [
     "gathered_weights",
     "is_sharded",
     "load_full_state",
+    "regather",
     "shard_model",
 ]
 
@@ -137,6 +138,10 @@ def shard_model(
     for module in fsdp_modules(network):
         module.set_force_sum_reduction_for_comms(True)  # SUM, never AVG (pytorch#162338)
         module.set_gradient_divide_factor(1.0)  # the sum itself: each rank's loss carries its share of the batch
+    # FSDP2 initialises a root at its first forward, and reads then which parameters train to fix each group's
+    # gradient dtype; peft's disable_adapter() freezes the adapters while it runs, so a first forward under it (the
+    # LoRA reference's) would leave bf16 gradients for float32 master weights: initialise now (private API)
+    network._get_fsdp_state()._lazy_init()
     return model
 
 
@@ -167,14 +172,24 @@ def gathered_weights(model: nn.Module) -> Iterator[nn.Module]:
     roots = {id(m) for m in _roots(modules)}
     for module in modules:
         module.set_reshard_after_forward(False, recurse=False)
-    for handle in [module.unshard(async_op=True) for module in modules]:
-        handle.wait()
+    _unshard(modules)
     try:
         yield model
     finally:
         for module in modules:
             module.reshard()
             module.set_reshard_after_forward(id(module) not in roots, recurse=False)
+
+
+def regather(model: nn.Module) -> None:
+    """Gather ``model``'s weights again inside a :func:`gathered_weights` block, after something sharded them (a
+    ``state_dict()`` call reshards a sharded module: saving inside the block does). Collective."""
+    _unshard(fsdp_modules(model))
+
+
+def _unshard(modules: list[FSDPModule]) -> None:
+    for handle in [module.unshard(async_op=True) for module in modules]:
+        handle.wait()
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:

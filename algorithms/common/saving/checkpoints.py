@@ -1,7 +1,9 @@
 """Crash-safe runs: checkpoints at iteration boundaries (the newest two kept) and resuming from the newest.
 
 A checkpoint is a folder ``<checkpoint dir>/iteration_<n>/`` holding ``model.zip`` (see
-:mod:`algorithms.common.saving.run_file`: weights, optimizer, RNG states, counters, env and curriculum state),
+:mod:`algorithms.common.saving.run_file`: weights, optimizer, RNG states, counters, env and curriculum state; with
+``sharding="fsdp"`` the weights and optimizer state are the folder's shards instead, one file per rank written by
+``torch.distributed.checkpoint``, which ``--resume`` reads on any number of processes),
 ``replay.npz`` when the model has a replay buffer, and ``run.json`` (what the command line needs to finish the
 run: its total, the held-out results measured before training). The folder is written under a temporary name
 and renamed into place, so a kill at any instant leaves the previous checkpoints complete and at most a
@@ -93,6 +95,24 @@ def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, An
     return target
 
 
+def write_sharded_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, Any], keep: int = 2) -> Path:
+    """:func:`write_checkpoint` of a sharded model, called by every rank: the folder is the model's sharded
+    checkpoint (``save_sharded``: each rank its shards, rank 0 ``model.zip`` with the run state and no weights),
+    with ``replay.npz`` and ``run.json`` from rank 0, written atomically as a whole."""
+    directory = Path(directory)
+
+    def extra(folder: Path) -> None:
+        if getattr(model, "replay_buffer", None) is not None:
+            model.save_replay_buffer(folder / REPLAY)
+        (folder / RUN).write_text(json.dumps({**run, "iteration": model._iteration}, indent=1), encoding="utf-8")
+
+    target = model.save_sharded(directory / f"{PREFIX}{model._iteration:07d}", write_extra=extra)
+    if model._dist.is_main:
+        for old in checkpoints(directory)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
 def read_run(folder: str | os.PathLike) -> dict[str, Any]:
     """The ``run.json`` of a checkpoint folder."""
     path = Path(folder) / RUN
@@ -138,8 +158,12 @@ class IterationCheckpoint(BaseCallback):
         return False
 
     def save(self) -> Path | None:
-        """Write a checkpoint of the last finished iteration, unless it is written already (rank 0 only)."""
-        name = f"{PREFIX}{self.model._iteration:07d}"
-        if self.model._dist.is_main and (self.written is None or self.written.name != name):
+        """Write a checkpoint of the last finished iteration, unless it is written already (rank 0; with sharding
+        every rank, each writing its shards)."""
+        if self.written is not None and self.written.name == f"{PREFIX}{self.model._iteration:07d}":
+            return self.written
+        if self.model._parallel.sharded:
+            self.written = write_sharded_checkpoint(self.model, self.directory, self.run, self.keep)
+        elif self.model._dist.is_main:
             self.written = write_checkpoint(self.model, self.directory, self.run, self.keep)
         return self.written

@@ -4,7 +4,9 @@ A model file (the format is :mod:`algorithms.common.saving.model_file`) holds:
 
 - the constructor's arguments, by name (so ``load`` builds the same algorithm and validates them again);
 - the weights: the policy, its optimizer state, the frozen reference when there is one (with LoRA on a base
-  model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again);
+  model from a folder or hub name, the policy's adapters only: ``load`` reads the base from there again); in a
+  sharded checkpoint (``save_sharded``) none: ``data["weights"]`` says they are the shards of the folder the file
+  lies in;
 - the run state (:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`):
   ``num_timesteps``, the update and iteration counters, skipped steps and the algorithm's own counters; the RNG
   states of torch, numpy, Python, the sampler's generator and the problem stream; each env's
@@ -57,6 +59,11 @@ class SavedRun:
     state_dicts: dict[str, Any]  # the weights
     rng: dict[str, th.Tensor]  # the torch RNG states
     env: dict[str, Any] | None  # the env record, see :func:`env_record`
+    sharded_weights: bool = False  # the weights are in the sharded checkpoint folder around the file
+
+
+#: ``data["weights"]`` of a model file whose weights are the shards of the checkpoint folder it lies in
+SHARDED_WEIGHTS = "sharded checkpoint"
 
 
 def read_run(
@@ -84,6 +91,7 @@ def read_run(
         state_dicts=state_dicts,
         rng=variables.get("rng", {}),
         env=data.get("env"),
+        sharded_weights=data.get("weights") == SHARDED_WEIGHTS,
     )
 
 
