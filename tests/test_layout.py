@@ -136,3 +136,17 @@ def test_the_readme_layout_lists_every_module() -> None:
         if path.name != "__init__.py" and relative.relative_to(relative.parts[0]).as_posix() not in entries:
             missing.append(relative.as_posix())
     assert not missing, f"the README's layout map leaves out {missing}"
+
+
+def test_pyproject_lists_every_package() -> None:
+    """The wheel ships the packages pyproject names: each folder with an ``__init__.py`` is listed, and nothing else
+    (a renamed or moved package fails here, in seconds, before the wheel build does)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("__init__.py")
+    }
+    assert listed - {"algorithms.zoo_configs"} == folders
