@@ -49,7 +49,7 @@ from algorithms.common.collection import RolloutCollection
 from algorithms.common.determinism import deterministic_on_cpu
 from algorithms.common.distributed import Distributed, GradientSync
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.precision import ProbeShape, choose_precision
+from algorithms.common.precision import PrecisionChoice, ProbeShape, choose_precision
 from algorithms.common.rollout import TEXT_ONLY
 from algorithms.common.serialization import read_model_file
 from algorithms.common.vocabulary import check_embedding_rows, check_model_tokenizer, model_tokenizer
@@ -166,10 +166,15 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
         shape = ProbeShape.of(self.policy, rows, prompts=self._local_groups, sft_rows=self.sft_batch_size)
         choice = choose_precision(self.mixed_precision, self.device, self.policy, shape) if self._dist.is_main else None
         self.precision = self._dist.gather_objects(choice)[0]  # rank 0 probes (when auto needs it); all run its choice
+        self._sampler_correction = self._resolve_sampler_correction(self.precision)
+        if self._sampler_correction is None:  # "auto" never samples in another precision than it trains uncorrected
+            self.precision = self.precision.without_mixed_sampling()
         self.policy.autocast_dtypes = self.precision.dtypes
         self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         if self.verbose >= 1:
             print(self.precision.describe())
+            if self._sampler_correction is not None:
+                print(f"sampler correction: {self._sampler_correction} (see algorithms.common.sampler_correction)")
         if tokenizer is not None:
             check_embedding_rows(tokenizer, self.policy.model, self.policy.model_name, verified)
         config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
@@ -186,6 +191,11 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
     def _needs_reference(self) -> bool:
         """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
         return False
+
+    def _resolve_sampler_correction(self, precision: PrecisionChoice) -> str | None:
+        """The sampler correction this run applies under ``precision`` (:mod:`~algorithms.common.sampler_correction`):
+        ``"tis"``, or None for none (then sampling and update run in one precision)."""
+        return None
 
     def _check_env(self, env: VecEnv) -> None:
         """Read the token ids the policy needs from the env, and reject what the algorithm cannot train on."""

@@ -7,6 +7,7 @@ import inspect
 from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
+from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 from algorithms.grpo import objective
 
 #: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)
@@ -49,4 +50,6 @@ GRPO_RULES: dict[str, Rule] = {
     "replay_ratio": number(low=0.0, high=1.0, high_open=True),
     "max_replay_age": integer(low=0),
     "replay_buffer_kwargs": mapping(REPLAY_BUFFER_KEYS),
+    "sampler_correction": choice(*SAMPLER_CORRECTIONS),
+    "sampler_correction_cap": number(low=1.0),
 }

@@ -18,11 +18,13 @@ from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedul
 from stable_baselines3.common.utils import FloatSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
+from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import check_arguments
 from algorithms.common.batch import RolloutBatch
 from algorithms.common.buffers import PrioritizedTrajectoryBuffer
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
+from algorithms.common.precision import PrecisionChoice
 from algorithms.common.rollout import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, update
@@ -138,6 +140,13 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         (``train/skipped_steps``). ``"auto"``: see :mod:`~algorithms.common.precision` (bf16/fp16 on a GPU;
         on a CPU, per stage, float32 unless a probe of the model shows bf16 faster); the choice is in
         ``model.precision``
+    :param sampler_correction: the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`):
+        ``"tis"`` (truncated importance sampling: the ratio taken against the update's own log-probs of the fresh
+        rollout, one extra forward pass, and each token's loss weighted by ``min(pi_old / pi_sampler, cap)``),
+        ``None`` (off: the ratio is taken against the sampler's log-probs, and ``mixed_precision="auto"`` then samples
+        and updates in one precision) or ``"auto"`` (``"tis"`` exactly when sampling and update run in different
+        precisions). The mismatch is logged every update as ``train/sampler_kl``
+    :param sampler_correction_cap: the truncation ``cap`` of the TIS weights (TRL's and verl's 2)
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
         initialised built-in model), ``True`` or ``False``
     :param sft_steps: SFT gradient steps (the seed preset: 5000)
@@ -199,6 +208,8 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         gradient_compression: str | None = None,
         dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
+        sampler_correction: str | None = "auto",
+        sampler_correction_cap: float = 2.0,
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
         sft_batch_size: int = 32,
@@ -277,6 +288,9 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
 
     def _needs_reference(self) -> bool:
         return self.beta > 0 or self.protected_rollouts > 0
+
+    def _resolve_sampler_correction(self, precision: PrecisionChoice) -> str | None:
+        return correction.resolve_sampler_correction(self.sampler_correction, precision)
 
     def save_replay_buffer(self, path: str | os.PathLike) -> None:
         """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""
@@ -366,6 +380,10 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
         settings = self._loss_settings()
         self._start_gradient_sync()
         fresh = batch = self._rollout
+        sampler_kl = None  # measured before the first step: on the whole fresh rollout, or on the first minibatch
+        if self._sampler_correction == "tis":
+            fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, self.sampler_correction_cap)
+            batch = fresh
         drawn = self._draw_replay(len(fresh))
         if drawn is not None:
             batch = fresh.concat(drawn)
@@ -385,12 +403,15 @@ class GRPO(SeedControls, RolloutSampling, LMAlgorithm):
             )
             for minibatch, share in parts:
                 loss, stats, log_probs = self._step(minibatch, settings, share)
+                if sampler_kl is None:  # no correction: the first minibatch's forward ran before any step
+                    sampler_kl = correction.minibatch_sampler_kl(minibatch, log_probs)
                 if minibatch.slots is not None:
                     drifts.update(replay.drift(log_probs.detach(), minibatch))
                 for key, value in {"loss": loss, **stats}.items():
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
         if self.replay_buffer is not None:
             replay.update_and_store(self.replay_buffer, fresh, drawn, drifts, self._iteration)
+        history["sampler_kl"] = [float(sampler_kl)]
         self._log_train(history, settings)
 
     def _loss_settings(self) -> update.LossSettings:
