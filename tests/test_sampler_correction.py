@@ -16,6 +16,7 @@ from algorithms.common.precision import STAGES, PrecisionChoice
 from algorithms.common.sampler_correction import correct_fresh_rollout, resolve_sampler_correction, sampler_kl
 from algorithms.grpo.objective import grpo_loss
 from tests.test_grpo import make_model
+from tests.test_ppo import make_model as make_ppo
 from tests.test_precision import fake_bf16_cpu
 
 # the sampler's and the update's log-probs of three sampled tokens of one completion, and a fourth one masked out
@@ -24,8 +25,8 @@ UPDATE = torch.tensor([[math.log(0.6), math.log(0.3), math.log(0.2), 5.0]])
 MASK = torch.tensor([[True, True, True, False]])
 
 
-def scalars(folder: Path, tag: str) -> list[float]:
-    events = EventAccumulator(str(folder / "GRPO_1"), size_guidance={"scalars": 0}).Reload()
+def scalars(folder: Path, tag: str, run: str = "GRPO_1") -> list[float]:
+    events = EventAccumulator(str(folder / run), size_guidance={"scalars": 0}).Reload()
     return [event.value for event in events.Scalars(tag)]
 
 
@@ -117,3 +118,21 @@ def test_the_correction_arguments_are_checked():
         make_model(sampler_correction="is")
     with pytest.raises(ValueError, match="sampler_correction_cap"):
         make_model(sampler_correction_cap=0.5)
+
+
+@pytest.mark.parametrize("stages", ["mixed", "float32"])
+def test_lmppo_measures_and_corrects_the_mismatch_from_its_value_pass(monkeypatch, tmp_path: Path, stages):
+    """LMPPO takes the update's log-probs from the forward pass that computes its values (no extra pass)."""
+    if stages == "mixed":
+        fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 1.0})
+    precision = "auto" if stages == "mixed" else "no"
+    model = make_ppo(tensorboard_log=str(tmp_path), cold_start=False, mixed_precision=precision)
+    assert model._sampler_correction == ("tis" if stages == "mixed" else None)
+    model.learn(8)
+    batch = model._rollout
+    kl = scalars(tmp_path, "train/sampler_kl", run="LMPPO_1")
+    assert len(kl) == 2
+    if stages == "mixed":
+        assert all(0 < value < 0.1 for value in kl) and batch.sampler_weights is not None
+    else:
+        assert all(abs(value) < 1e-9 for value in kl) and batch.sampler_weights is None

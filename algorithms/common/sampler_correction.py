@@ -58,13 +58,17 @@ def minibatch_sampler_kl(minibatch: RolloutBatch, log_probs: th.Tensor) -> th.Te
     return sampler_kl(log_probs, minibatch.old_log_probs, mask)
 
 
+def corrected(batch: RolloutBatch, update_logp: th.Tensor, cap: float) -> RolloutBatch:
+    """The fresh rollout ``batch`` with ``update_logp`` (``(N, C)``, the update's own log-probs of it before the first
+    step) as ``old_log_probs`` and the TIS weights ``min(pi_old / pi_sampler, cap)`` as ``sampler_weights``."""
+    weights = truncated_importance_weights(update_logp, batch.old_log_probs, batch.completion_mask, cap)  # (N, C)
+    return dataclasses.replace(batch, old_log_probs=update_logp.detach(), sampler_weights=weights)
+
+
 def correct_fresh_rollout(policy, batch: RolloutBatch, cap: float) -> tuple[RolloutBatch, th.Tensor]:
-    """The fresh rollout ``batch`` with the update's own log-probs before the first step as ``old_log_probs`` and
-    the TIS weights ``min(pi_old / pi_sampler, cap)`` as ``sampler_weights`` (one forward pass of the
-    :class:`~algorithms.common.policies.TransformerPolicy`, no gradient), and the sampler KL measured on it."""
+    """:func:`corrected` ``batch``, its update log-probs from one forward pass of the
+    :class:`~algorithms.common.policies.TransformerPolicy` (no gradient), and the sampler KL measured on it."""
     mask = batch.completion_mask
     with th.no_grad():
         old = policy.log_probs(batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)[0]  # (N, C)
-    weights = truncated_importance_weights(old, batch.old_log_probs, mask, cap)  # (N, C)
-    kl = sampler_kl(old, batch.old_log_probs, mask)
-    return dataclasses.replace(batch, old_log_probs=old, sampler_weights=weights), kl
+    return corrected(batch, old, cap), sampler_kl(old, batch.old_log_probs, mask)

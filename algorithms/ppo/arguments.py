@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from algorithms.common.arguments import Rule, boolean, choice, integer, number, schedule
+from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 
 #: where the KL to the reference goes: a per-token reward penalty (InstructGPT) or a k3 term in the loss (GRPO's)
 KL_PLACEMENTS = ("reward", "loss")
@@ -19,4 +20,6 @@ PPO_RULES: dict[str, Rule] = {
     "kl_coef": number(low=0.0),
     "kl_placement": choice(*KL_PLACEMENTS),
     "target_kl": number(low=0.0, low_open=True, allow_none=True),
+    "sampler_correction": choice(*SAMPLER_CORRECTIONS),
+    "sampler_correction_cap": number(low=1.0),
 }

@@ -14,10 +14,12 @@ import torch as th
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
+from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import check_arguments
 from algorithms.common.batch import RolloutBatch, minibatches
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
+from algorithms.common.precision import PrecisionChoice
 from algorithms.common.rollout import Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import PPO_RULES
@@ -67,6 +69,9 @@ class LMPPO(LMAlgorithm):
     :param dist_timeout: seconds a rank waits for the others before the job fails
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (see :class:`~algorithms.grpo.GRPO`); the
         value head and the losses stay float32
+    :param sampler_correction: ``"auto"``, ``"tis"`` or ``None`` (see :class:`~algorithms.grpo.GRPO`); the update's own
+        log-probs of the rollout come from the forward pass that computes its values, at no extra cost
+    :param sampler_correction_cap: the truncation cap of the TIS weights
     :param cold_start: run the SFT stage before the first iteration: ``"auto"`` (a fresh built-in model), ``True``,
         ``False``
     :param sft_steps: SFT gradient steps
@@ -109,6 +114,8 @@ class LMPPO(LMAlgorithm):
         gradient_compression: str | None = None,
         dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
+        sampler_correction: str | None = "auto",
+        sampler_correction_cap: float = 2.0,
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
         sft_batch_size: int = 32,
@@ -157,6 +164,7 @@ class LMPPO(LMAlgorithm):
         for name, value in checked.items():
             setattr(self, name, value)
         self._explained_variance = float("nan")
+        self._sampler_kl = float("nan")  # train/sampler_kl of the last rollout
         if _init_setup_model:
             self._setup_model()
 
@@ -169,6 +177,9 @@ class LMPPO(LMAlgorithm):
 
     def _needs_reference(self) -> bool:
         return self.kl_coef > 0
+
+    def _resolve_sampler_correction(self, precision: PrecisionChoice) -> str | None:
+        return correction.resolve_sampler_correction(self.sampler_correction, precision)
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
@@ -187,8 +198,11 @@ class LMPPO(LMAlgorithm):
         mask = batch.completion_mask
         with th.no_grad():
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)
-            batch.values = self.policy.log_probs_and_values(*args)[2]  # (N, C)
+            update_log_probs, _, batch.values = self.policy.log_probs_and_values(*args)  # (N, C) each
             ref_log_probs = self._reference_log_probs(batch) if self.kl_coef > 0 else None  # (N, C)
+        self._sampler_kl = float(correction.sampler_kl(update_log_probs, batch.old_log_probs, mask))
+        if self._sampler_correction == "tis":  # the ratio against the update's own log-probs, tokens weighted
+            batch = correction.corrected(batch, update_log_probs, self.sampler_correction_cap)
         kl = None if ref_log_probs is None else th.where(mask, batch.old_log_probs - ref_log_probs, 0.0)  # (N, C) k1
         in_reward = self.kl_placement == "reward"
         rewards = objective.token_rewards(self._row_scores(rows), mask, kl, self.kl_coef if in_reward else 0.0)
@@ -262,6 +276,7 @@ class LMPPO(LMAlgorithm):
             entropy=entropy,
             ref_logp=minibatch.ref_log_probs,
             kl_coef=self.kl_coef,
+            sampler_weights=minibatch.sampler_weights,
         )
         if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
             stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
@@ -273,6 +288,7 @@ class LMPPO(LMAlgorithm):
         for key, value in history.items():
             self.logger.record(f"train/{key}", float(np.mean(value)))
         self.logger.record("train/explained_variance", self._explained_variance)
+        self.logger.record("train/sampler_kl", self._sampler_kl)
         self.logger.record("train/skipped_steps", self._skipped_steps)
         self.logger.record("train/optimizer_steps", len(history.get("loss", [])))
         self.logger.record("train/early_stop", float(stopped))
