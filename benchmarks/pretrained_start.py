@@ -148,12 +148,12 @@ def greedy_success(folder_or_model: Any, env: Any, problems: list[Problem]) -> f
 def supervised_tune(
     folder: str,
     seed: int = 0,
-    target: float = 0.62,
+    target: float = 0.60,
     max_steps: int = 4000,
-    eval_every: int = 100,
-    batch_size: int = 64,
+    eval_every: int = 50,
+    batch_size: int = 32,
     learning_rate: float = 2e-3,
-    validation: int = 200,
+    validation: int = 100,
 ) -> dict[str, Any]:
     """Build the tokenizer and model, tune on gold completions until greedy validation success reaches ``target``
     (checked every ``eval_every`` steps), save both to ``folder``; returns what it did."""

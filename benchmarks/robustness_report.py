@@ -34,22 +34,24 @@ def changes(results: list[dict[str, Any]], scores: dict[str, Any]) -> dict[tuple
 
 
 def _spread(values: list[float]) -> str:
-    return f"{statistics.median(values):+.1f} | {min(values):+.1f} | {max(values):+.1f}"
+    return f"{statistics.median(values):+.1f} ({min(values):+.1f} to {max(values):+.1f})"
 
 
 def arm_table(arms: dict[tuple, dict[str, list[float]]], start: str) -> list[str]:
     lines = [
-        "| arm | learning rate | seeds | greedy change: median, worst, best (points) | sampled change: median, "
-        "worst, best | greedy change per seed | run time (s, mean) | s per iteration |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | learning rate | seeds | greedy change: median | worst | best | sampled change: median (worst to "
+        "best) | greedy change per seed (seed 0, 1, ...) | run time (s, mean) | s per iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (s, label, lr), arm in sorted(arms.items(), key=lambda item: (item[0][2], item[0][1] != "ours", item[0][1])):
         if s != start:
             continue
-        per_seed = " ".join(f"{value:+.1f}" for value in arm["greedy"])
+        greedy = arm["greedy"]
+        per_seed = " ".join(f"{value:+.1f}" for value in greedy)
         lines.append(
-            f"| {label} | {lr:g} | {len(arm['greedy'])} | {_spread(arm['greedy'])} | {_spread(arm['sampled'])} | "
-            f"{per_seed} | {statistics.mean(arm['seconds']):.0f} | {statistics.mean(arm['per_iteration']):.2f} |"
+            f"| {label} | {lr:g} | {len(greedy)} | **{statistics.median(greedy):+.1f}** | {min(greedy):+.1f} | "
+            f"{max(greedy):+.1f} | {_spread(arm['sampled'])} | {per_seed} | {statistics.mean(arm['seconds']):.0f} | "
+            f"{statistics.mean(arm['per_iteration']):.2f} |"
         )
     return lines
 

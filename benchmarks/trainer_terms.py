@@ -87,7 +87,7 @@ def our_step(model: Any, batch: Any, initial: dict[str, Any], config: dict[str, 
     mask = batch.completion_mask
     log_ratio = (log_probs.detach() - batch.old_log_probs)[mask]
     return {
-        "loss": float(loss),
+        "loss": float(loss.detach()),
         "log_probs": log_probs.detach(),
         "gradient": gradient,
         "grad_norm": float(norm),
@@ -157,7 +157,10 @@ def trl_step(args: argparse.Namespace, batch: Any, rewards: list[float], texts: 
             "grad_norm": logs["grad_norm"],
             "clipped_gradient": seen["clipped_gradient"],
             "step": flat(list(trainer.model.parameters())) - initial,
-            "optimizer": {key: optimizer.defaults[key] for key in ("lr", "betas", "eps", "weight_decay")},
+            "optimizer": {
+                **{key: optimizer.defaults[key] for key in ("lr", "betas", "eps")},
+                "weight_decay": sorted({group["weight_decay"] for group in optimizer.param_groups}),
+            },
         }
 
 
@@ -187,12 +190,13 @@ def compare(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> str:
     ours = {name: our_step(model, batch, initial, config) for name, config in CONFIGS.items()}
     mask = batch.completion_mask
     base = next(iter(ours.values()))
+    signal = int((batch.returns.view(-1, group).std(dim=1) > 0).sum())
     trl_log_probs = trl["log_probs"][trl["completion_mask"]]  # (tokens,): row-major, as ours' [mask]
     lines = [
         f"Command: `python benchmarks/trainer_terms.py {' '.join(sys.argv[1:])}`; {cpu_name()} ({cpu_flags()}), "
         f"torch {torch.__version__}, trl {__import__('trl').__version__}. One rollout of K={len(batch) // group} x "
-        f"G={group} ({int(mask.sum())} completion tokens, {sum(r != rewards[0] for r in rewards)} rewards differ from "
-        f"the first), sampled by ours in float32 from `{os.path.basename(args.folder)}`, seed {args.seed}, learning "
+        f"G={group} ({int(mask.sum())} completion tokens, {signal} of the groups with rewards that differ), sampled by "
+        f"ours in float32 from `{os.path.basename(args.folder)}`, seed {args.seed}, learning "
         f"rate {args.lr:g}, beta 0, clip 0.2, gradient clip 0.5.",
         "",
         "| term | ours | TRL | largest difference |",
@@ -203,10 +207,10 @@ def compare(args: argparse.Namespace, env_kwargs: dict[str, Any]) -> str:
         f"{float((base['log_probs'][mask] - trl_log_probs).abs().max()):.1e} |",
         f"| ratio at the first step | pi / pi_sampler: max abs log-ratio {base['max_log_ratio']:.1e} | 1 (old = "
         "detached current) | - |",
-        f"| loss value | {base['loss']:.5f} | {trl['loss']} | aggregation and entropy bonus differ |",
+        f"| loss value | {base['loss']:.3g} | {float(trl['loss']):.3g} | aggregation and entropy bonus differ |",
         f"| AdamW (lr, betas, eps, weight decay) | {args.lr:g}, (0.9, 0.999), 1e-08, 0.01 | "
         f"{trl['optimizer']['lr']:g}, {tuple(trl['optimizer']['betas'])}, {trl['optimizer']['eps']:g}, "
-        f"{trl['optimizer']['weight_decay']:g} | weight decay |",
+        f"{trl['optimizer']['weight_decay']} (per parameter group) | weight decay |",
         f"| pre-clip gradient norm | {base['grad_norm']:.4f} | {trl['grad_norm']:.4f} | |",
         "",
         "| ours' configuration | pre-clip grad norm | cosine with TRL's (clipped) gradient | first step: "

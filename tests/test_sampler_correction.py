@@ -15,6 +15,7 @@ from algorithms.common.losses import truncated_importance_weights
 from algorithms.common.precision import STAGES, PrecisionChoice
 from algorithms.common.sampler_correction import correct_fresh_rollout, resolve_sampler_correction, sampler_kl
 from algorithms.grpo.objective import grpo_loss
+from tests import test_replay
 from tests.test_grpo import make_model
 from tests.test_ppo import make_model as make_ppo
 from tests.test_precision import fake_bf16_cpu
@@ -136,3 +137,14 @@ def test_lmppo_measures_and_corrects_the_mismatch_from_its_value_pass(monkeypatc
         assert all(0 < value < 0.1 for value in kl) and batch.sampler_weights is not None
     else:
         assert all(abs(value) < 1e-9 for value in kl) and batch.sampler_weights is None
+
+
+def test_replayed_rows_join_a_corrected_rollout_with_weight_one(tmp_path: Path):
+    """Replayed rows were sampled by older weights: the correction is the fresh rollout's; they get weight 1."""
+    fresh = test_replay._batch(2, 3, 4, sampler_weights=torch.full((2, 4), 0.5))
+    replayed = test_replay._batch(1, 5, 2, weights=torch.tensor([0.5]), slots=torch.tensor([9]))
+    both = fresh.concat(replayed)
+    assert both.sampler_weights.tolist() == [[0.5] * 4, [0.5] * 4, [1.0, 1.0, 0.0, 0.0]]
+    model = make_model(replay_ratio=0.5, sampler_correction="tis", mixed_precision="no", tensorboard_log=str(tmp_path))
+    model.learn(8 * 3)  # a corrected fresh rollout with replayed rows in the last two updates
+    assert len(scalars(tmp_path, "train/sampler_kl")) == 3
