@@ -185,7 +185,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--held-out", type=int, default=200, help="held-out problems")
     parser.add_argument("--workers", type=int, default=2, help="runs at a time (one torch thread each)")
     parser.add_argument("--sft-steps-a", type=int, default=500, help="start a's cold-start steps")
-    parser.add_argument("--sft-target-b", type=float, default=0.60, help="start b's validation success target")
+    parser.add_argument("--sft-target-b", type=float, default=0.62, help="start b's validation success target")
     parser.add_argument("--sft-max-steps-b", type=int, default=4000, help="start b's most tuning steps")
     parser.add_argument("--ours", nargs="*", default=[], help="GRPO arguments of ours' arms, key=value")
     parser.add_argument("--trl", nargs="*", default=[], help="GRPOConfig arguments of TRL's arms, key=value")

@@ -148,9 +148,9 @@ def greedy_success(folder_or_model: Any, env: Any, problems: list[Problem]) -> f
 def supervised_tune(
     folder: str,
     seed: int = 0,
-    target: float = 0.60,
+    target: float = 0.62,
     max_steps: int = 4000,
-    eval_every: int = 50,
+    eval_every: int = 100,
     batch_size: int = 32,
     learning_rate: float = 2e-3,
     validation: int = 100,
