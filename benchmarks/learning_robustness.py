@@ -15,8 +15,9 @@ and learning rates, judged by one evaluator on one held-out set (issue 23).
   gradient clip (0.5), temperature (1), top-p (0.92), beta (0) and learning rate, ``--seeds`` seeds each, the
   same problem stream per seed (``learning_vs_trl.py``'s workers), ``--iterations`` iterations each (one optimizer
   step per iteration in both). Ours runs its constructor defaults but for those; ``--ours key=value`` changes
-  them. ``--variant label key=value ...`` adds arms of ours with other settings (at ``--variant-learning-rates``
-  on ``--variant-starts``), to measure what one setting is worth. TRL runs ``GRPOConfig``'s defaults but for
+  them. ``--variant label key=value ...`` adds arms of ours with other settings (GRPO's defaults but for those
+  and the shared ones above; at ``--variant-learning-rates`` on ``--variant-starts``), to measure what one setting
+  is worth (``--variant defaults`` alone: GRPO's defaults). TRL runs ``GRPOConfig``'s defaults but for
   those (``loss_type="dapo"``, AdamW without weight decay, float32 on a CPU without native bf16).
 - **Evaluation**: after training, one process per start scores the start and every run's final weights on the
   same ``--held-out`` problems (held-out seeds, never trained on) through this project's policy and evaluator, in
@@ -43,6 +44,7 @@ Needs the ``bench`` extra (``trl``, ``datasets``, ``matplotlib``). Nothing is do
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -134,12 +136,16 @@ def arms(args: argparse.Namespace) -> list[dict[str, Any]]:
             for lr in args.variant_learning_rates:
                 for seed in range(args.seeds):
                     runs.append({"start": start, "label": label, "trainer": "ours", "lr": lr, "seed": seed,
-                                 "ours": {**SHARED_OURS, **args.ours, **overrides}, "trl": {}})  # fmt: skip
+                                 "ours": {**SHARED_OURS, **overrides}, "trl": {}})  # fmt: skip
     return runs
 
 
 def run_key(run: dict[str, Any]) -> str:
-    return f"{run['start']}_{run['label']}_lr{run['lr']:g}_seed{run['seed']}"
+    """The run's name in ``--work``: start, label, learning rate, seed and a hash of its settings (so a changed
+    setting is a new run, never a stale result)."""
+    settings = json.dumps({"ours": run["ours"], "trl": run["trl"], "trainer": run["trainer"]}, sort_keys=True)
+    digest = hashlib.sha256(settings.encode()).hexdigest()[:8]
+    return f"{run['start']}_{run['label']}_lr{run['lr']:g}_seed{run['seed']}_{digest}"
 
 
 def train(args: argparse.Namespace, run: dict[str, Any], starts: dict[str, dict[str, Any]]) -> dict[str, Any]:
