@@ -125,7 +125,7 @@ def build_start(args: argparse.Namespace, start: str) -> dict[str, Any]:
 def arms(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run: ``{"start", "label", "trainer", "lr", "seed", "ours", "trl"}``, ours and TRL interleaved."""
     runs = []
-    for start in args.starts:
+    for start in [] if args.variants_only else args.starts:
         for lr in args.learning_rates:
             for seed in range(args.seeds):
                 for trainer in ("ours", "trl"):
@@ -199,6 +199,7 @@ def parse_args() -> argparse.Namespace:
                         help="an extra arm of ours: a label, then GRPO arguments")  # fmt: skip
     parser.add_argument("--variant-starts", nargs="+", default=["b"], choices=["a", "b"])
     parser.add_argument("--variant-learning-rates", type=float, nargs="+", default=[1e-4])
+    parser.add_argument("--variants-only", action="store_true", help="run the variants, not ours' and TRL's arms")
     parser.add_argument("--results", type=Path, help="write the section into this RESULTS.md")
     parser.add_argument("--title", help="the RESULTS.md subsection's title (default: the command's settings)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)

@@ -74,7 +74,7 @@ def criteria(arms: dict[tuple, dict[str, list[float]]], start: str) -> list[str]
             f"| {lr:g} | {statistics.median(ours):+.1f} vs {statistics.median(trl):+.1f}: {_mark(median)} | "
             f"{min(ours):+.1f} vs {min(trl) - 2:+.1f}: {_mark(worst)} | {min(ours):+.1f}: {_mark(floor)} |"
         )
-    return lines
+    return lines if len(lines) > 2 else []  # no table when ours and TRL did not both run (``--variants-only``)
 
 
 def _mark(ok: bool) -> str:
