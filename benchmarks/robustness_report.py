@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -90,21 +91,24 @@ def report(
 
     arms = changes(results, scores)
     others = [share for arm in arms.values() for share in arm["others"]]
-    command = " ".join(["python benchmarks/learning_robustness.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmarks/learning_robustness.py", *sys.argv[1:]])
+    train_hours = sum(run["train_s"] for run in results) / 3600
     lines = [
         f"Command: `{command}`.",
         "",
         f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, Python "
         f"{platform.python_version()}; {len(__import__('os').sched_getaffinity(0))}-core {cpu_name()} (flags: "
-        f"{cpu_flags()}), no GPU; one torch thread per run, {args.workers} runs at a time. Load average at the "
-        f"start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}; other processes used {statistics.mean(others):.0%} "
-        f"of the CPUs during the runs (mean); the whole benchmark took {seconds / 60:.0f} min.",
+        f"{cpu_flags()}), no GPU; one torch thread per run, {args.workers} runs at a time. Other processes used "
+        f"{statistics.mean(others):.0%} of the CPUs during the runs (mean); the {len(results)} runs trained for "
+        f"{train_hours:.1f} h in all (run time summed). This command took {seconds / 60:.0f} min (load average at "
+        f"its start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}); runs and scores already in `--work` are reused.",
         "",
         f"K=4 x G=8, {args.iterations} iterations (optimizer steps) per run for both trainers, seeds "
         f"0-{args.seeds - 1}, beta 0, clip 0.2, gradient clip 0.5, temperature 1, top-p 0.92; held-out: "
         f"{args.held_out} problems (held-out seeds), scored by one evaluator outside both trainers (float32). "
         f"Ours' arguments beyond those: {args.ours or 'its defaults'}; TRL: GRPOConfig defaults "
         f"(loss_type dapo, AdamW weight decay 0){', ' + str(args.trl) if args.trl else ''}.",
+        *_variant_lines(args.variants),
     ]
     for start in starts:
         start_scores = scores[start]["start"]
@@ -123,6 +127,22 @@ def report(
         ]
     lines += ["", "Plot: `benchmarks/learning_robustness.png` (every run's greedy held-out change, median marked)."]
     return "\n".join(lines)
+
+
+def _variant_lines(variants: list[dict[str, Any]]) -> list[str]:
+    """What each ``--variant`` arm is: ours with GRPO's defaults but for the shared settings and its own."""
+    if not variants:
+        return []
+    lines = ["", "Variants (ours, GRPO's defaults but for the shared settings above and these):", ""]
+    for variant in variants:
+        where = f"start {', '.join(variant['starts'])}, lr {', '.join(f'{lr:g}' for lr in variant['learning_rates'])}"
+        lines.append(f"- `{variant['label']}`: {variant['ours'] or 'nothing else'} ({where})")
+    if any("_stages" in variant["ours"] for variant in variants):
+        lines.append(
+            "- `_stages`: the per-stage precisions that `mixed_precision='auto'` is made to pick (`no`: float32), as "
+            "a bf16 CPU's probe may; `sampler_correction=None` keeps them mixed without the correction"
+        )
+    return lines
 
 
 def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str, Any]) -> None:
