@@ -153,7 +153,8 @@ def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str,
 
     arms = changes(results, scores)
     starts = sorted({start for start, _, _ in arms})
-    figure, axes = plt.subplots(1, len(starts), figsize=(7 * len(starts), 4.5), squeeze=False)
+    width = max(7.0, 0.75 * max(sum(key[0] == start for key in arms) for start in starts))  # per start: its arms
+    figure, axes = plt.subplots(1, len(starts), figsize=(width * len(starts), 5), squeeze=False)
     for axis, start in zip(axes[0], starts, strict=True):
         keys = sorted((k for k in arms if k[0] == start), key=lambda k: (k[2], k[1] != "ours", k[1]))
         for x, key in enumerate(keys):
@@ -163,7 +164,7 @@ def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str,
             axis.hlines(statistics.median(values), x - 0.3, x + 0.3, color=colour)
         axis.axhline(0, color="grey", linewidth=0.8)
         axis.axhline(-5, color="grey", linewidth=0.8, linestyle=":")
-        axis.set_xticks(range(len(keys)), [f"{label}\n{lr:g}" for _, label, lr in keys], fontsize=8)
+        axis.set_xticks(range(len(keys)), [f"{label}\n{lr:g}" for _, label, lr in keys], fontsize=8, rotation=30)
         axis.set_ylabel("greedy held-out change (points)")
         axis.set_title(START_NAMES[start], fontsize=9)
     figure.suptitle(f"{args.iterations} iterations, {args.seeds} seeds per arm: every run, median marked")
