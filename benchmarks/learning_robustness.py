@@ -16,8 +16,9 @@ and learning rates, judged by one evaluator on one held-out set (issue 23).
   same problem stream per seed (``learning_vs_trl.py``'s workers), ``--iterations`` iterations each (one optimizer
   step per iteration in both). Ours runs its constructor defaults but for those; ``--ours key=value`` changes
   them. ``--variant label key=value ...`` adds arms of ours with other settings (GRPO's defaults but for those
-  and the shared ones above; at ``--variant-learning-rates`` on ``--variant-starts``), to measure what one setting
-  is worth (``--variant defaults`` alone: GRPO's defaults). TRL runs ``GRPOConfig``'s defaults but for
+  and the shared ones above; at ``--variant-learning-rates`` on ``--variant-starts``, or where its own
+  ``_starts=a,b`` and ``_learning_rates=1e-5,1e-4`` say), to measure what one setting is worth (``--variant
+  defaults`` alone: GRPO's defaults). TRL runs ``GRPOConfig``'s defaults but for
   those (``loss_type="dapo"``, AdamW without weight decay, float32 on a CPU without native bf16).
 - **Evaluation**: after training, one process per start scores the start and every run's final weights on the
   same ``--held-out`` problems (held-out seeds, never trained on) through this project's policy and evaluator, in
@@ -29,9 +30,12 @@ and learning rates, judged by one evaluator on one held-out set (issue 23).
 Runs go ``--workers`` at a time, each its own process with one torch thread. Results are kept in ``--work``
 (starts, snapshots, one JSON per run and per evaluation), so an interrupted benchmark resumes and new arms add to it.
 
-Full run (what RESULTS.md records; about 90 minutes on 2 shared cores)::
+Ours and TRL only (about 3 hours on 2 shared cores: 42 min building the starts, then 60 runs of about 4 min, 2 at a
+time, then scoring)::
 
-    python benchmarks/learning_robustness.py --work /tmp/robustness --workers 2 --results benchmarks/RESULTS.md
+    python benchmarks/learning_robustness.py --work /tmp/robustness --workers 2
+
+What RESULTS.md records adds the variants (its command line, quoted as a shell needs it, is in the section).
 
 Smoke run (a few minutes)::
 
@@ -81,11 +85,11 @@ def run_ours_staged(settings: Settings) -> dict[str, Any]:
     as ``auto`` did before the sampler correction existed (to reproduce that behaviour)."""
     stages = settings.ours.pop("_stages", None)
     if stages is not None:
-        from algorithms.common import lm_algorithm
+        from algorithms.common import base_class
         from algorithms.common.runtime.precision import PrecisionChoice
 
         reason = "forced per stage by the benchmark, as a bf16 CPU's probe may pick"
-        lm_algorithm.choose_precision = lambda *args, **kwargs: PrecisionChoice("auto", stages, reason)
+        base_class.choose_precision = lambda *args, **kwargs: PrecisionChoice("auto", stages, reason)
         if settings.ours.get("sampler_correction", "auto") is None:
             PrecisionChoice.without_mixed_sampling = lambda self: self  # the behaviour before the correction
     return run_ours(settings)
@@ -125,18 +129,18 @@ def build_start(args: argparse.Namespace, start: str) -> dict[str, Any]:
 def arms(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every run: ``{"start", "label", "trainer", "lr", "seed", "ours", "trl"}``, ours and TRL interleaved."""
     runs = []
-    for start in args.starts:
+    for start in [] if args.variants_only else args.starts:
         for lr in args.learning_rates:
             for seed in range(args.seeds):
                 for trainer in ("ours", "trl"):
                     runs.append({"start": start, "label": trainer, "trainer": trainer, "lr": lr, "seed": seed,
                                  "ours": {**SHARED_OURS, **args.ours}, "trl": {**SHARED_TRL, **args.trl}})  # fmt: skip
-    for label, overrides in args.variants:
-        for start in args.variant_starts:
-            for lr in args.variant_learning_rates:
+    for variant in args.variants:
+        for start in variant["starts"]:
+            for lr in variant["learning_rates"]:
                 for seed in range(args.seeds):
-                    runs.append({"start": start, "label": label, "trainer": "ours", "lr": lr, "seed": seed,
-                                 "ours": {**SHARED_OURS, **overrides}, "trl": {}})  # fmt: skip
+                    runs.append({"start": start, "label": variant["label"], "trainer": "ours", "lr": lr, "seed": seed,
+                                 "ours": {**SHARED_OURS, **variant["ours"]}, "trl": {}})  # fmt: skip
     return runs
 
 
@@ -179,6 +183,25 @@ def score(args: argparse.Namespace, start: str, folder: str, results: list[dict[
     return scores
 
 
+def _listed(value: Any) -> list[Any]:
+    """``"a,b"``, ``("a", "b")`` or ``"a"`` (a parsed ``key=value``) as a list."""
+    return value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def parse_variant(label: str, pairs: list[str], starts: list[str], learning_rates: list[float]) -> dict[str, Any]:
+    """One ``--variant``: its label, its GRPO arguments, and the starts and learning rates it runs at (its
+    ``_starts=a,b`` and ``_learning_rates=1e-5,1e-4`` pairs, else ``--variant-starts`` and
+    ``--variant-learning-rates``)."""
+    from algorithms.common.hyperparams import parse_overrides
+
+    ours = parse_overrides(pairs)
+    starts = _listed(ours.pop("_starts", starts))
+    learning_rates = [float(lr) for lr in _listed(ours.pop("_learning_rates", learning_rates))]
+    if not set(starts) <= {"a", "b"}:
+        raise ValueError(f"--variant {label}: _starts={','.join(starts)} names a start other than a and b")
+    return {"label": label, "ours": ours, "starts": starts, "learning_rates": learning_rates}
+
+
 def parse_args() -> argparse.Namespace:
     from algorithms.common.hyperparams import parse_overrides
 
@@ -196,9 +219,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ours", nargs="*", default=[], help="GRPO arguments of ours' arms, key=value")
     parser.add_argument("--trl", nargs="*", default=[], help="GRPOConfig arguments of TRL's arms, key=value")
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("LABEL", "KEY=VALUE"),
-                        help="an extra arm of ours: a label, then GRPO arguments")  # fmt: skip
-    parser.add_argument("--variant-starts", nargs="+", default=["b"], choices=["a", "b"])
-    parser.add_argument("--variant-learning-rates", type=float, nargs="+", default=[1e-4])
+                        help="an extra arm of ours: a label, then GRPO arguments (_starts=a,b and "
+                             "_learning_rates=1e-5,1e-4: where this one runs)")  # fmt: skip
+    parser.add_argument("--variant-starts", nargs="+", default=["b"], choices=["a", "b"], help="variants' default")
+    parser.add_argument("--variant-learning-rates", type=float, nargs="+", default=[1e-4], help="variants' default")
+    parser.add_argument("--variants-only", action="store_true", help="run the variants, not ours' and TRL's arms")
     parser.add_argument("--results", type=Path, help="write the section into this RESULTS.md")
     parser.add_argument("--title", help="the RESULTS.md subsection's title (default: the command's settings)")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -207,7 +232,9 @@ def parse_args() -> argparse.Namespace:
     if args.worker:
         return args
     args.ours, args.trl = parse_overrides(args.ours), parse_overrides(args.trl)
-    args.variants = [(label, parse_overrides(pairs)) for label, *pairs in args.variant]
+    args.variants = [
+        parse_variant(label, pairs, args.variant_starts, args.variant_learning_rates) for label, *pairs in args.variant
+    ]
     return args
 
 
@@ -219,7 +246,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     (args.work / "runs").mkdir(exist_ok=True)
     load, began = os.getloadavg(), time.time()
-    needed = sorted({*args.starts, *(args.variant_starts if args.variants else [])})
+    needed = sorted({*args.starts, *(start for variant in args.variants for start in variant["starts"])})
     starts = {start: build_start(args, start) for start in needed}
     for start, built in starts.items():
         print(f"start {start}: {built['folder']}", flush=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import platform
+import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -74,7 +75,7 @@ def criteria(arms: dict[tuple, dict[str, list[float]]], start: str) -> list[str]
             f"| {lr:g} | {statistics.median(ours):+.1f} vs {statistics.median(trl):+.1f}: {_mark(median)} | "
             f"{min(ours):+.1f} vs {min(trl) - 2:+.1f}: {_mark(worst)} | {min(ours):+.1f}: {_mark(floor)} |"
         )
-    return lines
+    return lines if len(lines) > 2 else []  # no table when ours and TRL did not both run (``--variants-only``)
 
 
 def _mark(ok: bool) -> str:
@@ -90,21 +91,24 @@ def report(
 
     arms = changes(results, scores)
     others = [share for arm in arms.values() for share in arm["others"]]
-    command = " ".join(["python benchmarks/learning_robustness.py", *sys.argv[1:]])
+    command = shlex.join(["python", "benchmarks/learning_robustness.py", *sys.argv[1:]])
+    train_hours = sum(run["train_s"] for run in results) / 3600
     lines = [
         f"Command: `{command}`.",
         "",
         f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, Python "
         f"{platform.python_version()}; {len(__import__('os').sched_getaffinity(0))}-core {cpu_name()} (flags: "
-        f"{cpu_flags()}), no GPU; one torch thread per run, {args.workers} runs at a time. Load average at the "
-        f"start: {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}; other processes used {statistics.mean(others):.0%} "
-        f"of the CPUs during the runs (mean); the whole benchmark took {seconds / 60:.0f} min.",
+        f"{cpu_flags()}), no GPU; one torch thread per run, {args.workers} runs at a time. Other processes used "
+        f"{statistics.mean(others):.0%} of the CPUs during the runs (mean); the {len(results)} runs trained for "
+        f"{train_hours:.1f} h in all (run time summed). This command took {seconds / 60:.0f} min (load average at "
+        f"its start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}); runs and scores already in `--work` are reused.",
         "",
         f"K=4 x G=8, {args.iterations} iterations (optimizer steps) per run for both trainers, seeds "
         f"0-{args.seeds - 1}, beta 0, clip 0.2, gradient clip 0.5, temperature 1, top-p 0.92; held-out: "
         f"{args.held_out} problems (held-out seeds), scored by one evaluator outside both trainers (float32). "
         f"Ours' arguments beyond those: {args.ours or 'its defaults'}; TRL: GRPOConfig defaults "
         f"(loss_type dapo, AdamW weight decay 0){', ' + str(args.trl) if args.trl else ''}.",
+        *_variant_lines(args.variants),
     ]
     for start in starts:
         start_scores = scores[start]["start"]
@@ -125,6 +129,22 @@ def report(
     return "\n".join(lines)
 
 
+def _variant_lines(variants: list[dict[str, Any]]) -> list[str]:
+    """What each ``--variant`` arm is: ours with GRPO's defaults but for the shared settings and its own."""
+    if not variants:
+        return []
+    lines = ["", "Variants (ours, GRPO's defaults but for the shared settings above and these):", ""]
+    for variant in variants:
+        where = f"start {', '.join(variant['starts'])}, lr {', '.join(f'{lr:g}' for lr in variant['learning_rates'])}"
+        lines.append(f"- `{variant['label']}`: {variant['ours'] or 'nothing else'} ({where})")
+    if any("_stages" in variant["ours"] for variant in variants):
+        lines.append(
+            "- `_stages`: the per-stage precisions that `mixed_precision='auto'` is made to pick (`no`: float32), as "
+            "a bf16 CPU's probe may; `sampler_correction=None` keeps them mixed without the correction"
+        )
+    return lines
+
+
 def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str, Any]) -> None:
     import matplotlib
 
@@ -133,7 +153,8 @@ def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str,
 
     arms = changes(results, scores)
     starts = sorted({start for start, _, _ in arms})
-    figure, axes = plt.subplots(1, len(starts), figsize=(7 * len(starts), 4.5), squeeze=False)
+    width = max(7.0, 0.75 * max(sum(key[0] == start for key in arms) for start in starts))  # per start: its arms
+    figure, axes = plt.subplots(1, len(starts), figsize=(width * len(starts), 5), squeeze=False)
     for axis, start in zip(axes[0], starts, strict=True):
         keys = sorted((k for k in arms if k[0] == start), key=lambda k: (k[2], k[1] != "ours", k[1]))
         for x, key in enumerate(keys):
@@ -143,7 +164,7 @@ def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str,
             axis.hlines(statistics.median(values), x - 0.3, x + 0.3, color=colour)
         axis.axhline(0, color="grey", linewidth=0.8)
         axis.axhline(-5, color="grey", linewidth=0.8, linestyle=":")
-        axis.set_xticks(range(len(keys)), [f"{label}\n{lr:g}" for _, label, lr in keys], fontsize=8)
+        axis.set_xticks(range(len(keys)), [f"{label}\n{lr:g}" for _, label, lr in keys], fontsize=8, rotation=30)
         axis.set_ylabel("greedy held-out change (points)")
         axis.set_title(START_NAMES[start], fontsize=9)
     figure.suptitle(f"{args.iterations} iterations, {args.seeds} seeds per arm: every run, median marked")
