@@ -13,6 +13,11 @@ import pytest
 
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: N workers share the cores, one torch thread each
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # (and the processes the tests start)
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True, scope="session")
