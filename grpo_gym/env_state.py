@@ -14,14 +14,16 @@ The state is a plain, JSON-serialisable ``dict`` (``json.dumps`` works on it; no
       "episode": None | {            # the episode in progress (None before the first reset)
         "problem": {"seed": 123, "difficulty": 0.35}     # remade by the task from its seed, or
                    | {"fields": {...Problem fields...}}, # stored whole when it has no seed (pinned rows)
-        "window": [ids...], "pending": [ids...], "turn": 1, "transcript": ["prompt text", ...]
+        "window": [ids...], "pending": [ids...], "turn": 1, "transcript": ["prompt text", ...],
+        "tools": {"calls": 1, "turns": 1}                # an env with tools: the episode's tool calls and turns
       }
     }
 
 ``spec`` is checked on ``set_state``: a state restores only into an env built with the same task name, window,
 completion budget, action mode, turn budget and vocabulary size (anything else raises ``ValueError`` naming
-the difference). Everything else about the env (its tokenizer, template, reward model) comes from its
-constructor, as with any Gymnasium env.
+the difference; an env with tools adds ``"tools"``, their names, and ``"max_tool_calls"``). Everything else about
+the env (its tokenizer, template, reward model, tool functions) comes from its constructor, as with any Gymnasium
+env.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def _spec(env: R1ZeroEnv) -> dict[str, Any]:
         "action_mode": env.action_mode,
         "max_turns": env.max_turns,
         "vocab_size": env.codec.vocab_size,
+        **({"tools": env.tools.names, "max_tool_calls": env.max_tool_calls} if env.tools is not None else {}),
     }
 
 
@@ -89,6 +92,8 @@ def get_env_state(env: R1ZeroEnv) -> dict[str, Any]:
             "turn": env._turn,
             "transcript": list(env._transcript),
         }
+        if env.tool_session is not None:
+            episode["tools"] = {"calls": env.tool_session.calls, "turns": env.tool_session.turns}
     return {
         "format": STATE_FORMAT,
         "spec": _spec(env),
@@ -123,6 +128,10 @@ def set_env_state(env: R1ZeroEnv, state: dict[str, Any]) -> None:
                 raise ValueError(f"episode {name} ids must be a list of ids in [0, {env.codec.vocab_size})")
         if len(window) > env.context_length or len(pending) > env.max_new_tokens:
             raise ValueError("episode window or pending tokens longer than this env allows")
+    tools = (episode or {}).get("tools", {"calls": 0, "turns": 0})
+    counts = [tools.get(key) if isinstance(tools, dict) else None for key in ("calls", "turns")]
+    if not all(isinstance(count, int) and count >= 0 for count in counts):
+        raise ValueError(f"episode tools must be {{'calls': int >= 0, 'turns': int >= 0}}, got {tools!r}")
     # everything is checked: now change the env
     env.np_random = generator
     env.set_difficulty(state["difficulty"])
@@ -139,6 +148,8 @@ def set_env_state(env: R1ZeroEnv, state: dict[str, Any]) -> None:
         env._pending = pending.tolist()
         env._turn = int(episode["turn"])
         env._transcript = [str(text) for text in episode["transcript"]]
+    if env.tool_session is not None:
+        env.tool_session.reset(tools["calls"], tools["turns"])
 
 
 def _generator(state: Any) -> np.random.Generator:

@@ -5,10 +5,19 @@ The default is the R1-Zero template (DeepSeek-R1 paper, table 1): the model answ
 which learns the format from the cold-start data instead). Any string with a ``{prompt}`` field is a template
 too. When the tokenizer has a chat template and ``use_chat_template`` is on, the instructions become the
 system message and the question the user message, rendered by the tokenizer's own chat template.
+
+**Tools** (``R1ZeroEnv(tools=...)``, :mod:`grpo_gym.tools`). With a chat template, the schemas go to
+``apply_chat_template(..., tools=schemas)`` (the template shows them, usually in the system message; a template
+that ignores ``tools`` is refused) and each result is a ``{"role": "tool", "name": ..., "content": ...}``
+message. Without one, a plain-text block comes before the template's text: for ``"r1zero"`` and your own templates
+:data:`TOOLS_INSTRUCTIONS` and one JSON schema per line; for ``"compact"`` one line, ``Tools: calculator(expression)``
+(the tiny model learns the call format from the cold start). After a tool turn the results follow as one
+``"\nTool: <result>"`` line per call, then the ``"\nAssistant: "`` cue (:data:`TOOL_RESULT_FORMAT`).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from grpo_gym.validation import ArgumentError, check_choice
@@ -24,6 +33,12 @@ TEMPLATES = {
     "compact": "User: {prompt}\nAssistant: ",
 }
 FEEDBACK_FORMAT = "\nUser: {feedback}\nAssistant: "
+TOOLS_INSTRUCTIONS = (
+    'To call a tool, write <tool_call>{"name": <tool name>, "arguments": {<arguments>}}</tool_call>; its result '
+    'comes back after "Tool:". The tools (JSON schemas):\n'
+)
+TOOL_RESULT_FORMAT = "\nTool: {result}"
+TURN_CUE = "\nAssistant: "
 _PLACEHOLDER = "\x00"  # stands for the question / feedback message when the template is rendered once
 _COMPLETION = "\x01"  # stands for the model's completion in the rendered chat
 
@@ -34,9 +49,16 @@ class PromptFormatter:
     :param template: ``"r1zero"``, ``"compact"`` or a format string with a ``{prompt}`` field
     :param tokenizer: the env's tokenizer (used only for its chat template)
     :param use_chat_template: ``"auto"`` (when the tokenizer has one), ``True`` or ``False``
+    :param tools: the JSON schemas of the env's tools (see the module docstring), or ``None``
     """
 
-    def __init__(self, template: str, tokenizer: Any, use_chat_template: bool | str = "auto") -> None:
+    def __init__(
+        self,
+        template: str,
+        tokenizer: Any,
+        use_chat_template: bool | str = "auto",
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         wanted = f"template must be one of {sorted(TEMPLATES)} or a string with a '{{prompt}}' field"
         if not isinstance(template, str):
             raise ArgumentError(f"{wanted}, got {type(template).__name__}")
@@ -57,6 +79,10 @@ class PromptFormatter:
         self.tokenizer = tokenizer
         self.chat = has_chat if use_chat_template == "auto" else bool(use_chat_template)
         self._system = R1ZERO_INSTRUCTIONS if template == TEMPLATES["r1zero"] else None
+        self.tools = list(tools or [])
+        self._tools_block = tools_block(self.tools, compact=template == TEMPLATES["compact"]) if self.tools else ""
+        if self.chat and self.tools:
+            self._check_chat_shows_tools()
         # The text around the question and around a feedback message, rendered once: the hot path (one
         # prompt per env reset) then only concatenates, and the env encodes the constant parts once.
         self.prompt_affixes = self._split(self._prompt_text(_PLACEHOLDER))
@@ -66,12 +92,24 @@ class PromptFormatter:
         system = [{"role": "system", "content": self._system}] if self._system else []
         return [*system, {"role": "user", "content": question}]
 
-    def _render(self, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(self, messages: list[dict[str, str]], generation_prompt: bool, tools: bool = True) -> str:
+        extra = {"tools": self.tools} if self.tools and tools else {}
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **extra
+        )
+
+    def _check_chat_shows_tools(self) -> None:
+        messages = self._messages("?")
+        if self._render(messages, True) == self._render(messages, True, tools=False):
+            raise ArgumentError(
+                "the tokenizer's chat template does not show tools (apply_chat_template(..., tools=...) renders "
+                "nothing of them): use a chat template with tool support, or use_chat_template=False for the "
+                "plain-text tools block of grpo_gym.templates"
+            )
 
     def _prompt_text(self, question: str) -> str:
         if not self.chat:
-            return self.template.format(prompt=question)
+            return self._tools_block + self.template.format(prompt=question)
         return self._render(self._messages(question), generation_prompt=True)
 
     def _feedback_text(self, message: str) -> str:
@@ -97,3 +135,25 @@ class PromptFormatter:
         """The text appended after a completion: the end of the model's turn, the feedback, the next cue."""
         before, after = self.feedback_affixes
         return before + message + after
+
+    def tool_results(self, names: list[str | None], results: list[str]) -> str:
+        """The text appended after a tool turn: the end of the model's turn, one tool message per call (``names``:
+        the tools called, ``results``: what each returned, or its error), the next cue."""
+        if not self.chat:
+            return "".join(TOOL_RESULT_FORMAT.format(result=result) for result in results) + TURN_CUE
+        before = [*self._messages("?"), {"role": "assistant", "content": _COMPLETION}]
+        messages = [
+            {"role": "tool", "name": name or "", "content": text} for name, text in zip(names, results, strict=True)
+        ]
+        text = self._render([*before, *messages], generation_prompt=True)
+        return text[text.rfind(_COMPLETION) + 1 :]
+
+
+def tools_block(schemas: list[dict[str, Any]], compact: bool) -> str:
+    """The plain-text block that shows the tools before a template without a chat template: one line of
+    signatures (``compact``), or :data:`TOOLS_INSTRUCTIONS` and one JSON schema per line."""
+    functions = [schema["function"] for schema in schemas]
+    if compact:
+        signatures = [f"{f['name']}({', '.join(f['parameters'].get('properties', {}))})" for f in functions]
+        return f"Tools: {', '.join(signatures)}\n"
+    return TOOLS_INSTRUCTIONS + "".join(json.dumps(f, ensure_ascii=False) + "\n" for f in functions)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -132,6 +133,12 @@ class Task(ABC):
     @abstractmethod
     def solution(self, problem: Problem) -> tuple[str, str]:
         """Return a gold ``(reasoning, answer)`` pair; ``verify(problem, answer)`` must be correct."""
+
+    def tool_solution(self, problem: Problem, tools: Collection[str]) -> tuple[list[dict[str, Any]], str, str] | None:
+        """A gold solution that calls tools, for the cold start of an env with ``tools`` (their names): the calls of
+        the first turn (``{"name": ..., "arguments": {...}}`` dicts) and the answer turn's ``(reasoning, answer)``.
+        ``None`` (the default): the task has none with these tools, and the cold start uses :meth:`solution`."""
+        return None
 
     def sample_seeded(self, difficulty: float, seed: int) -> Problem:
         """Draw the problem of ``seed`` and record it, so ``sample_seeded(d, problem.seed)`` remakes it.
