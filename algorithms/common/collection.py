@@ -34,8 +34,10 @@ class RolloutCollection:
 
         Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
-        Multi-turn episodes (one env) answer again from the env's new context until they end. A subclass may then
-        replace groups (:meth:`_extend_rollout`, e.g. dynamic sampling) before the batch is built.
+        Multi-turn episodes (feedback, tool calls) answer again from the env's new context until they end: the next
+        turns of a chunk's episodes still playing are sampled in one batch (:meth:`_play_later_turns`), so
+        ``n_envs`` is the batch of those turns. A subclass may then replace groups (:meth:`_extend_rollout`, e.g.
+        dynamic sampling) before the batch is built.
         """
         self._boundary, self._in_rollout = state.capture(self), True  # an iteration boundary
         callback.on_rollout_start()
@@ -92,24 +94,84 @@ class RolloutCollection:
             contexts = [prompts[e] for e in chunk]
             completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
             log_probs = first.log_probs[chunk.start : chunk.stop]
-            for turn in itertools.count():
-                new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
-                self.num_timesteps += n_envs * (self._dist.world_size if job_steps else 1)  # the job's completions
-                callback.update_locals(locals())
-                if not callback.on_step():
-                    return None
-                self._update_info_buffer(infos, dones)
-                ended = [info for info, done in zip(infos, dones, strict=True) if done]
-                finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
-                rows.add(chunk, turn, contexts, completions, log_probs, rewards, infos)
-                if dones.all():
-                    break
-                contexts = contexts_from_obs(new_obs, self.policy.context_limit)  # multi-turn: answer again
-                timer = time.perf_counter()
-                answer = self._sample(contexts)
-                generation_seconds += time.perf_counter() - timer
-                completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
+            new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
+            played = (contexts, completions, log_probs)
+            if not self._record_step(
+                callback, rows, finished, list(chunk), 0, played, (rewards, dones, infos), job_steps, locals()
+            ):
+                return None
+            live = [i for i, done in enumerate(dones) if not done]  # env i of the chunk plays episode chunk[i]
+            obs = [{key: value[i] for key, value in new_obs.items()} for i in live]
+            later = self._play_later_turns(env, callback, rows, finished, chunk, live, obs, job_steps)
+            if later is None:
+                return None
+            generation_seconds += later
         return generation_seconds
+
+    def _play_later_turns(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        chunk: range,
+        live: list[int],
+        obs: list[dict[str, np.ndarray]],
+        job_steps: bool,
+    ) -> float | None:
+        """Multi-turn episodes: the chunk's envs ``live`` (their observations ``obs``) answer again from the env's new
+        context, sampled in one batch per turn, until every episode ended. Each env is stepped alone
+        (``env_method("step")``, through its wrappers, e.g. ``Monitor``), so an env whose episode ended is not
+        stepped again (no auto-reset). The generation seconds, or None when a callback stopped training."""
+        generation_seconds = 0.0
+        for turn in itertools.count(1):
+            if not live:
+                return generation_seconds
+            stacked = {key: np.stack([o[key] for o in obs]) for key in obs[0]}
+            contexts = contexts_from_obs(stacked, self.policy.context_limit)
+            timer = time.perf_counter()
+            answer = self._sample(contexts)
+            generation_seconds += time.perf_counter() - timer
+            actions = answer.tokens.cpu().numpy()
+            steps = [env.env_method("step", actions[j], indices=[i])[0] for j, i in enumerate(live)]
+            obs = [step[0] for step in steps]
+            rewards = np.array([step[1] for step in steps], dtype=np.float32)
+            dones = np.array([step[2] or step[3] for step in steps])
+            infos = [{**step[4], "TimeLimit.truncated": step[3] and not step[2]} for step in steps]
+            episodes = [chunk[i] for i in live]
+            played = (contexts, (answer.tokens, answer.mask), answer.log_probs)
+            if not self._record_step(
+                callback, rows, finished, episodes, turn, played, (rewards, dones, infos), job_steps, locals()
+            ):
+                return None
+            live = [i for i, done in zip(live, dones, strict=True) if not done]
+            obs = [o for o, done in zip(obs, dones, strict=True) if not done]
+        return generation_seconds
+
+    def _record_step(
+        self,
+        callback: BaseCallback,
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        episodes: list[int],
+        turn: int,
+        played: tuple[list[th.Tensor], tuple[th.Tensor, th.Tensor], th.Tensor],
+        outcome: tuple[np.ndarray, np.ndarray, list[dict[str, Any]]],
+        job_steps: bool,
+        scope: dict[str, Any],
+    ) -> bool:
+        """Count the completions of one step, tell the callback (``scope``: the caller's locals), keep the episodes
+        that ended and add the rows; False when the callback stopped training."""
+        rewards, dones, infos = outcome
+        self.num_timesteps += len(episodes) * (self._dist.world_size if job_steps else 1)  # the job's completions
+        callback.update_locals(scope)
+        if not callback.on_step():
+            return False
+        self._update_info_buffer(infos, dones)
+        ended = [info for info, done in zip(infos, dones, strict=True) if done]
+        finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
+        rows.add(episodes, turn, *played, rewards, infos)
+        return True
 
     def _extend_rollout(
         self,

@@ -202,8 +202,6 @@ class LMAlgorithm(RolloutCollection, BaseAlgorithm):
                 f"n_groups / processes * group_size ({self._local_groups * self.group_size}) must be a multiple of the "
                 f"number of envs ({env.num_envs})"
             )
-        if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
-            raise ValueError("multi-turn episodes (max_turns > 1) are collected with one env: pass n_envs=1")
         codec = env.get_attr("codec", indices=[0])[0]
         self._token_info = {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}
 
