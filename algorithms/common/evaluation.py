@@ -4,8 +4,9 @@ The problems come from the task's :meth:`~grpo_gym.tasks.Task.eval_problems`: fr
 the eval split (``eval_data=``) for tasks read from data, or their training rows (with a warning) when they have no
 eval split; the table's ``source`` column says which.
 
-An env with tools (``R1ZeroEnv(tools=...)``) is evaluated on whole episodes (:func:`evaluate_episodes`): the model
-calls tools and answers as in training, and success is the episode's."""
+An env with tools (``R1ZeroEnv(tools=...)``), or a wrapped Gymnasium env (:mod:`grpo_gym.wrappers`), is evaluated on
+whole episodes (:func:`evaluate_episodes`): the model calls tools and answers as in training, and success is the
+episode's."""
 
 from __future__ import annotations
 
@@ -100,7 +101,10 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
 
 
 def plays_episodes(env: Any) -> bool:
-    """Whether the env's episodes go on after the first completion by design (it has tools)."""
+    """Whether to evaluate whole episodes: an R1ZeroEnv with tools, or an env that does not score one completion
+    alone (no ``score_completion``, e.g. :class:`~grpo_gym.wrappers.LMEnvWrapper`)."""
+    if not env.has_attr("score_completion"):
+        return True
     try:
         return env.get_attr("tools", indices=[0])[0] is not None
     except AttributeError:
