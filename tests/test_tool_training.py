@@ -227,3 +227,11 @@ def test_evaluation_plays_whole_episodes_with_tools(n_envs: int) -> None:
     model = GRPO("TransformerPolicy", vec, n_groups=1, group_size=6, sft_steps=0, policy_kwargs=TINY, seed=0)
     untrained = evaluate_problems(model.policy, vec, problems)  # a real policy: episodes end, whatever it writes
     assert 0.0 <= untrained.success_rate <= 1.0 and untrained.n_problems == 5
+
+
+def test_lmppo_trains_on_tool_episodes() -> None:
+    from algorithms import LMPPO
+
+    model = LMPPO("TransformerPolicy", make_env(n_envs=2), n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
+    model.learn(2)
+    assert model.num_timesteps >= 2
