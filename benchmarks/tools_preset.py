@@ -40,14 +40,14 @@ def preset_env_kwargs() -> dict[str, Any]:
 
 def run(arm: str, seed: int, threads: int, extra: list[str]) -> dict[str, Any]:
     """One ``grpo-gym train --preset tools`` run; its tables, times and the others' CPU share."""
-    command = [sys.executable, "-m", "algorithms.cli", "train", "--preset", "tools", "--seed", str(seed)]
-    command += ["--no-progress-bar", "--checkpoint-every", "0", "--checkpoint-dir", tempfile.mkdtemp()]
+    arguments = ["train", "--preset", "tools", "--seed", str(seed), "--no-progress-bar", "--checkpoint-every", "0"]
     overrides = list(extra)
     if arm == "without":
         kwargs = {k: v for k, v in preset_env_kwargs().items() if k != "tools"}
         overrides.append(f"env_kwargs:{kwargs!r}")
     if overrides:
-        command += ["-params", *overrides]
+        arguments += ["-params", *overrides]
+    command = [sys.executable, "-m", "algorithms.cli", *arguments, "--checkpoint-dir", tempfile.mkdtemp()]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     wall0, machine0, children0 = time.perf_counter(), busy_cpu_seconds(), _children_cpu()
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=ROOT)
@@ -70,7 +70,7 @@ def run(arm: str, seed: int, threads: int, extra: list[str]) -> dict[str, Any]:
         "wall_s": wall,
         "cpu_s": own,
         "others_share": max(0.0, machine - own) / (wall * (os.cpu_count() or 1)),
-        "command": " ".join(command[1:3] + command[3:]),
+        "command": "grpo-gym " + " ".join(arguments),
     }
 
 
@@ -79,29 +79,36 @@ def _children_cpu() -> float:
     return times.children_user + times.children_system
 
 
+def success(run: dict[str, Any], stage: str, difficulty: float) -> float:
+    """A run's held-out success at ``stage`` ("before GRPO" / "after GRPO") and ``difficulty``."""
+    return next(row["success"] for row in run["rows"] if (row["stage"], row["difficulty"]) == (stage, difficulty))
+
+
 def table(runs: list[dict[str, Any]]) -> str:
     """Median (worst) held-out success over the seeds, per arm, stage and difficulty."""
     lines = ["| calculator | stage | difficulty 0.5 | difficulty 1.0 |", "|---|---|---|---|"]
     for arm in ("with", "without"):
         mine = [r for r in runs if r["arm"] == arm]
-        if not mine:
-            continue
-        for stage in ("before GRPO", "after GRPO"):
+        for stage in ("before GRPO", "after GRPO") if mine else ():
             cells = []
             for difficulty in (0.5, 1.0):
-                values = [row["success"] for r in mine for row in r["rows"] if (row["stage"], row["difficulty"]) == (stage, difficulty)]
-                cells.append(f"{100 * statistics.median(values):.1f}% ({100 * min(values):.1f}%)" if values else "–")
+                values = [success(r, stage, difficulty) for r in mine]
+                cells.append(f"{100 * statistics.median(values):.1f}% ({100 * min(values):.1f}%)")
             label = "after the cold start" if stage == "before GRPO" else "after GRPO"
             lines.append(f"| {arm} | {label} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
 def per_run(runs: list[dict[str, Any]]) -> str:
-    lines = ["| calculator | seed | d 0.5 before -> after | d 1.0 before -> after | cold start s | GRPO s | CPU s | others' CPU share |", "|---|---|---|---|---|---|---|---|"]
+    """One line per run: success before -> after at each difficulty, the times, the others' CPU share."""
+    header = "| calculator | seed | d 0.5 before -> after | d 1.0 before -> after | cold start s | GRPO s | CPU s |"
+    lines = [header + " others' CPU share |", "|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        get = {(row["stage"], row["difficulty"]): row["success"] for row in r["rows"]}
-        cells = [f"{100 * get[('before GRPO', d)]:.1f}% -> {100 * get[('after GRPO', d)]:.1f}%" for d in (0.5, 1.0)]
-        lines.append(f"| {r['arm']} | {r['seed']} | {cells[0]} | {cells[1]} | {r['sft_s']} | {r['grpo_s']} | {r['cpu_s']:.0f} | {100 * r['others_share']:.0f}% |")
+        cells = [
+            f"{100 * success(r, 'before GRPO', d):.1f}% -> {100 * success(r, 'after GRPO', d):.1f}%" for d in (0.5, 1.0)
+        ]
+        times = f"{r['sft_s']} | {r['grpo_s']} | {r['cpu_s']:.0f} | {100 * r['others_share']:.0f}%"
+        lines.append(f"| {r['arm']} | {r['seed']} | {cells[0]} | {cells[1]} | {times} |")
     return "\n".join(lines)
 
 
@@ -121,10 +128,11 @@ def main() -> None:
             print(json.dumps(runs[-1]), flush=True)
             if args.runs:
                 Path(args.runs).write_text(json.dumps(runs, indent=1))
+    seeds = sorted({r["seed"] for r in runs})
     body = "\n\n".join(
         [
-            f"Command: `python benchmarks/tools_preset.py --seeds {' '.join(map(str, sorted({r['seed'] for r in runs})))}` "
-            f"({datetime.date.today()}); each run: `grpo-gym {runs[0]['command'].split(' ', 2)[2]}`.",
+            f"Command: `python benchmarks/tools_preset.py --seeds {' '.join(str(s) for s in seeds)}` "
+            f"({datetime.date.today()}); each run: `{runs[0]['command']}`.",
             f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), torch threads {args.threads}, shared "
             "with other workers (their CPU share per run below).",
             "Held-out success (200 problems per difficulty, sampled as in training), median (worst) over the seeds:",
