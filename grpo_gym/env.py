@@ -22,7 +22,7 @@ from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
 from grpo_gym.tools import DEFAULT_TIMEOUT, Toolbox
 from grpo_gym.turns import TOOL_COMPONENTS, TOOL_TURN_REASON, ToolSession, turn_info
-from grpo_gym.validation import ArgumentError, check_choice, check_int
+from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int
 
 ACTION_MODES = ("sequence", "token")
 RENDER_MODES = (None, "ansi", "human", "rgb_array")
@@ -157,6 +157,7 @@ class R1ZeroEnv(gym.Env):
         self.tokenizer = load_tokenizer(tokenizer)
         self.codec = TokenCodec(self.tokenizer)
         self.max_tool_calls: int = check_int("max_tool_calls", max_tool_calls, low=1)  # type: ignore[assignment]
+        tool_timeout = check_float("tool_timeout", tool_timeout, low=0.0, low_open=True)  # type: ignore[assignment]
         self.tools = None if tools is None else Toolbox(tools, tool_timeout)
         schemas = None if self.tools is None else self.tools.schemas
         self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template, schemas)

@@ -105,6 +105,10 @@ def test_bad_tools_are_refused_with_the_fix() -> None:
         Toolbox([])
     with pytest.raises(ArgumentError, match="tool_timeout"):
         Toolbox([add], timeout=0)
+    with pytest.raises(ArgumentError, match="tool_timeout"):
+        R1ZeroEnv(**ENV, tool_timeout=float("inf"))
+    with pytest.raises(ArgumentError, match="max_tool_calls"):
+        R1ZeroEnv(**ENV, tools=[add], max_tool_calls=0)
 
 
 # ---------------------------------------------------------------- parsing and checking
