@@ -11,7 +11,6 @@ sampler and distributed helper, and writes ``self._rollout``. Subclasses hook in
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from typing import Any
 
@@ -123,10 +122,9 @@ class RolloutCollection:
         context, sampled in one batch per turn, until every episode ended. Each env is stepped alone
         (``env_method("step")``, through its wrappers, e.g. ``Monitor``), so an env whose episode ended is not
         stepped again (no auto-reset). The generation seconds, or None when a callback stopped training."""
-        generation_seconds = 0.0
-        for turn in itertools.count(1):
-            if not live:
-                return generation_seconds
+        generation_seconds, turn = 0.0, 0
+        while live:
+            turn += 1
             stacked = {key: np.stack([o[key] for o in obs]) for key in obs[0]}
             contexts = contexts_from_obs(stacked, self.policy.context_limit)
             timer = time.perf_counter()
