@@ -38,8 +38,9 @@ def preset_env_kwargs() -> dict[str, Any]:
     return dict(document["R1Zero-v0-tools"]["env_kwargs"])
 
 
-def run(arm: str, seed: int, threads: int, extra: list[str]) -> dict[str, Any]:
-    """One ``grpo-gym train --preset tools`` run; its tables, times and the others' CPU share."""
+def run(arm: str, seed: int, threads: int, extra: list[str], logs: Path) -> dict[str, Any]:
+    """One ``grpo-gym train --preset tools`` run (its output in ``logs/<arm>_seed<seed>.log``); its tables, times
+    and the others' CPU share."""
     arguments = ["train", "--preset", "tools", "--seed", str(seed), "--no-progress-bar", "--checkpoint-every", "0"]
     overrides = list(extra)
     if arm == "without":
@@ -50,16 +51,19 @@ def run(arm: str, seed: int, threads: int, extra: list[str]) -> dict[str, Any]:
     command = [sys.executable, "-m", "algorithms.cli", *arguments, "--checkpoint-dir", tempfile.mkdtemp()]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT)}
     wall0, machine0, children0 = time.perf_counter(), busy_cpu_seconds(), _children_cpu()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False, cwd=ROOT)
+    log = logs / f"{arm}_seed{seed}.log"
+    with log.open("w") as out:
+        code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, check=False, cwd=ROOT).returncode
     wall, machine, own = time.perf_counter() - wall0, busy_cpu_seconds() - machine0, _children_cpu() - children0
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout + done.stderr)
-        raise SystemExit(f"the {arm} run of seed {seed} failed (exit {done.returncode})")
+    output = log.read_text()
+    if code != 0:
+        sys.stderr.write(output[-4000:])
+        raise SystemExit(f"the {arm} run of seed {seed} failed (exit {code}); its output: {log}")
     rows = [
         {"stage": m[1], "difficulty": float(m[2]), "n": int(m[3]), "success": float(m[4]) / 100, "reward": float(m[5])}
-        for m in ROW.finditer(done.stdout)
+        for m in ROW.finditer(output)
     ]
-    times = TIME.search(done.stdout)
+    times = TIME.search(output)
     return {
         "arm": arm,
         "seed": seed,
@@ -119,12 +123,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
     parser.add_argument("-params", dest="params", nargs="*", default=[], help="overrides for every run")
     parser.add_argument("--runs", default=None, help="JSON file the runs are appended to (and read back from)")
+    parser.add_argument("--logs", default=".", help="folder for each run's output")
     parser.add_argument("--results", default=None, help="write the section into this RESULTS.md")
     args = parser.parse_args()
     runs = json.loads(Path(args.runs).read_text()) if args.runs and Path(args.runs).exists() else []
     for seed in args.seeds:
         for arm in args.arms:
-            runs.append(run(arm, seed, args.threads, args.params))
+            runs.append(run(arm, seed, args.threads, args.params, Path(args.logs)))
             print(json.dumps(runs[-1]), flush=True)
             if args.runs:
                 Path(args.runs).write_text(json.dumps(runs, indent=1))
