@@ -442,7 +442,7 @@ class R1ZeroEnv(gym.Env):
         completion = self.codec.decode(body)
         if self.tool_session.is_tool_turn(completion):
             return self._tool_turn(body, length, completion, ids, in_window)
-        result = self._ahead.pop(self.problem, ids) if not in_window else None
+        result = self._ahead.pop(self.problem, ids) if not in_window and self._turn == 0 else None  # first turns
         if result is None:
             transcript = "".join(self._transcript[1:]) + completion  # the episode's text after the prompt
             result = self.reward_fn.score_batch(

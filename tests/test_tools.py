@@ -327,6 +327,25 @@ def test_score_ahead_leaves_tool_turns_to_step() -> None:
         assert (r1, te1, tr1, i1["reward_components"]) == (r2, te2, tr2, i2["reward_components"])
 
 
+def test_an_answer_after_a_tool_turn_is_scored_on_its_transcript_not_ahead() -> None:
+    seen: list[str] = []
+
+    def transcript(prompts: list[str], completions: list[str], **kwargs: Any) -> list[float]:
+        seen.extend(completions)
+        return [0.0] * len(completions)
+
+    env = tool_env(reward_funcs={"transcript": transcript})
+    problem = env.sample_problem(seed=5)
+    env.reset(options={"problem": problem})
+    first, final = gold_turns(env)
+    env.score_ahead([problem], [env.encode_action(final)])  # another episode's first turn, the same text
+    assert seen == [final]
+    env.reset(options={"problem": problem})
+    play(env, first)
+    play(env, final)  # a later turn: scored on this episode's transcript, the kept result left alone
+    assert seen[-1].startswith(first) and seen[-1].endswith(final) and len(env._ahead) == 1
+
+
 def test_window_full_after_a_tool_turn_truncates() -> None:
     env = tool_env(context_length=200, max_new_tokens=120)
     env.reset(seed=0)
