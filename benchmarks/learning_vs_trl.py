@@ -174,7 +174,8 @@ def run_ours(settings: Settings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     setup = time.perf_counter()
     kwargs = {"cold_start": False, "seed": settings.seed, "device": "cpu", **settings.ours}
-    model = GRPO("TransformerPolicy", make_env(settings), policy_kwargs={"model": settings.folder}, **kwargs)
+    policy_kwargs = {"model": settings.folder, **kwargs.pop("policy_kwargs", {})}
+    model = GRPO("TransformerPolicy", make_env(settings), policy_kwargs=policy_kwargs, **kwargs)
     setup_s = time.perf_counter() - setup
     checkpoints = Checkpoints(settings, "ours")
     first: list[str] = []

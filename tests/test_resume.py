@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -156,6 +157,8 @@ def test_a_signal_during_the_cold_start_stops_within_seconds(tmp_path: Path, num
     config = write_config(tmp_path)
     run = ["--config", str(config), "--save-path", str(tmp_path / "m.zip"), "-params", "sft_steps:100000"]
     process = subprocess.Popen(cli(*run), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(600, process.kill)  # a run that never reaches its cold start fails, never hangs
+    watchdog.start()
     lines = [process.stdout.readline() for _ in range(3)]
     while not any("cold start" in line for line in lines):  # wait until the cold start has begun
         assert process.poll() is None and lines[-1], lines
@@ -165,6 +168,7 @@ def test_a_signal_during_the_cold_start_stops_within_seconds(tmp_path: Path, num
     signalled = time.monotonic()
     _, err = process.communicate(timeout=120)
     stopped_after = time.monotonic() - signalled
+    watchdog.cancel()
     assert process.returncode == code, err
     assert "stopped before training started" in err and "no checkpoint was written yet" in err
     assert "start again with: grpo-gym train" in err and "--resume" not in err and "Traceback" not in err

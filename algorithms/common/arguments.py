@@ -17,6 +17,7 @@ from typing import Any
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
 from algorithms.common.runtime.precision import PRECISIONS
+from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 from algorithms.common.schedules import UpdateDecay
 from grpo_gym.validation import (
     ArgumentError,
@@ -124,6 +125,8 @@ LM_ALGORITHM_RULES: dict[str, Rule] = {
     "sharding": choice(*SHARDINGS),
     "dist_timeout": number(low=0.0, low_open=True),
     "mixed_precision": choice(*PRECISIONS),
+    "sampler_correction": choice(*SAMPLER_CORRECTIONS),
+    "sampler_correction_cap": number(low=1.0),
     "cold_start": choice(True, False, "auto"),
     "sft_steps": integer(low=0),
     "sft_batch_size": integer(low=1),

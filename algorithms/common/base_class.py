@@ -44,6 +44,7 @@ from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.parallel import load_checkpoint, parallelism
 from algorithms.common.runtime.precision import ProbeShape, choose_precision
 from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
+from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import run_file
 from algorithms.common.saving.checkpoints import MODEL
 from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
@@ -89,6 +90,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
         sharding: str | None,
         dist_timeout: float,
         mixed_precision: str,
+        sampler_correction: str | None,
+        sampler_correction_cap: float,
         cold_start: bool | str,
         sft_steps: int,
         sft_batch_size: int,
@@ -129,6 +132,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._parallel = parallelism(self.sharding, self._dist, self.device, self.gradient_compression)
         self.dist_timeout = check("dist_timeout", dist_timeout)
         self.mixed_precision = check("mixed_precision", mixed_precision)
+        self.sampler_correction = check("sampler_correction", sampler_correction)
+        self.sampler_correction_cap = check("sampler_correction_cap", sampler_correction_cap)
         self.cold_start = check("cold_start", cold_start)
         self.sft_steps = check("sft_steps", sft_steps)
         self.sft_batch_size = check("sft_batch_size", sft_batch_size)
@@ -171,10 +176,16 @@ class LMBaseAlgorithm(BaseAlgorithm):
         shape = ProbeShape.of(self.policy, rows, prompts=self._local_groups, sft_rows=self.sft_batch_size)
         choice = choose_precision(self.mixed_precision, self.device, self.policy, shape) if self._dist.is_main else None
         self.precision = self._dist.gather_objects(choice)[0]  # rank 0 probes (when auto needs it); all run its choice
+        #: "tis" or None: see algorithms.common.sampler_correction
+        self._sampler_correction = resolve_sampler_correction(self.sampler_correction, self.precision)
+        if self._sampler_correction is None:  # never sample in another precision than the update, uncorrected
+            self.precision = self.precision.without_mixed_sampling()
         self.policy.autocast_dtypes = self.precision.dtypes
         self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         if self.verbose >= 1:
             print(self.precision.describe())
+            if self._sampler_correction is not None:
+                print(f"sampler correction: {self._sampler_correction} (see algorithms.common.sampler_correction)")
         if tokenizer is not None:
             check_embedding_rows(tokenizer, self.policy.model, self.policy.model_name, verified)
         config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys

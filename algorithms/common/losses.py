@@ -132,6 +132,30 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio  # (B, T): (r - 1) - log r
 
 
+def truncated_importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Truncated importance sampling (TIS) per token: ``w = min(pi_old / pi_sampler, cap)``, no gradient.
+
+    Corrects for a sampler whose token distribution is not the update's own (a different precision, an
+    external generation engine): the surrogate is built on ``pi / pi_old`` with ``pi_old`` the update's
+    distribution before its first step, and each token's loss is weighted by ``w``, capped so that a token the
+    sampler found much less likely than the update does cannot dominate (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"; TRL's ``vllm_importance_sampling_mode="token_truncate"``,
+    verl's rollout importance sampling). Tokens where the sampler was the more confident get ``w < 1``.
+
+    :param old_logp: log-probs of the sampled tokens under the update's forward pass, before any step, ``(B, T)``
+    :param sampler_logp: the same as the sampler computed them, ``(B, T)``
+    :param mask: ``True`` on valid completion tokens, ``(B, T)``
+    :param cap: the largest weight ``C`` (``> 0``)
+    :return: ``(B, T)`` weights, 0 at masked positions
+    """
+    if not cap > 0:
+        raise ValueError(f"the truncation cap must be > 0, got {cap}.")
+    check_shape("sampler_logp", sampler_logp, old_logp.shape)
+    check_shape("mask", mask, old_logp.shape)
+    log_ratio = torch.where(mask.bool(), old_logp - sampler_logp, 0.0).detach()  # (B, T)
+    return torch.where(mask.bool(), torch.exp(log_ratio).clamp(max=cap), 0.0)  # (B, T)
+
+
 def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
     """Log-probability of each taken token under the full softmax of ``logits``.
 

@@ -18,6 +18,7 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 from stable_baselines3.common.vec_env import VecEnv
 
+from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
@@ -114,6 +115,13 @@ class GRPO(LMAlgorithm):
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): forward passes under autocast,
         weights, optimizer and loss in float32 (:mod:`~algorithms.common.runtime.precision`; the choice of
         ``"auto"`` is in ``model.precision``); a step with non-finite gradients is skipped and counted
+    :param sampler_correction: the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`):
+        ``"tis"`` (truncated importance sampling: the ratio taken against the update's own log-probs of the fresh
+        rollout, one extra forward pass, each token's loss weighted by ``min(pi_old / pi_sampler, cap)``), ``None``
+        (off: the ratio against the sampler's log-probs; ``mixed_precision="auto"`` then samples and updates in one
+        precision) or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions). The
+        mismatch is logged every update as ``train/sampler_kl``
+    :param sampler_correction_cap: the truncation ``cap`` of the TIS weights (TRL's and verl's 2)
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
         initialised built-in model), ``True`` or ``False``
     :param sft_steps: SFT gradient steps (the seed preset: 5000)
@@ -177,6 +185,8 @@ class GRPO(LMAlgorithm):
         sharding: str | None = None,
         dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
+        sampler_correction: str | None = "auto",
+        sampler_correction_cap: float = 2.0,
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
         sft_batch_size: int = 32,
@@ -202,6 +212,8 @@ class GRPO(LMAlgorithm):
             sharding=sharding,
             dist_timeout=dist_timeout,
             mixed_precision=mixed_precision,
+            sampler_correction=sampler_correction,
+            sampler_correction_cap=sampler_correction_cap,
             cold_start=cold_start,
             sft_steps=sft_steps,
             sft_batch_size=sft_batch_size,
@@ -431,6 +443,10 @@ class GRPO(LMAlgorithm):
         settings = self._loss_settings()
         self._start_gradient_sync()
         fresh = batch = self._rollout
+        sampler_kl = None  # measured before the first step: on the whole fresh rollout, or on the first minibatch
+        if self._sampler_correction == "tis":
+            fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, self.sampler_correction_cap)
+            batch = fresh
         drawn = None
         if self.replay_buffer is not None:
             args = (self.replay_buffer, len(fresh), self.replay_ratio, self._iteration, self.max_replay_age)
@@ -453,12 +469,15 @@ class GRPO(LMAlgorithm):
             )
             for minibatch, share in parts:
                 loss, stats, log_probs = self._step(minibatch, settings, share)
+                if sampler_kl is None:  # no correction: the first minibatch's forward ran before any step
+                    sampler_kl = correction.minibatch_sampler_kl(minibatch, log_probs)
                 if minibatch.slots is not None:
                     drifts.update(replay.drift(log_probs.detach(), minibatch))
                 for key, value in {"loss": loss, **stats}.items():
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
         if self.replay_buffer is not None:
             replay.update_and_store(self.replay_buffer, fresh, drawn, drifts, self._iteration)
+        history["sampler_kl"] = [float(sampler_kl)]
         update.log_train(self.logger, history, settings, self._skipped_steps, self._n_updates, self.diagnostics)
 
     def _loss_settings(self) -> update.LossSettings:

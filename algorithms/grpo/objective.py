@@ -117,8 +117,9 @@ def grpo_loss(
     aggregation: str = "sequence",
     max_tokens: int | None = None,
     importance_level: str = "token",
+    sampler_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The GRPO loss ``aggregate(-min(ratio A, clip(ratio) A) + beta * k3 - ent_coef * H)``.
+    """The GRPO loss ``aggregate(-w min(ratio A, clip(ratio) A) + beta * k3 - ent_coef * H)``.
 
     DeepSeekMath Eq. 3 (the KL sits in the loss, not the reward), with DAPO clip-higher and the
     aggregation modes of :func:`aggregate`. Inputs at masked positions are replaced by 0 before any
@@ -140,6 +141,9 @@ def grpo_loss(
         the sequence's length-normalised ratio ``s_i`` at every token, in GSPO-token form, see
         :func:`~algorithms.common.losses.gspo_token_log_ratio`; with ``"sequence"`` aggregation this is GSPO's
         objective exactly). ``clip_low``/``clip_high`` then clip ``s_i`` (GSPO uses 3e-4 / 4e-4)
+    :param sampler_weights: per-token weights ``w`` of the surrogate ``(B, T)``, the sampler correction
+        (:func:`~algorithms.common.losses.truncated_importance_weights`); ``None``: 1 (``old_logp`` is then the
+        sampler's own)
     :return: the scalar loss and detached scalar stats: ``policy_loss`` (aggregated like the loss),
         and, as means over valid tokens, ``kl`` (k3 to the reference; 0 when ``beta == 0`` or no
         reference), ``entropy`` (only when ``entropy`` is given), ``clip_fraction`` (with ``"sequence"``: the
@@ -166,6 +170,9 @@ def grpo_loss(
         policy_loss, _, clipped = clipped_surrogate(logp, old_logp, advantages, clip_low, clip_high)  # (B, T)
         clip_fraction = aggregate(clipped.to(logp.dtype), mask, "token")
     ratio = torch.exp(logp - old_logp)  # (B, T): the token ratios, for approx_kl
+    if sampler_weights is not None:
+        check_shape("sampler_weights", sampler_weights, logp.shape)
+        policy_loss = policy_loss * torch.where(mask, sampler_weights, 0.0)  # (B, T)
     per_token = policy_loss  # (B, T)
     stats = {"kl": logp.new_zeros(())}
     if beta > 0:

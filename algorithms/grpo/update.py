@@ -72,6 +72,7 @@ def minibatch_loss(
         aggregation=settings.aggregation,
         max_tokens=policy.max_new_tokens,
         importance_level=settings.importance_level,
+        sampler_weights=minibatch.sampler_weights,  # (B, C) the sampler correction, or None
     )
     if policy.value_net is not None:  # S9: the FP32 value head learns the episode return
         values = policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)

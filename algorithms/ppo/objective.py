@@ -154,6 +154,7 @@ def ppo_loss(
     entropy: Tensor | None = None,
     ref_logp: Tensor | None = None,
     kl_coef: float = 0.0,
+    sampler_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``mean_t[-min(ratio A, clip(ratio) A)] + vf_coef * value_loss - ent_coef * H (+ kl_coef * k3)``, token means.
 
@@ -172,6 +173,8 @@ def ppo_loss(
     :param entropy: per-token entropy ``(B, T)`` or ``None``
     :param ref_logp: the reference's log-probs ``(B, T)`` for a KL term in the loss, or ``None``
     :param kl_coef: that term's weight
+    :param sampler_weights: per-token weights of the surrogate ``(B, T)``, the sampler correction
+        (:func:`~algorithms.common.losses.truncated_importance_weights`), or ``None``: 1
     :return: the loss and detached stats: ``policy_loss``, ``value_loss``, ``clip_fraction``, ``clip_fraction_vf``,
         ``approx_kl`` (``(ratio - 1) - log ratio``, SB3's), and ``entropy``, ``kl`` when computed
     """
@@ -181,6 +184,9 @@ def ppo_loss(
     mask = mask.bool()
     logp, old_logp = torch.where(mask, logp, 0.0), torch.where(mask, old_logp, 0.0)  # (B, T)
     surrogate, ratio, clipped = clipped_surrogate(logp, old_logp, torch.where(mask, advantages, 0.0), clip_range)
+    if sampler_weights is not None:
+        check_shape("sampler_weights", sampler_weights, logp.shape)
+        surrogate = surrogate * torch.where(mask, sampler_weights, 0.0)  # (B, T)
     policy_loss = aggregate(surrogate, mask, "token")
     value_loss, clip_fraction_vf = clipped_value_loss(values, old_values, returns, mask, clip_range_vf)
     loss = policy_loss + vf_coef * value_loss

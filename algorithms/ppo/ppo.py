@@ -14,6 +14,7 @@ import torch as th
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
+from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
@@ -71,6 +72,9 @@ class LMPPO(LMAlgorithm):
     :param dist_timeout: seconds a rank waits for the others before the job fails
     :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (see :class:`~algorithms.grpo.GRPO`); the
         value head and the losses stay float32
+    :param sampler_correction: ``"auto"``, ``"tis"`` or ``None`` (see :class:`~algorithms.grpo.GRPO`); the update's own
+        log-probs of the rollout come from the forward pass that computes its values, at no extra cost
+    :param sampler_correction_cap: the truncation cap of the TIS weights
     :param cold_start: run the SFT stage before the first iteration: ``"auto"`` (a fresh built-in model), ``True``,
         ``False``
     :param sft_steps: SFT gradient steps
@@ -115,6 +119,8 @@ class LMPPO(LMAlgorithm):
         sharding: str | None = None,
         dist_timeout: float = 300.0,
         mixed_precision: str = "auto",
+        sampler_correction: str | None = "auto",
+        sampler_correction_cap: float = 2.0,
         cold_start: bool | str = "auto",
         sft_steps: int = 300,
         sft_batch_size: int = 32,
@@ -146,6 +152,8 @@ class LMPPO(LMAlgorithm):
             sharding=sharding,
             dist_timeout=dist_timeout,
             mixed_precision=mixed_precision,
+            sampler_correction=sampler_correction,
+            sampler_correction_cap=sampler_correction_cap,
             cold_start=cold_start,
             sft_steps=sft_steps,
             sft_batch_size=sft_batch_size,
@@ -172,6 +180,7 @@ class LMPPO(LMAlgorithm):
         self.kl_placement = check("kl_placement", kl_placement)
         self.target_kl = check("target_kl", target_kl)
         self._explained_variance = float("nan")
+        self._sampler_kl = float("nan")  # train/sampler_kl of the last rollout
         if _init_setup_model:
             self._setup_model()
 
@@ -202,8 +211,11 @@ class LMPPO(LMAlgorithm):
         mask = batch.completion_mask
         with th.no_grad():
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)
-            batch.values = self.policy.log_probs_and_values(*args)[2]  # (N, C)
+            update_log_probs, _, batch.values = self.policy.log_probs_and_values(*args)  # (N, C) each
             ref_log_probs = self._reference_log_probs(batch) if self.kl_coef > 0 else None  # (N, C)
+        self._sampler_kl = float(correction.sampler_kl(update_log_probs, batch.old_log_probs, mask))
+        if self._sampler_correction == "tis":  # the ratio against the update's own log-probs, tokens weighted
+            batch = correction.corrected(batch, update_log_probs, self.sampler_correction_cap)
         kl = None if ref_log_probs is None else th.where(mask, batch.old_log_probs - ref_log_probs, 0.0)  # (N, C) k1
         in_reward = self.kl_placement == "reward"
         rewards = objective.token_rewards(self._row_scores(rows), mask, kl, self.kl_coef if in_reward else 0.0)
@@ -277,6 +289,7 @@ class LMPPO(LMAlgorithm):
             entropy=entropy,
             ref_logp=minibatch.ref_log_probs,
             kl_coef=self.kl_coef,
+            sampler_weights=minibatch.sampler_weights,
         )
         if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
             stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
@@ -288,6 +301,7 @@ class LMPPO(LMAlgorithm):
         for key, value in history.items():
             self.logger.record(f"train/{key}", float(np.mean(value)))
         self.logger.record("train/explained_variance", self._explained_variance)
+        self.logger.record("train/sampler_kl", self._sampler_kl)
         self.logger.record("train/skipped_steps", self._skipped_steps)
         self.logger.record("train/optimizer_steps", len(history.get("loss", [])))
         self.logger.record("train/early_stop", float(stopped))

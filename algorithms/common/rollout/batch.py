@@ -55,6 +55,9 @@ class RolloutBatch:
     :param weights: ``(N,)`` importance-sampling weights of replayed rows (1 for fresh ones), or ``None``: all 1
     :param slots: ``(N,)`` replay-buffer slot of each replayed row, -1 for fresh ones, or ``None``: none replayed
     :param values: ``(N, C)`` the value head's per-token estimates at sampling time (PPO), or ``None``
+    :param sampler_weights: ``(N, C)`` the sampler correction's per-token weights
+        (:func:`~algorithms.common.losses.truncated_importance_weights`; ``old_log_probs`` are then the update's own
+        log-probs before its first step), or ``None``: no correction, ``old_log_probs`` are the sampler's
     """
 
     prompt_ids: th.Tensor
@@ -69,6 +72,7 @@ class RolloutBatch:
     weights: th.Tensor | None = None
     slots: th.Tensor | None = None
     values: th.Tensor | None = None
+    sampler_weights: th.Tensor | None = None
 
     def __len__(self) -> int:
         return self.prompt_ids.shape[0]
@@ -87,7 +91,8 @@ class RolloutBatch:
 
     def concat(self, other: RolloutBatch) -> RolloutBatch:
         """This batch's rows, then ``other``'s: prompts left-padded and completions right-padded to common widths;
-        rows without ``weights`` get 1 and rows without ``slots`` get -1 when the other batch has them."""
+        rows without ``weights`` get 1, rows without ``slots`` -1 and rows without ``sampler_weights`` 1 (no
+        correction) when the other batch has them."""
         prompt_width = max(self.prompt_ids.shape[1], other.prompt_ids.shape[1])
         completion_width = max(self.completion_ids.shape[1], other.completion_ids.shape[1])
         rows = {}
@@ -100,6 +105,9 @@ class RolloutBatch:
                 fill = 1.0 if f.name == "weights" else -1
                 mine = th.full((len(self),), fill, device=theirs.device) if mine is None else mine
                 theirs = th.full((len(other),), fill, device=mine.device) if theirs is None else theirs
+            if f.name == "sampler_weights":
+                mine = self.completion_mask.to(theirs.dtype) if mine is None else mine
+                theirs = other.completion_mask.to(mine.dtype) if theirs is None else theirs
             if mine is None or theirs is None:
                 raise ValueError(f"cannot concatenate batches where only one has {f.name}")
             if f.name in ("prompt_ids", "prompt_mask"):

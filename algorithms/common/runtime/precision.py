@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -86,6 +86,21 @@ class PrecisionChoice:
     def dtypes(self) -> dict[str, torch.dtype | None]:
         """``{stage: autocast dtype}``, None for float32 (what :class:`TransformerPolicy` takes)."""
         return {stage: DTYPES.get(precision) for stage, precision in self.stages.items()}
+
+    @property
+    def mixes_sampling_and_update(self) -> bool:
+        """Whether the rollouts are sampled in another precision than the update trains in (a fresh rollout is then
+        slightly off-policy: see :mod:`~algorithms.common.sampler_correction`)."""
+        return self.stages["sampling"] != self.stages["update"]
+
+    def without_mixed_sampling(self) -> PrecisionChoice:
+        """This choice, with sampling and update both in float32 when they differed (what ``"auto"`` runs when the
+        sampler correction is off); unchanged otherwise."""
+        if not self.mixes_sampling_and_update:
+            return self
+        stages = {**self.stages, "sampling": "no", "update": "no"}
+        reason = f"{self.reason}; sampling and update both float32, as the sampler correction is off"
+        return replace(self, stages=stages, reason=reason)
 
     @property
     def needs_scaler(self) -> bool:

@@ -1,0 +1,150 @@
+"""The sampler/trainer mismatch (algorithms.common.sampler_correction): the TIS weights and the sampler KL against
+hand math, the loss they weight, ``"auto"`` on a CPU with native bf16 (the probe mocked), and float32's zero."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from algorithms.common import sampler_correction
+from algorithms.common.losses import truncated_importance_weights
+from algorithms.common.runtime.precision import STAGES, PrecisionChoice
+from algorithms.common.sampler_correction import correct_fresh_rollout, resolve_sampler_correction, sampler_kl
+from algorithms.grpo.objective import grpo_loss
+from tests import test_replay
+from tests.test_grpo import make_model
+from tests.test_ppo import make_model as make_ppo
+from tests.test_precision import fake_bf16_cpu
+
+# the sampler's and the update's log-probs of three sampled tokens of one completion, and a fourth one masked out
+SAMPLER = torch.tensor([[math.log(0.5), math.log(0.1), math.log(0.4), 0.0]])
+UPDATE = torch.tensor([[math.log(0.6), math.log(0.3), math.log(0.2), 5.0]])
+MASK = torch.tensor([[True, True, True, False]])
+
+
+def scalars(folder: Path, tag: str, run: str = "GRPO_1") -> list[float]:
+    events = EventAccumulator(str(folder / run), size_guidance={"scalars": 0}).Reload()
+    return [event.value for event in events.Scalars(tag)]
+
+
+def test_truncated_importance_weights_by_hand():
+    weights = truncated_importance_weights(UPDATE, SAMPLER, MASK, cap=2.0)
+    # pi_old / pi_sampler: 0.6 / 0.5 = 1.2; 0.3 / 0.1 = 3 -> capped at 2; 0.2 / 0.4 = 0.5; masked -> 0
+    assert torch.allclose(weights, torch.tensor([[1.2, 2.0, 0.5, 0.0]]), atol=1e-6)
+    assert not weights.requires_grad
+    assert truncated_importance_weights(UPDATE, SAMPLER, MASK, cap=4.0)[0, 1].item() == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="cap must be > 0"):
+        truncated_importance_weights(UPDATE, SAMPLER, MASK, cap=0.0)
+
+
+def test_sampler_kl_is_the_mean_k3_over_the_sampled_tokens():
+    # k3 with r = pi_update / pi_sampler: r - 1 - log r, averaged over the 3 valid tokens
+    expected = sum(r - 1 - math.log(r) for r in (1.2, 3.0, 0.5)) / 3
+    assert sampler_kl(UPDATE, SAMPLER, MASK).item() == pytest.approx(expected, rel=1e-5)
+    assert sampler_kl(SAMPLER, SAMPLER, MASK).item() == 0.0
+
+
+def test_the_weights_scale_each_tokens_surrogate():
+    logp = UPDATE.clone().requires_grad_(True)
+    advantages = torch.tensor([1.0])
+    weights = torch.tensor([[1.2, 2.0, 0.5, 7.0]])  # the masked token's weight is never used
+    kwargs = {"clip_low": 0.2, "aggregation": "token"}
+    loss, _ = grpo_loss(logp, UPDATE, None, advantages, MASK, sampler_weights=weights, **kwargs)
+    # ratio 1 at every token (old = the update's own): each token's loss is -w * A, the mean over 3 tokens
+    assert loss.item() == pytest.approx(-(1.2 + 2.0 + 0.5) / 3, rel=1e-6)
+    loss.backward()
+    assert torch.allclose(logp.grad, -torch.tensor([[1.2, 2.0, 0.5, 0.0]]) / 3, atol=1e-6)
+    unweighted, _ = grpo_loss(UPDATE, UPDATE, None, advantages, MASK, **kwargs)
+    assert unweighted.item() == pytest.approx(-1.0)
+
+
+def test_auto_turns_the_correction_on_exactly_when_the_stages_differ():
+    mixed = PrecisionChoice("auto", {"sampling": "no", "update": "bf16", "sft": "no"}, "probe")
+    same = PrecisionChoice("auto", dict.fromkeys(STAGES, "bf16"), "probe")
+    assert resolve_sampler_correction("auto", mixed) == "tis" and resolve_sampler_correction("auto", same) is None
+    assert resolve_sampler_correction("tis", same) == "tis" and resolve_sampler_correction(None, mixed) is None
+    assert mixed.without_mixed_sampling().stages == {"sampling": "no", "update": "no", "sft": "no"}
+    assert same.without_mixed_sampling() is same
+
+
+def test_auto_on_a_bf16_cpu_that_mixes_stages_corrects_and_logs_the_mismatch(monkeypatch, tmp_path: Path):
+    """The probe (mocked, as on a CPU with native bf16) finds bf16 slower for sampling and faster for the update:
+    ``auto`` samples in float32 and updates in bf16, so the correction is on and the mismatch is logged."""
+    fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 1.0})
+    model = make_model(tensorboard_log=str(tmp_path), cold_start=False)
+    assert model.precision.stages == {"sampling": "no", "update": "bf16", "sft": "no"}
+    assert model._sampler_correction == "tis"
+    corrected = []
+
+    def correct(policy, batch, cap):  # the update's own log-probs before the first step, and the TIS weights
+        corrected.append((batch, *correct_fresh_rollout(policy, batch, cap)))
+        return corrected[-1][1:]
+
+    monkeypatch.setattr(sampler_correction, "correct_fresh_rollout", correct)
+    model.learn(16)
+    kl = scalars(tmp_path, "train/sampler_kl")
+    assert len(kl) == 2 and all(0 < value < 0.1 for value in kl)  # bf16 rounding: small, never exactly 0
+    assert [value.item() for *_, value in corrected] == pytest.approx(kl, rel=1e-5)
+    for sampled, fresh, _ in corrected:
+        mask = sampled.completion_mask
+        assert not torch.equal(fresh.old_log_probs[mask], sampled.old_log_probs[mask])  # the update's, in bf16
+        weights = fresh.sampler_weights[mask]
+        assert ((weights > 0) & (weights <= 2.0)).all() and (weights != 1).any()
+        assert (fresh.sampler_weights[~mask] == 0).all()
+
+
+def test_without_the_correction_auto_samples_and_updates_in_one_precision(monkeypatch, tmp_path: Path):
+    fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 0.5})
+    model = make_model(sampler_correction=None, cold_start=False)
+    assert model._sampler_correction is None
+    assert model.precision.stages == {"sampling": "no", "update": "no", "sft": "bf16"}
+    assert "sampler correction is off" in model.precision.describe()
+
+
+@pytest.mark.parametrize("sampler_correction", [None, "tis"])
+def test_the_sampler_kl_is_zero_in_float32(tmp_path: Path, sampler_correction):
+    model = make_model(mixed_precision="no", sampler_correction=sampler_correction, tensorboard_log=str(tmp_path))
+    assert model._sampler_correction == sampler_correction
+    model.learn(16)
+    kl = scalars(tmp_path, "train/sampler_kl")
+    assert len(kl) == 2 and all(abs(value) < 1e-9 for value in kl)  # float rounding only (the decoder's KV cache)
+
+
+def test_the_correction_arguments_are_checked():
+    with pytest.raises(ValueError, match="sampler_correction"):
+        make_model(sampler_correction="is")
+    with pytest.raises(ValueError, match="sampler_correction_cap"):
+        make_model(sampler_correction_cap=0.5)
+
+
+@pytest.mark.parametrize("stages", ["mixed", "float32"])
+def test_lmppo_measures_and_corrects_the_mismatch_from_its_value_pass(monkeypatch, tmp_path: Path, stages):
+    """LMPPO takes the update's log-probs from the forward pass that computes its values (no extra pass)."""
+    if stages == "mixed":
+        fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 1.0})
+    precision = "auto" if stages == "mixed" else "no"
+    model = make_ppo(tensorboard_log=str(tmp_path), cold_start=False, mixed_precision=precision)
+    assert model._sampler_correction == ("tis" if stages == "mixed" else None)
+    model.learn(8)
+    batch = model._rollout
+    kl = scalars(tmp_path, "train/sampler_kl", run="LMPPO_1")
+    assert len(kl) == 2
+    if stages == "mixed":
+        assert all(0 < value < 0.1 for value in kl) and batch.sampler_weights is not None
+    else:
+        assert all(abs(value) < 1e-9 for value in kl) and batch.sampler_weights is None
+
+
+def test_replayed_rows_join_a_corrected_rollout_with_weight_one(tmp_path: Path):
+    """Replayed rows were sampled by older weights: the correction is the fresh rollout's; they get weight 1."""
+    fresh = test_replay._batch(2, 3, 4, sampler_weights=torch.full((2, 4), 0.5))
+    replayed = test_replay._batch(1, 5, 2, weights=torch.tensor([0.5]), slots=torch.tensor([9]))
+    both = fresh.concat(replayed)
+    assert both.sampler_weights.tolist() == [[0.5] * 4, [0.5] * 4, [1.0, 1.0, 0.0, 0.0]]
+    model = make_model(replay_ratio=0.5, sampler_correction="tis", mixed_precision="no", tensorboard_log=str(tmp_path))
+    model.learn(8 * 3)  # a corrected fresh rollout with replayed rows in the last two updates
+    assert len(scalars(tmp_path, "train/sampler_kl")) == 3
