@@ -166,7 +166,7 @@ def _error_counts(names: tuple[str, ...], counts: Any) -> dict[str, int]:
 
 
 def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
-    """The episode in progress, checked: its problem, window and pending ids, turn and transcript."""
+    """The episode in progress, checked: its problem, window and pending ids, turn, transcript and tool counts."""
     empty = np.zeros(0, dtype=np.int64)
     if episode is None:
         return {"problem": None, "window": empty, "pending": [], "turn": 0, "transcript": [], "tool_counts": (0, 0)}
