@@ -328,7 +328,9 @@ def _add_config_arguments(parser: argparse.ArgumentParser, config_default: str |
     shown = "zoo_configs/grpo.yml" if config_default else "the env the model file records"
     parser.add_argument("--config", default=config_default, help=f"rl-zoo3 style YAML (default: {shown})")
     parser.add_argument("--env", default="R1Zero-v0", help="env id, a top-level key of the config")
-    parser.add_argument("--preset", default=None, help="a preset of the config: demo, seed (default: published GRPO)")
+    parser.add_argument(
+        "--preset", default=None, help="a preset of the config: demo, seed, tools (default: published GRPO)"
+    )
     parser.add_argument("--eval-seed", type=int, default=0, help="selects the held-out problems and sampler seed")
 
 

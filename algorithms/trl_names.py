@@ -92,9 +92,8 @@ TRAINER_ARGUMENTS: dict[str, TrlName] = {
     "peft_config": _policy("lora", '`{"r": 16, "alpha": 32, ...}`: peft\'s LoraConfig fields (from_trl converts it)'),
     "callbacks": _call("learn(callback=...)", "SB3 callbacks: EvalCallback, CheckpointCallback, your own"),
     "optimizers": _policy("optimizer_class", "and optimizer_kwargs; schedules through learning_rate", ported=False),
-    **_none(
-        "reward_processing_classes rollout_func tools environment_factory", note="GRPOTrainer arguments we do not take"
-    ),
+    "tools": _env("tools", "the same typed functions, called in the Hermes `<tool_call>` format (Episodes with tools)"),
+    **_none("reward_processing_classes rollout_func environment_factory", note="GRPOTrainer arguments we do not take"),
 }
 #: names TRL has removed that scripts still carry
 REMOVED: dict[str, TrlName] = {
@@ -249,7 +248,9 @@ GRPO_CONFIG: dict[str, TrlName] = {
         "entropy_coef_min entropy_coef_max entropy_coef_delta entropy_target",
         note="adaptive entropy: use an ent_coef schedule or UpdateDecay",
     ),
-    **_none("max_tool_calling_iterations", note="no tool calling (the env's max_turns is multi-turn feedback)"),
+    "max_tool_calling_iterations": _env(
+        "max_tool_calls", "ours counts the calls of an episode, TRL counted tool-calling turns", ported=False
+    ),
     **_none(
         "vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max "
         "vllm_importance_sampling_clip_min",

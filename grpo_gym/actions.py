@@ -1,4 +1,4 @@
-"""Actions as token ids: checking them, where a completion ends, and text <-> action for driving the env by hand.
+"""The spaces, and actions as token ids: checking them, where a completion ends, text <-> action by hand.
 
 A sequence-mode action is an array of ``max_new_tokens`` token ids; the completion ends at the first EOS (or pad) id
 and what follows is ignored. A token-mode action is one id. Ids outside the vocabulary or a wrong shape raise
@@ -10,8 +10,24 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from gymnasium import spaces
 
 from grpo_gym.tokenizer import TokenCodec
+
+
+def observation_space(vocab_size: int, context_length: int) -> spaces.Dict:
+    """``Dict(input_ids=Box(0, vocab-1, (context_length,)), attention_mask=Box(0, 1, (context_length,)))``, int64."""
+    window = spaces.Box(0, vocab_size - 1, shape=(context_length,), dtype=np.int64)
+    return spaces.Dict(
+        {"input_ids": window, "attention_mask": spaces.Box(0, 1, shape=(context_length,), dtype=np.int64)}
+    )
+
+
+def action_space(vocab_size: int, max_new_tokens: int, action_mode: str) -> spaces.Space:
+    """``MultiDiscrete([vocab] * max_new_tokens)`` in sequence mode, ``Discrete(vocab)`` in token mode."""
+    if action_mode == "sequence":
+        return spaces.MultiDiscrete(np.full(max_new_tokens, vocab_size, dtype=np.int64))
+    return spaces.Discrete(vocab_size)
 
 
 def completion_ids(action: Any, max_new_tokens: int, vocab_size: int) -> np.ndarray:

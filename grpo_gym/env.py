@@ -9,26 +9,26 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
 
-from grpo_gym.actions import completion_ids, split_completion, text_action, token_id
+from grpo_gym.actions import action_space, completion_ids, observation_space, split_completion, text_action, token_id
 from grpo_gym.context import ContextWindow
 from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import StateLimits, make_state, problem_state, read_state
+from grpo_gym.gold import gold_examples
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT
-from grpo_gym.scoring import ScoreAhead
+from grpo_gym.scoring import ScoreAhead, check_ahead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
 from grpo_gym.tasks.base import check_prompt
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
-from grpo_gym.validation import ArgumentError, check_choice, check_int
+from grpo_gym.tools import DEFAULT_TIMEOUT, Toolbox
+from grpo_gym.turns import TOOL_COMPONENTS, TOOL_TURN_REASON, ToolSession, turn_info
+from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int
 
 ACTION_MODES = ("sequence", "token")
 RENDER_MODES = (None, "ansi", "human", "rgb_array")
 ON_REWARD_ERROR = ("zero", "raise")
-STAND_IN_REASONING = "The answer is {answer}."
-"""The cold-start reasoning of a problem whose task gives no gold reasoning (so the target stays well formed)."""
 
 
 #: the largest token window an env allocates (1M tokens: an 8 MB observation per step) and the most turns of an
@@ -71,6 +71,13 @@ class R1ZeroEnv(gym.Env):
     **Episode end.** ``terminated`` when the answer is correct or the turn budget is spent (the budget is part
     of the task). ``truncated`` when the context window cannot hold another turn.
 
+    **Tools** (``tools=[fn, ...]``; :mod:`grpo_gym.tools`, :mod:`grpo_gym.turns`): a completion holding
+    ``<tool_call>`` is a tool turn: its calls run, their results are appended, and the model goes on until it answers
+    (``max_turns`` counts answers) or a limit ends the episode (``truncated``: the window is full, or a tool turn
+    comes after ``max_tool_calls`` calls). A tool turn scores ``length``, ``tool_calls`` and ``tool_errors`` (weight
+    0) only; ``info["tool_calls"]`` lists its calls. What the env inserts is observation, never action: training on
+    actions trains on the model's own tokens, and the episode's return credits every model turn.
+
     **Long prompts.** A prompt longer than the window costs ``O(context_length)`` tokenization: only its newest
     part is encoded (the same ids as encoding it whole and keeping the newest ``context_length``).
 
@@ -110,6 +117,8 @@ class R1ZeroEnv(gym.Env):
     :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
         [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given, as TRL
         sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
+    :param tools: functions the model may call: a list (built-in names such as ``"calculator"`` allowed) or a dict
+        ``{name: fn}`` (:mod:`grpo_gym.tools`); ``max_tool_calls`` per episode, each abandoned after ``tool_timeout`` s
 
     Every argument is checked here: integers must be integral (``4.0`` reads as 4, ``2.7`` is refused),
     numbers finite and in range, booleans real booleans, mappings free of unknown keys; a bad one raises
@@ -138,6 +147,9 @@ class R1ZeroEnv(gym.Env):
         overlong_buffer: int | None = None,
         reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
         reward_clip: float | str | None = "auto",
+        tools: Sequence[Any] | Mapping[str, Callable[..., Any]] | None = None,
+        max_tool_calls: int = 4,
+        tool_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         #: the constructor's arguments as given (what :meth:`describe` records)
         self.init_arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -163,7 +175,13 @@ class R1ZeroEnv(gym.Env):
         self.task = make_task(task, **(task_kwargs or {}))
         self.tokenizer = load_tokenizer(tokenizer)
         self.codec = TokenCodec(self.tokenizer)
-        self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template)
+        self.max_tool_calls: int = check_int("max_tool_calls", max_tool_calls, low=1)  # type: ignore[assignment]
+        tool_timeout = check_float("tool_timeout", tool_timeout, low=0.0, low_open=True)  # type: ignore[assignment]
+        self.tools = None if tools is None else Toolbox(tools, tool_timeout)
+        schemas = None if self.tools is None else self.tools.schemas
+        self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template, schemas)
+        #: the tool calls of the episode in progress
+        self.tool_session = ToolSession(self.tools, self.formatter, self.max_tool_calls)
         if isinstance(reward_model, (str, os.PathLike)):
             reward_model = RewardModelScorer(reward_model)
         self.reward_fn = CompositeReward(
@@ -173,20 +191,14 @@ class R1ZeroEnv(gym.Env):
             reward_funcs=reward_funcs,
             max_new_tokens=self.max_new_tokens,
             overlong_buffer=overlong_buffer,
-            column_names=self._task_columns,
+            column_names=lambda: self.task.column_names(self.difficulty),
             reward_timeout=reward_timeout,
             clip=reward_clip,
+            env_components=TOOL_COMPONENTS if self.tools is not None else (),
         )
 
-        vocab = self.codec.vocab_size
-        window = spaces.Box(0, vocab - 1, shape=(self.context_length,), dtype=np.int64)
-        self.observation_space = spaces.Dict(
-            {"input_ids": window, "attention_mask": spaces.Box(0, 1, shape=(self.context_length,), dtype=np.int64)}
-        )
-        if action_mode == "sequence":
-            self.action_space = spaces.MultiDiscrete(np.full(self.max_new_tokens, vocab, dtype=np.int64))
-        else:
-            self.action_space = spaces.Discrete(vocab)
+        self.observation_space = observation_space(self.codec.vocab_size, self.context_length)
+        self.action_space = action_space(self.codec.vocab_size, self.max_new_tokens, self.action_mode)
 
         self.window = ContextWindow(self.context_length, self.codec.pad_id)
         # token ids of the constant text around a question / a feedback message (encoded once)
@@ -211,17 +223,6 @@ class R1ZeroEnv(gym.Env):
         with the old weights are dropped."""
         self.reward_fn.set_weights(weights)
         self._ahead.clear()
-
-    def _task_columns(self) -> list[str] | None:
-        """The reward columns of one problem drawn at the current level (the task's sampler state is put back),
-        or ``None`` when the task cannot draw one here."""
-        state = self.task.get_state()
-        try:
-            return list(self.task.reward_columns(self.task.sample(self.difficulty, np.random.default_rng(0))))
-        except Exception:
-            return None
-        finally:
-            self.task.set_state(state)
 
     def sample_problem(self, difficulty: float | None = None, seed: int | None = None) -> Problem:
         """Draw a problem at ``difficulty`` (default: the current level) from ``seed``, or from the env's seeded
@@ -260,19 +261,11 @@ class R1ZeroEnv(gym.Env):
         return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
     def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
-        """``n`` cold-start examples (S20.1): problems drawn like :meth:`sample_problem`, with the task's gold
-        ``<think>…</think><answer>…</answer>`` solution as the completion (see :meth:`encode_example`). A problem whose
-        task gives no gold reasoning (a data row without ``solution``) gets :data:`STAND_IN_REASONING`, so the target
-        stays well formed; :attr:`gold_stand_ins` counts them (the cold start warns with the count)."""
-        examples = []
-        for _ in range(n):
-            problem = self.sample_problem(difficulty)
-            reasoning, answer = self.task.solution(problem)
-            if not str(reasoning).strip():  # no gold reasoning: a stand-in keeps the target well formed
-                reasoning = STAND_IN_REASONING.format(answer=answer)
-                self.gold_stand_ins += 1
-            target = f"<think>{reasoning}</think><answer>{answer}</answer>"
-            examples.append(self.encode_example(problem.prompt_input, target))
+        """``n`` cold-start examples (S20.1) from problems drawn like :meth:`sample_problem`: the task's gold
+        solutions, one example per model turn (see :mod:`grpo_gym.gold`). :attr:`gold_stand_ins` counts the problems
+        without gold reasoning, which got a stand-in (the cold start warns with the count)."""
+        examples, stand_ins = gold_examples(self, n, difficulty)
+        self.gold_stand_ins += stand_ins
         return examples
 
     def score_completion(
@@ -293,23 +286,20 @@ class R1ZeroEnv(gym.Env):
         :param problems: one problem per completion
         :param actions: sequence-mode actions (arrays of ``max_new_tokens`` token ids, pad after EOS)
         """
-        if self.action_mode != "sequence":
-            raise ValueError("score_ahead scores whole completions: make the env with action_mode='sequence'")
-        if len(problems) != len(actions):
-            raise ValueError(f"got {len(problems)} problems but {len(actions)} actions")
-        for problem in problems:
-            if not isinstance(problem, Problem):
-                raise ValueError(f"score_ahead takes grpo_gym.tasks.Problem objects, got {type(problem).__name__}")
+        check_ahead(self.action_mode, problems, actions)
         ids = [completion_ids(action, self.max_new_tokens, self.codec.vocab_size) for action in actions]
         cut = [split_completion(row, self.codec) for row in ids]
+        texts = [self.codec.decode(body) for body, _ in cut]
+        answers = [i for i, text in enumerate(texts) if not self.tool_session.is_tool_turn(text)]  # tools: on step
         results = self.reward_fn.score_batch(
             self.task,
-            problems,
-            [self.codec.decode(body) for body, _ in cut],
-            [self.formatter.prompt(problem.prompt_input) for problem in problems],
-            [row[:length] for row, (_, length) in zip(ids, cut, strict=True)],
+            [problems[i] for i in answers],
+            [texts[i] for i in answers],
+            [self.formatter.prompt(problems[i].prompt_input) for i in answers],
+            [ids[i][: cut[i][1]] for i in answers],
+            supplied=[self.tool_session.answer_scores()] * len(answers),
         )
-        self._ahead.store(problems, ids, results)
+        self._ahead.store([problems[i] for i in answers], [ids[i] for i in answers], results)
 
     def encode_action(self, text: str) -> np.ndarray:
         """The sequence-mode action of a completion ``text``: its token ids, EOS, then padding to
@@ -346,6 +336,7 @@ class R1ZeroEnv(gym.Env):
                 "pending": [int(t) for t in self._pending],
                 "turn": self._turn,
                 "transcript": list(self._transcript),
+                "tools": self.tool_session.state(),
             }
         weights, errors = self.reward_fn.weights, self.reward_fn.error_counts
         task_state = self.task.get_state()
@@ -359,7 +350,8 @@ class R1ZeroEnv(gym.Env):
         the env exactly as it was."""
         limits = StateLimits(
             self._spec(), self.task, tuple(self.reward_fn.names), self.reward_fn.check_weights,
-            self.codec.vocab_size, self.context_length, self.max_new_tokens, self.max_turns,
+            self.codec.vocab_size, self.context_length, self.max_new_tokens,
+            self.max_turns + self.tool_session.max_turns, None if self.tools is None else self.max_tool_calls,
         )  # fmt: skip
         saved = read_state(state, limits)
         before = self.task.get_state()
@@ -376,6 +368,7 @@ class R1ZeroEnv(gym.Env):
         self.problem = saved.problem
         self.window.reset(saved.window)
         self._pending, self._turn, self._transcript = saved.pending, saved.turn, saved.transcript
+        self.tool_session.reset(*saved.tool_counts)
 
     def _spec(self) -> dict[str, Any]:
         """What a saved state must have been saved by (see :mod:`grpo_gym.env_state`)."""
@@ -386,6 +379,7 @@ class R1ZeroEnv(gym.Env):
             "action_mode": self.action_mode,
             "max_turns": self.max_turns,
             "vocab_size": self.codec.vocab_size,
+            **({"tools": self.tools.names, "max_tool_calls": self.max_tool_calls} if self.tools else {}),
         }
 
     # ------------------------------------------------------------------ gymnasium API
@@ -414,6 +408,7 @@ class R1ZeroEnv(gym.Env):
             )
         self._pending = []
         self._turn = 0
+        self.tool_session.reset()
         self._transcript = [prompt_text]
         info = {"problem": self.problem, "prompt": prompt_text, "prompt_truncated": prompt_cut}
         return self.window.observation(), info
@@ -445,37 +440,50 @@ class R1ZeroEnv(gym.Env):
         """
         body, length = split_completion(ids, self.codec)
         completion = self.codec.decode(body)
-        result = self._ahead.pop(self.problem, ids) if not in_window else None
+        if self.tool_session.is_tool_turn(completion):
+            return self._tool_turn(body, length, completion, ids, in_window)
+        result = self._ahead.pop(self.problem, ids) if not in_window and self._turn == 0 else None  # first turns
         if result is None:
+            transcript = "".join(self._transcript[1:]) + completion  # the episode's text after the prompt
             result = self.reward_fn.score_batch(
-                self.task, [self.problem], [completion], [self._transcript[0]], [ids[:length]]
+                self.task,
+                [self.problem],
+                [completion],
+                [self._transcript[0]],
+                [ids[:length]],
+                transcripts=[transcript],
+                supplied=[self.tool_session.answer_scores()],
             )[0]
         self._turn += 1
         self._transcript.append(completion)
         fits = in_window or self.window.append(body)
-        terminated = result.is_success or self._turn >= self.max_turns
+        answers = self._turn - self.tool_session.turns
+        terminated = result.is_success or answers >= self.max_turns
         if not terminated:
             verdict = Verdict(False, result.reasons.get("task", ""))
             message = self.task.feedback(self.problem, verdict)
             fits = self.window.append(self._encode_between(message, self._feedback_affix_ids)) and fits
             self._transcript.append(self.formatter.feedback(message))
         truncated = not terminated and (not fits or self.window.free <= self.max_new_tokens)
-        info = {
-            "reward_components": result.components,
-            "reward_reasons": result.reasons,
-            "reward_errors": result.errors,
-            "is_success": result.is_success,
-            "completion": completion,
-            "completion_length": length,
-            "completion_clipped": len(body) == length,
-            "turn": self._turn,
-            "difficulty": self.problem.difficulty,
-        }
-        if result.metrics:
-            info["reward_metrics"] = result.metrics
-        if result.extra:
-            info["reward_extra"] = result.extra
+        tool_calls = self.tool_session.answer_records()
+        info = turn_info(result, completion, body, length, self._turn, self.problem.difficulty, tool_calls)
         return self.window.observation(), float(result.total), bool(terminated), bool(truncated), info
+
+    def _tool_turn(
+        self, body: np.ndarray, length: int, completion: str, ids: np.ndarray, in_window: bool
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Run a tool turn's calls and append their results (see the class docstring)."""
+        turn, text = self.tool_session.play(completion)
+        self._turn += 1
+        self._transcript.append(completion)
+        fits = in_window or self.window.append(body)
+        if text is not None:
+            fits = self.window.append(self.codec.encode(text)) and fits
+            self._transcript.append(text)
+        truncated = text is None or not fits or self.window.free <= self.max_new_tokens
+        result = self.reward_fn.score_without_answer(TOOL_TURN_REASON, ids[:length], ToolSession.scores(turn))
+        info = turn_info(result, completion, body, length, self._turn, self.problem.difficulty, turn.records)
+        return self.window.observation(), float(result.total), False, bool(truncated), info
 
     def render(self) -> str | None:
         """``"ansi"``: the conversation so far as text; ``"human"``: print it."""

@@ -14,14 +14,16 @@ The state is a plain, JSON-serialisable ``dict`` (``json.dumps`` works on it; no
       "episode": None | {            # the episode in progress (None before the first reset)
         "problem": {"seed": 123, "difficulty": 0.35}     # remade by the task from its seed, or
                    | {"fields": {...Problem fields...}}, # stored whole when it has no seed (pinned rows)
-        "window": [ids...], "pending": [ids...], "turn": 1, "transcript": ["prompt text", ...]
+        "window": [ids...], "pending": [ids...], "turn": 1, "transcript": ["prompt text", ...],
+        "tools": None | {"calls": 1, "turns": 1}         # an env with tools: the episode's tool calls and turns
       }
     }
 
 ``spec`` is checked on ``set_state``: a state restores only into an env built with the same task name, window,
 completion budget, action mode, turn budget and vocabulary size (anything else raises ``ValueError`` naming
-the difference). Everything else about the env (its tokenizer, template, reward model) comes from its
-constructor, as with any Gymnasium env.
+the difference; an env with tools adds ``"tools"``, their names, and ``"max_tool_calls"``). Everything else about
+the env (its tokenizer, template, reward model, tool functions) comes from its constructor, as with any Gymnasium
+env.
 
 This module is the format alone, on plain data: :meth:`R1ZeroEnv.get_state <grpo_gym.env.R1ZeroEnv.get_state>`
 hands :func:`make_state` its values, and :meth:`~grpo_gym.env.R1ZeroEnv.set_state` applies what :func:`read_state`
@@ -81,7 +83,7 @@ def make_state(
     episode: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The state dict (see the module docstring) from an env's values; ``episode`` is ``{"problem":
-    problem_state(...), "window", "pending", "turn", "transcript"}`` or None before the first reset."""
+    problem_state(...), "window", "pending", "turn", "transcript", "tools"}`` or None before the first reset."""
     return {
         "format": STATE_FORMAT,
         "spec": spec,
@@ -110,12 +112,14 @@ class SavedState:
     pending: list[int]
     turn: int
     transcript: list[str]
+    tool_counts: tuple[int, int]  # the episode's tool calls and tool turns ((0, 0) without tools)
 
 
 @dataclasses.dataclass(frozen=True)
 class StateLimits:
-    """What a state must fit: the env's ``spec``, task, reward components, vocabulary size, window, completion and
-    turn budgets, and its check of reward weights."""
+    """What a state must fit: the env's ``spec``, task, reward components, vocabulary size, window, completion
+    budget, the most turns of an episode (tool turns included), its ``max_tool_calls`` (``None``: no tools), and
+    its check of reward weights."""
 
     spec: dict[str, Any]
     task: Task
@@ -125,6 +129,7 @@ class StateLimits:
     context_length: int
     max_new_tokens: int
     max_turns: int
+    max_tool_calls: int | None = None
 
 
 def read_state(state: Any, limits: StateLimits) -> SavedState:
@@ -161,10 +166,10 @@ def _error_counts(names: tuple[str, ...], counts: Any) -> dict[str, int]:
 
 
 def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
-    """The episode in progress, checked: its problem, window and pending ids, turn and transcript."""
+    """The episode in progress, checked: its problem, window and pending ids, turn, transcript and tool counts."""
     empty = np.zeros(0, dtype=np.int64)
     if episode is None:
-        return {"problem": None, "window": empty, "pending": [], "turn": 0, "transcript": []}
+        return {"problem": None, "window": empty, "pending": [], "turn": 0, "transcript": [], "tool_counts": (0, 0)}
     if not isinstance(episode, dict):
         raise ValueError(f"state['episode'] must be None or a dict, got {type(episode).__name__}")
     try:
@@ -182,7 +187,29 @@ def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
     if not isinstance(transcript, list) or not all(isinstance(text, str) for text in transcript):
         raise ValueError("state['episode']['transcript'] must be a list of texts")
     turn = check_int("state['episode']['turn']", episode.get("turn"), low=0, high=limits.max_turns)
-    return {"problem": problem, **ids, "pending": ids["pending"].tolist(), "turn": turn, "transcript": list(transcript)}
+    tool_counts = _tool_counts(limits.max_tool_calls, episode.get("tools"), turn)
+    return {
+        "problem": problem,
+        **ids,
+        "pending": ids["pending"].tolist(),
+        "turn": turn,
+        "transcript": list(transcript),
+        "tool_counts": tool_counts,
+    }
+
+
+def _tool_counts(max_calls: int | None, tools: Any, turn: int) -> tuple[int, int]:
+    """The episode's ``(calls, turns)`` of tools, checked: none without tools; with them, at most ``max_calls``
+    calls, and tool turns among the episode's ``turn`` turns, at most one past the call budget."""
+    if max_calls is None:
+        if tools is not None:
+            raise ValueError("state['episode']['tools'] must be None: this env has no tools")
+        return 0, 0
+    if not isinstance(tools, dict) or tools.keys() != {"calls", "turns"}:
+        raise ValueError(f"state['episode']['tools'] must be {{'calls': int, 'turns': int}}, got {tools!r}")
+    calls = check_int("state['episode']['tools']['calls']", tools["calls"], low=0, high=max_calls)
+    turns = check_int("state['episode']['tools']['turns']", tools["turns"], low=0, high=min(turn, max_calls + 1))
+    return calls, turns
 
 
 def _generator(state: Any) -> np.random.Generator:

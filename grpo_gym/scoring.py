@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from grpo_gym.tasks import Problem
+
 Key = tuple[bytes, bytes]
 
 
@@ -28,6 +30,17 @@ def problem_key(problem: Any) -> bytes:
 def action_key(ids: np.ndarray) -> bytes:
     """The bytes of an action's token ids as int64."""
     return np.ascontiguousarray(ids, dtype=np.int64).tobytes()
+
+
+def check_ahead(action_mode: str, problems: Sequence[Any], actions: Sequence[Any]) -> None:
+    """Refuse what ``score_ahead`` cannot score: token mode, unequal lengths, problems that are not ``Problem``s."""
+    if action_mode != "sequence":
+        raise ValueError("score_ahead scores whole completions: make the env with action_mode='sequence'")
+    if len(problems) != len(actions):
+        raise ValueError(f"got {len(problems)} problems but {len(actions)} actions")
+    for problem in problems:
+        if not isinstance(problem, Problem):
+            raise ValueError(f"score_ahead takes grpo_gym.tasks.Problem objects, got {type(problem).__name__}")
 
 
 class ScoreAhead:

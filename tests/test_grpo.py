@@ -254,7 +254,6 @@ def test_multi_turn_episodes() -> None:
         ({"beta": -1.0}, "beta"),
         ({"env": make_env(n_envs=3)}, "multiple of the number of envs"),
         ({"env": make_env(action_mode="token")}, "action_mode='sequence'"),
-        ({"env": make_env(n_envs=2, max_turns=2)}, "n_envs=1"),
     ],
 )
 def test_bad_arguments(kwargs: dict, match: str) -> None:

@@ -21,7 +21,7 @@ def make_env(env_id: str, n_envs: int = 1, env_kwargs: dict[str, Any] | None = N
 
 def rollout_token_ids(env: VecEnv, algorithm: str, n_groups: int, world_size: int, group_size: int) -> dict[str, int]:
     """Check that ``env`` can play an algorithm's rollouts (whole completions; whole groups per process; rows a
-    multiple of the envs; multi-turn with one env) and return the token ids the policy needs from it:
+    multiple of the envs) and return the token ids the policy needs from it:
     ``{"eos_token_id", "pad_token_id"}``. ``ValueError`` naming the fix otherwise."""
     if not isinstance(env.action_space, spaces.MultiDiscrete):
         raise ValueError(f"{algorithm} trains on whole completions: make the env with action_mode='sequence'")
@@ -36,7 +36,5 @@ def rollout_token_ids(env: VecEnv, algorithm: str, n_groups: int, world_size: in
             f"n_groups / processes * group_size ({local_rows}) must be a multiple of the number of envs "
             f"({env.num_envs})"
         )
-    if env.num_envs > 1 and env.get_attr("max_turns", indices=[0])[0] > 1:
-        raise ValueError("multi-turn episodes (max_turns > 1) are collected with one env: pass n_envs=1")
     codec = env.get_attr("codec", indices=[0])[0]
     return {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}

@@ -2,7 +2,11 @@
 
 The problems come from the task's :meth:`~grpo_gym.tasks.Task.eval_problems`: fresh seeds for procedural tasks,
 the eval split (``eval_data=``) for tasks read from data, or their training rows (with a warning) when they have no
-eval split; the table's ``source`` column says which."""
+eval split; the table's ``source`` column says which.
+
+An env with tools (``R1ZeroEnv(tools=...)``), or a wrapped Gymnasium env (:mod:`grpo_gym.wrappers`), is evaluated on
+whole episodes (:func:`evaluate_episodes`): the model calls tools and answers as in training, and success is the
+episode's."""
 
 from __future__ import annotations
 
@@ -13,16 +17,20 @@ import numpy as np
 import torch as th
 
 from algorithms.common.rollout.batch import left_pad
+from algorithms.common.rollout.env_steps import stack_obs, step_envs
+from algorithms.common.rollout.rows import contexts_from_obs
 from grpo_gym.tasks.base import HELD_OUT_SEED
 
 __all__ = [
     "HELD_OUT_SEED",
     "EvalResult",
     "evaluate_difficulties",
+    "evaluate_episodes",
     "evaluate_problems",
     "format_table",
     "held_out_problems",
     "held_out_source",
+    "play_episodes",
 ]
 
 
@@ -65,6 +73,8 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
     """
     if not problems:
         raise ValueError("no problems to evaluate: ask for at least one (e.g. --n 100)")
+    if plays_episodes(env):
+        return evaluate_episodes(policy, env, problems, seed, greedy)
     device = next(policy.parameters()).device
     prompts = []
     for problem in problems:
@@ -89,6 +99,62 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
         mean_length=float(completions.lengths.float().mean().item()),
         source=held_out_source(env),
     )
+
+
+def plays_episodes(env: Any) -> bool:
+    """Whether to evaluate whole episodes: an R1ZeroEnv with tools, or an env that does not score one completion
+    alone (no ``score_completion``, e.g. :class:`~grpo_gym.wrappers.LMEnvWrapper`)."""
+    if not env.has_attr("score_completion"):
+        return True
+    try:
+        return env.get_attr("tools", indices=[0])[0] is not None
+    except AttributeError:
+        return False
+
+
+def evaluate_episodes(policy: Any, env: Any, problems: list[Any], seed: int = 0, greedy: bool = False) -> EvalResult:
+    """Play each problem's episode to its end, ``n_envs`` episodes at a time (:func:`play_episodes`).
+
+    Success is the episode's last turn's ``is_success``; the reward is the sum of its turns' rewards; the length is
+    the tokens the model wrote in the episode (every turn's). Arguments as :func:`evaluate_problems`.
+    """
+    generator = th.Generator(device=next(policy.parameters()).device)
+    generator.manual_seed(seed)
+    played = []
+    for start in range(0, len(problems), env.num_envs):
+        played += play_episodes(policy, env, problems[start : start + env.num_envs], generator, greedy)
+    successes, rewards, lengths = zip(*played, strict=True)
+    return EvalResult(
+        difficulty=float(problems[0].difficulty),
+        n_problems=len(problems),
+        success_rate=float(np.mean(successes)),
+        mean_reward=float(np.mean(rewards)),
+        mean_length=float(np.mean(lengths)),
+        source=held_out_source(env),
+    )
+
+
+def play_episodes(
+    policy: Any, env: Any, problems: list[Any], generator: th.Generator, greedy: bool = False
+) -> list[tuple[bool, float, int]]:
+    """Env ``i`` plays ``problems[i]`` (at most ``n_envs`` of them) to the end of the episode; every turn of the
+    episodes still playing is sampled in one batch, and each env is stepped alone (``env_method``, so an ended
+    episode is not auto-reset). Per problem: success, the sum of the rewards, the tokens the model wrote."""
+    device = next(policy.parameters()).device
+    obs = [env.env_method("reset", options={"problem": p}, indices=[i])[0][0] for i, p in enumerate(problems)]
+    live = list(range(len(problems)))
+    results = [(False, 0.0, 0) for _ in problems]
+    while live:
+        ids, mask = left_pad(contexts_from_obs(stack_obs(obs), policy.context_limit), policy.pad_token_id)
+        completions = policy.generate(ids.to(device), mask.to(device), generator=generator, greedy=greedy)
+        obs, rewards, dones, infos = step_envs(env, live, completions.tokens.cpu().numpy())
+        for j, i in enumerate(live):
+            _, total, length = results[i]
+            written = int(completions.lengths[j])
+            results[i] = (bool(infos[j].get("is_success", False)), total + float(rewards[j]), length + written)
+        live = [i for i, done in zip(live, dones, strict=True) if not done]
+        obs = [o for o, done in zip(obs, dones, strict=True) if not done]
+    return results
 
 
 def evaluate_difficulties(

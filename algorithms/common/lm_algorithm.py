@@ -17,7 +17,6 @@ start (S20.1) runs before the first rollout.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import time
 from typing import Any, TypeVar
 
@@ -32,6 +31,7 @@ from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
+from algorithms.common.rollout.env_steps import Obs, split_obs, stack_obs, step_envs
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, contexts_from_obs
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
@@ -50,8 +50,9 @@ class LMAlgorithm(LMBaseAlgorithm):
 
         Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
-        Multi-turn episodes (one env) answer again from the env's new context until they end. A subclass may then
-        play more and change the rows (:meth:`_after_play`, e.g. dynamic sampling) before the batch is built.
+        Multi-turn episodes (feedback, tool calls) answer again from the env's new context until they end: the later
+        turns of a chunk's episodes still playing are sampled in one batch (:meth:`_play_later_turns`). A subclass
+        may then play more and change the rows (:meth:`_after_play`, e.g. dynamic sampling) before the batch is built.
         Returns False when a callback stopped training.
         """
         self._boundary = self.get_run_state()  # an iteration boundary: what a save during the rollout records
@@ -104,27 +105,77 @@ class LMAlgorithm(LMBaseAlgorithm):
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
-            contexts = [prompts[e] for e in chunk]
             completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
-            log_probs = first.log_probs[chunk.start : chunk.stop]
-            for turn in itertools.count():
-                new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
-                self.num_timesteps += n_envs * (self._dist.world_size if job_steps else 1)  # the job's completions
-                callback.update_locals(locals())
-                if not callback.on_step():
-                    return None
-                self._update_info_buffer(infos, dones)
-                ended = [info for info, done in zip(infos, dones, strict=True) if done]
-                finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
-                rows.add(chunk, turn, contexts, completions, log_probs, rewards, infos)
-                if dones.all():
-                    break
-                contexts = contexts_from_obs(new_obs, self.policy.context_limit)  # multi-turn: answer again
-                timer = time.perf_counter()
-                answer = self._sample(contexts)
-                generation_seconds += time.perf_counter() - timer
-                completions, log_probs = (answer.tokens, answer.mask), answer.log_probs
+            played = [prompts[e] for e in chunk], completions, first.log_probs[chunk.start : chunk.stop]
+            new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
+            outcome = rewards, dones, infos
+            if not self._record_step(callback, rows, finished, list(chunk), 0, played, outcome, job_steps, locals()):
+                return None
+            live = [i for i, done in enumerate(dones) if not done]  # env i of the chunk plays episode chunk[i]
+            obs = split_obs(new_obs, live)
+            later = self._play_later_turns(env, callback, rows, finished, chunk, live, obs, job_steps)
+            if later is None:
+                return None
+            generation_seconds += later
         return generation_seconds
+
+    def _play_later_turns(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        chunk: range,
+        live: list[int],
+        obs: list[Obs],
+        job_steps: bool,
+    ) -> float | None:
+        """Multi-turn episodes: the chunk's envs ``live`` (their observations ``obs``) answer again from the env's new
+        context, sampled in one batch per turn, until every episode ended; each env is stepped alone, so an ended
+        episode is not reset (:func:`~algorithms.common.rollout.env_steps.step_envs`). The generation seconds, or
+        None when a callback stopped training."""
+        generation_seconds, turn = 0.0, 0
+        while live:
+            turn += 1
+            contexts = contexts_from_obs(stack_obs(obs), self.policy.context_limit)
+            timer = time.perf_counter()
+            answer = self._sample(contexts)
+            generation_seconds += time.perf_counter() - timer
+            obs, rewards, dones, infos = step_envs(env, live, answer.tokens.cpu().numpy())
+            played = contexts, (answer.tokens, answer.mask), answer.log_probs
+            episodes, outcome = [chunk[i] for i in live], (rewards, dones, infos)
+            if not self._record_step(callback, rows, finished, episodes, turn, played, outcome, job_steps, locals()):
+                return None
+            live = [i for i, done in zip(live, dones, strict=True) if not done]
+            obs = [o for o, done in zip(obs, dones, strict=True) if not done]
+        return generation_seconds
+
+    def _record_step(
+        self,
+        callback: BaseCallback,
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        episodes: list[int],
+        turn: int,
+        played: tuple[list[th.Tensor], tuple[th.Tensor, th.Tensor], th.Tensor],
+        outcome: tuple[Any, Any, list[dict[str, Any]]],
+        job_steps: bool,
+        scope: dict[str, Any],
+    ) -> bool:
+        """Count the completions of one step (``job_steps``: every rank's), tell the callback (``scope``: the caller's
+        locals, as SB3 passes them), keep the episodes that ended and add the rows of ``episodes`` (contexts,
+        completions and log-probs ``played``; rewards, dones and infos ``outcome``); False when the callback stopped
+        training."""
+        rewards, dones, infos = outcome
+        self.num_timesteps += len(episodes) * (self._dist.world_size if job_steps else 1)  # the job's completions
+        callback.update_locals(scope)
+        if not callback.on_step():
+            return False
+        self._update_info_buffer(infos, dones)
+        ended = [info for info, done in zip(infos, dones, strict=True) if done]
+        finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
+        rows.add(episodes, turn, *played, rewards, infos)
+        return True
 
     def _play_again(
         self,

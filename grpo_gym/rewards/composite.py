@@ -17,9 +17,11 @@ built-in components:
   when the token budget and the completion's token ids are known.
 
 Your functions (``reward_funcs=[fn, ...]`` or ``{"name": fn}``, TRL's signature, see
-:mod:`grpo_gym.rewards.functions`) are components too, of weight 1 by default. Weights may be negative (a penalty).
-The progressive activation of S20 is a schedule over ``set_weights({"consistency": w})``. A batch is scored with one
-call per function and one reward-model forward (:meth:`CompositeReward.score_batch`).
+:mod:`grpo_gym.rewards.functions`) are components too, of weight 1 by default. Components the env scores itself
+(``env_components``: ``tool_calls`` and ``tool_errors`` when it has tools, :mod:`grpo_gym.tools`) have weight 0 by
+default; the env supplies their scores. Weights may be negative (a penalty). The progressive activation of S20 is a
+schedule over ``set_weights({"consistency": w})``. A batch is scored with one call per function and one reward-model
+forward (:meth:`CompositeReward.score_batch`).
 
 Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
 a reward function, a function's bad output, a call past ``reward_timeout``) is caught for that component alone. It is
@@ -53,6 +55,8 @@ COMPONENTS = BUILTIN_COMPONENTS
 DEFAULT_WEIGHTS = {"syntax": 0.3, "consistency": 0.4, "task": 0.3, "length": 0.0}
 FUNCTION_WEIGHT = 1.0
 """The default weight of a reward function (TRL's)."""
+ENV_COMPONENT_WEIGHT = 0.0
+"""The default weight of a component the env scores itself (``env_components``)."""
 ON_ERROR = ("zero", "raise")
 SEED_CLIP = 1.0
 """The seed's clip (S5): totals in ``[-1, 1]``, the default without reward functions."""
@@ -131,6 +135,7 @@ class CompositeReward:
         component scores 0 as a reward error (:mod:`grpo_gym.rewards.timeouts`; ``None``: no limit)
     :param clip: ``"auto"`` (1 without reward functions, ``None`` with them), ``None`` (no clip) or a positive
         number ``c``: totals clipped to ``[-c, c]``
+    :param env_components: names of components whose scores the caller supplies (``score_batch(supplied=...)``)
     """
 
     def __init__(
@@ -144,8 +149,11 @@ class CompositeReward:
         column_names: Callable[[], Collection[str] | None] | None = None,
         reward_timeout: float | None = DEFAULT_REWARD_TIMEOUT,
         clip: float | str | None = "auto",
+        env_components: Sequence[str] = (),
     ) -> None:
-        self.reward_funcs = check_reward_funcs(reward_funcs, BUILTIN_COMPONENTS, column_names)
+        self.env_components = tuple(env_components)
+        reserved = (*BUILTIN_COMPONENTS, *self.env_components)
+        self.reward_funcs = check_reward_funcs(reward_funcs, reserved, column_names)
         if clip == "auto":
             clip = None if self.reward_funcs else SEED_CLIP
         #: totals are clipped to ``[-clip, clip]``; ``None``: not clipped
@@ -153,7 +161,11 @@ class CompositeReward:
         self.clipped_count = 0
         """How many totals the clip changed, since construction."""
         self._warned_clip = False
-        self._weights = {**DEFAULT_WEIGHTS, **dict.fromkeys(self.reward_funcs, FUNCTION_WEIGHT)}
+        self._weights = {
+            **DEFAULT_WEIGHTS,
+            **dict.fromkeys(self.env_components, ENV_COMPONENT_WEIGHT),
+            **dict.fromkeys(self.reward_funcs, FUNCTION_WEIGHT),
+        }
         if weights is not None:
             self.set_weights(weights)
         if isinstance(reward_model, (str, os.PathLike)):
@@ -224,6 +236,8 @@ class CompositeReward:
         completions: Sequence[str | bytes],
         prompt_texts: Sequence[str] | None = None,
         completion_ids: Sequence[Sequence[int]] | None = None,
+        transcripts: Sequence[str] | None = None,
+        supplied: Sequence[Mapping[str, float | None]] | None = None,
     ) -> list[RewardResult]:
         """Score many completions: each reward function is called once and the reward model runs once for all.
 
@@ -233,6 +247,9 @@ class CompositeReward:
         :param prompt_texts: one prompt per completion, for the reward model and reward functions (default: empty)
         :param completion_ids: each completion's token ids, EOS included (for ``length`` and reward functions;
             default: unknown, ``length`` does not apply and functions get ``None``)
+        :param transcripts: what the reward model and reward functions read as each completion (a multi-turn
+            episode's whole text after the prompt; default: the completions)
+        :param supplied: per completion, the scores of ``env_components`` (default: not applicable)
         :return: one :class:`RewardResult` per completion, in order
         """
         n = len(completions)
@@ -245,7 +262,8 @@ class CompositeReward:
         if len(ids) != n:
             raise ValueError(f"got {len(ids)} completion_ids but {n} completions")
         parsed = [parse_completion(c) for c in completions]
-        texts = [_rm_text(c) for c in completions] if self.reward_model is not None or self.reward_funcs else []
+        read = completions if transcripts is None else transcripts
+        texts = [_rm_text(c) for c in read] if self.reward_model is not None or self.reward_funcs else []
         model_scores: list[float | BaseException | None] = [None] * n
         if self.reward_model is not None and n:
             model_scores = self._model_scores(prompts, texts)
@@ -254,11 +272,36 @@ class CompositeReward:
         results = []
         for i, problem in enumerate(problems):
             scored = self._builtins(task, problem, parsed[i], model_scores[i], ids[i])
+            scored.update(self._supplied(None if supplied is None else supplied[i]))
             for name, values in user.items():
                 scored[name] = self._function_value(name, values[i])
             extra = {column: values[i] for column, values in logs.extra.items()}
             results.append(self._result(scored, parsed[i], logs.metrics, extra))
         return results
+
+    def score_without_answer(
+        self,
+        reason: str,
+        completion_ids: Sequence[int] | None = None,
+        supplied: Mapping[str, float | None] | None = None,
+    ) -> RewardResult:
+        """The reward of a turn that gives no answer to score (a tool call): the answer's components and the reward
+        functions do not apply (``None``, ``reason`` says why); ``length`` and the ``supplied`` env components do."""
+        length = None if completion_ids is None else len(completion_ids)
+        scored: dict[str, Scored] = {name: (None, reason, None) for name in self._weights}
+        scored["length"] = self._component("length", length_score, length, self.max_new_tokens, self.overlong_buffer)
+        scored.update(self._supplied(supplied))
+        return self._result(scored, parse_completion(""), {}, {})
+
+    def _supplied(self, scores: Mapping[str, float | None] | None) -> dict[str, Scored]:
+        """The env components' scores as given (``None``: not applicable)."""
+        scores = scores or {}
+        return {
+            name: (None, "not applicable", None)
+            if scores.get(name) is None
+            else (float(scores[name]), "scored by the env", None)
+            for name in self.env_components
+        }
 
     def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException]:
         """One score per completion from the reward model, or the exception it raised (for each completion)."""

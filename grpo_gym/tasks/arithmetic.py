@@ -6,13 +6,15 @@ levels, an optional parenthesised sub-expression (only where it changes the orde
 right operand of ``*`` is kept short (``mul_digits``) so products stay learnable. Answers are computed
 with Python ints from the drawn operands (never by evaluating a string). The gold reasoning is one
 ``a op b=c`` step per operation in evaluation order, e.g. ``"48*2=96, 37+96=133"``; its last number is
-the answer.
+the answer. With the ``calculator`` tool, the gold solution calls it on the expression and answers with its
+result (:meth:`ArithmeticTask.tool_solution`).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import NamedTuple
+from collections.abc import Collection
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -197,6 +199,15 @@ class ArithmeticTask(Task):
         text = expression_text(meta["operands"], meta["ops"], meta["paren"])
         steps = evaluate(text, record_steps=True, max_length=10_000).steps
         return ", ".join(steps), problem.answer
+
+    def tool_solution(self, problem: Problem, tools: Collection[str]) -> tuple[list[dict[str, Any]], str, str] | None:
+        """With the ``calculator`` tool: one call on the expression, then ``("37+48*2=133", "133")``."""
+        meta = problem.metadata
+        if "calculator" not in tools or not {"operands", "ops", "paren"} <= meta.keys():
+            return None
+        expression = expression_text(meta["operands"], meta["ops"], meta["paren"])
+        calls = [{"name": "calculator", "arguments": {"expression": expression}}]
+        return calls, f"{expression}={problem.answer}", problem.answer
 
     def key_terms(self, problem: Problem) -> list[str]:
         """The operands as written in the prompt, without signs (``"3-10"`` gives ``["3", "10"]``)."""

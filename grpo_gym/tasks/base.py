@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -163,6 +164,12 @@ class Task(ABC):
     def solution(self, problem: Problem) -> tuple[str, str]:
         """Return a gold ``(reasoning, answer)`` pair; ``verify(problem, answer)`` must be correct."""
 
+    def tool_solution(self, problem: Problem, tools: Collection[str]) -> tuple[list[dict[str, Any]], str, str] | None:
+        """A gold solution that calls tools, for the cold start of an env with ``tools`` (their names): the calls of
+        the first turn (``{"name": ..., "arguments": {...}}`` dicts) and the answer turn's ``(reasoning, answer)``.
+        ``None`` (the default): the task has none with these tools, and the cold start uses :meth:`solution`."""
+        return None
+
     def sample_seeded(self, difficulty: float, seed: int) -> Problem:
         """Draw the problem of ``seed`` and record it, so ``sample_seeded(d, problem.seed)`` remakes it.
 
@@ -200,6 +207,17 @@ class Task(ABC):
         columns = {key: value for key, value in problem.metadata.items() if key not in RESERVED_COLUMNS}
         columns.update(answer=problem.answer, difficulty=problem.difficulty)
         return columns
+
+    def column_names(self, difficulty: float) -> list[str] | None:
+        """The names of :meth:`reward_columns` of one problem drawn at ``difficulty`` (the sampler state is put
+        back), or ``None`` when the task cannot draw one here."""
+        state = self.get_state()
+        try:
+            return list(self.reward_columns(self.sample(difficulty, np.random.default_rng(0))))
+        except Exception:
+            return None
+        finally:
+            self.set_state(state)
 
     #: where :meth:`eval_problems` takes its problems from, as the held-out table shows it
     eval_source: ClassVar[str] = "new seeds"

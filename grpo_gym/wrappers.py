@@ -1,0 +1,176 @@
+"""Gym interop: any Gymnasium env with text observations and text actions, as an env a language model trains on.
+
+:class:`LMEnvWrapper` wraps an env whose observations become text (``obs_to_text``, ``str`` by default) and whose
+``step`` takes what ``action_parser`` makes of the model's completion (the text itself by default); the hooks are
+named as in verifiers' ``GymEnv``. It gives the env R1ZeroEnv's spaces and the methods GRPO and LMPPO call, so
+``GRPO("TransformerPolicy", make_vec_env(lambda: LMEnvWrapper(MyTextEnv()), n_envs=8))`` trains on it:
+
+- the first observation is shown in the template (``"compact"``: ``User: <text>\\nAssistant: ``), each later one as
+  a user turn after the model's completion; the context window, left-padded, is the observation (as R1ZeroEnv's);
+- an action is a completion (``max_new_tokens`` token ids, cut at EOS); the wrapped env's reward, ``terminated`` and
+  ``truncated`` pass through, and so does its ``info`` (``is_success`` included);
+- a completion ``action_parser`` refuses (it raises) is not sent to the wrapped env: the turn scores
+  ``invalid_action_reward``, ``info["action_error"]`` says why, and the model reads ``Invalid action: <reason>``
+  and tries again; ``max_turns`` model turns end the episode (``truncated``), as does a full window;
+- a "problem" is the seed of an episode: :meth:`sample_problem` draws one, ``reset(options={"problem": p})``
+  resets the wrapped env with ``seed=p.seed``; held-out problems are fixed seeds (:meth:`eval_problems`).
+
+There are no gold solutions for a cold start: train with ``sft_steps=0`` (or ``cold_start=False``), or give
+``sft_data``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from grpo_gym.actions import action_space, completion_ids, observation_space, split_completion, text_action
+from grpo_gym.context import ContextWindow
+from grpo_gym.tasks.base import Problem, Task, Verdict, check_difficulty
+from grpo_gym.templates import PromptFormatter
+from grpo_gym.tokenizer import TokenCodec, load_tokenizer
+from grpo_gym.tools import error_text
+from grpo_gym.validation import check_float, check_int
+
+
+class EpisodeSeeds(Task):
+    """The "problems" of a wrapped env: the seeds its episodes reset with (a problem's text is its first observation,
+    known only at reset). There is nothing to verify and no gold solution.
+
+    :param name: the task's name (``"gym:<env id>"``)
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # type: ignore[misc]
+
+    def sample(self, difficulty: float, rng: np.random.Generator) -> Problem:
+        """An episode at ``difficulty`` (its seed is set by the caller: ``sample_problem``, ``sample_seeded``)."""
+        return Problem(prompt="", answer="", task=self.name, difficulty=check_difficulty(difficulty))
+
+    def verify(self, problem: Problem, answer: str) -> Verdict:
+        """Not used: the wrapped env's reward scores an episode."""
+        return Verdict(False, "a wrapped env's reward scores its episodes")
+
+    def solution(self, problem: Problem) -> tuple[str, str]:
+        """No gold solutions: train with ``sft_steps=0`` or ``sft_data``."""
+        raise ValueError(f"{self.name} has no gold solutions: train with sft_steps=0 (or cold_start=False) or sft_data")
+
+
+class LMEnvWrapper(gym.Wrapper):
+    """A Gymnasium env with text observations and text actions as a trainable language-model env (module docstring).
+
+    :param env: the wrapped env
+    :param tokenizer: ``None`` for the built-in character tokenizer, a tokenizer object, or a local path
+    :param obs_to_text: an observation as the text the model reads
+    :param action_parser: a completion's text as the wrapped env's action (raise ``ValueError``, or any exception,
+        to refuse it)
+    :param context_length: the context window size in tokens
+    :param max_new_tokens: the completion budget of one turn
+    :param max_turns: model turns per episode before it is truncated
+    :param template: ``"compact"``, ``"r1zero"`` or a format string with ``{prompt}`` (see :mod:`grpo_gym.templates`)
+    :param use_chat_template: use the tokenizer's chat template when it has one (``"auto"``)
+    :param invalid_action_reward: the reward of a turn whose completion ``action_parser`` refused
+    :param difficulty: the level recorded on problems (the wrapped env does not read it)
+    """
+
+    def __init__(
+        self,
+        env: gym.Env,
+        tokenizer: Any = None,
+        obs_to_text: Callable[[Any], str] = str,
+        action_parser: Callable[[str], Any] = lambda text: text,
+        context_length: int = 1024,
+        max_new_tokens: int = 64,
+        max_turns: int = 16,
+        template: str = "compact",
+        use_chat_template: bool | str = "auto",
+        invalid_action_reward: float = 0.0,
+        difficulty: float = 0.5,
+    ) -> None:
+        super().__init__(env)
+        self.context_length: int = check_int("context_length", context_length, low=2)  # type: ignore[assignment]
+        self.max_new_tokens: int = check_int(  # type: ignore[assignment]
+            "max_new_tokens", max_new_tokens, low=1, high=self.context_length - 1
+        )
+        self.max_turns: int = check_int("max_turns", max_turns, low=1)  # type: ignore[assignment]
+        self.invalid_action_reward: float = check_float("invalid_action_reward", invalid_action_reward)  # type: ignore[assignment]
+        self.difficulty = check_difficulty(difficulty)
+        self.obs_to_text, self.action_parser = obs_to_text, action_parser
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.codec = TokenCodec(self.tokenizer)
+        self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template)
+        self.task = EpisodeSeeds(f"gym:{env.spec.id if env.spec is not None else type(env.unwrapped).__name__}")
+        self.observation_space = observation_space(self.codec.vocab_size, self.context_length)
+        self.action_space = action_space(self.codec.vocab_size, self.max_new_tokens, "sequence")
+        self.window = ContextWindow(self.context_length, self.codec.pad_id)
+        self.problem: Problem | None = None
+        self._turn = 0
+        self._seeds = np.random.default_rng()
+
+    # ------------------------------------------------------------------ what the algorithms call
+    def set_difficulty(self, difficulty: float) -> None:
+        """Set the level recorded on the next problems."""
+        self.difficulty = check_difficulty(difficulty)
+
+    def sample_problem(self, difficulty: float | None = None, seed: int | None = None) -> Problem:
+        """An episode to play: the wrapped env reset with ``seed`` (default: drawn from this wrapper's generator)."""
+        seed = int(self._seeds.integers(2**63 - 1)) if seed is None else check_int("seed", seed, low=0)
+        return self.task.sample_seeded(self.difficulty if difficulty is None else difficulty, seed)
+
+    def eval_problems(self, n: int, difficulty: float, seed: int = 0) -> list[Problem]:
+        """``n`` held-out episodes: fixed seeds (:meth:`Task.eval_problems`)."""
+        return self.task.eval_problems(n, difficulty, seed)
+
+    def score_ahead(self, problems: list[Problem], actions: list[Any]) -> None:
+        """Nothing to score ahead: the wrapped env's ``step`` scores each completion."""
+
+    def encode_action(self, text: str) -> np.ndarray:
+        """The action of a completion ``text``: its token ids, EOS, then padding to ``max_new_tokens``."""
+        return text_action(text, self.codec, self.max_new_tokens)
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Start an episode: ``options={"problem": p}`` resets the wrapped env with ``seed=p.seed``; otherwise a seed
+        is drawn (from ``seed``, when given, as Gymnasium seeds an env)."""
+        if seed is not None:
+            self._seeds = np.random.default_rng(seed)
+        problem = (options or {}).get("problem")
+        self.problem = problem if isinstance(problem, Problem) else self.sample_problem()
+        obs, info = self.env.reset(seed=self.problem.seed)
+        text = self.formatter.prompt(self.obs_to_text(obs))
+        self.window.reset(self.codec.encode(text)[-self.context_length :])
+        self._turn = 0
+        return self.window.observation(), {**info, "prompt": text, "problem": self.problem}
+
+    def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """One completion: parsed into the wrapped env's action and stepped (see the module docstring)."""
+        if self.problem is None:
+            raise RuntimeError("call reset() before step()")
+        body, length = split_completion(completion_ids(action, self.max_new_tokens, self.codec.vocab_size), self.codec)
+        completion = self.codec.decode(body)
+        self._turn += 1
+        try:
+            parsed = self.action_parser(completion)
+        except Exception as exc:  # model output is data: a refused action is information, not a crash
+            reason = error_text(exc)
+            message, reward, terminated, truncated = (
+                f"Invalid action: {reason}",
+                self.invalid_action_reward,
+                False,
+                False,
+            )
+            info: dict[str, Any] = {"action_error": reason, "is_success": False}
+        else:
+            obs, reward, terminated, truncated, info = self.env.step(parsed)
+            message = self.obs_to_text(obs)
+        info = {**info, "completion": completion, "completion_length": length, "turn": self._turn}
+        fits = self.window.append(body)
+        if not (terminated or truncated):
+            fits = self.window.append(self.codec.encode(self.formatter.feedback(message))) and fits
+            truncated = not fits or self.window.free <= self.max_new_tokens or self._turn >= self.max_turns
+        return self.window.observation(), float(reward), bool(terminated), bool(truncated), info
