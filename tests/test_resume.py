@@ -54,7 +54,12 @@ def test_unwritable_paths_are_found_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="is a folder"):
         check_writable_file(".")
     with pytest.raises(ValueError, match="is a folder"):
-        check_writable_file(tmp_path)
+        check_writable_file(f"{tmp_path}{os.sep}")
+    (tmp_path / "run.zip").mkdir()
+    with pytest.raises(ValueError, match="is a folder"):
+        check_writable_file(tmp_path / "run")
+    (tmp_path / "R1Zero-v0").mkdir()  # SB3's rule, which rl_zoo3 relies on: a folder's name gets .zip beside it
+    assert check_writable_file(tmp_path / "R1Zero-v0") == tmp_path / "R1Zero-v0.zip"
     with pytest.raises(ValueError, match="cannot write"):
         check_writable_dir("/proc/grpo-gym-checkpoints")
     assert check_writable_file(tmp_path / "sub" / "m") == tmp_path / "sub" / "m.zip"

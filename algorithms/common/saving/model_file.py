@@ -179,17 +179,20 @@ def write_model_file(
 
 
 def model_file_path(path: str | os.PathLike) -> pathlib.Path:
-    """The file a model saved to ``path`` goes to: ``.zip`` added when missing; ``ValueError`` naming the fix for a
+    """The file a model saved to ``path`` goes to: ``.zip`` added when missing (SB3's rule: ``save("runs/R1Zero-v0")``
+    beside a folder of that name, as rl_zoo3 saves, writes ``R1Zero-v0.zip``); ``ValueError`` naming the fix for a
     name that is no file name (empty, ``.zip`` alone, hidden, a folder). The one rule :func:`write_model_file` and
     the command line's up-front check share."""
     text = os.fspath(path)
     path = pathlib.Path(text)
     if not text.strip():
         raise ValueError(f"{text!r} is empty, not a file name for a model; pass e.g. 'model.zip'")
-    if text.endswith(os.sep) or path.is_dir() or path.name in ("", ".", ".."):
+    if text.endswith(os.sep) or path.name in ("", ".", ".."):
         raise ValueError(f"{text!r} is a folder; pass a file name such as model.zip")
     if path.suffix != ".zip":
         path = path.with_name(path.name + ".zip")
+    if path.is_dir():
+        raise ValueError(f"{os.fspath(path)!r} is a folder; pass a file name such as model.zip")
     if not path.stem or path.name.startswith("."):
         raise ValueError(f"{text!r} is not a file name for a model; pass e.g. 'model.zip'")
     return path
