@@ -251,11 +251,18 @@ GRPO_CONFIG: dict[str, TrlName] = {
     "max_tool_calling_iterations": _env(
         "max_tool_calls", "ours counts the calls of an episode, TRL counted tool-calling turns", ported=False
     ),
-    **_none(
-        "vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_importance_sampling_clip_max "
-        "vllm_importance_sampling_clip_min",
-        note=_VLLM,
+    "vllm_importance_sampling_correction": _arg(
+        "sampler_correction",
+        'ours corrects its own sampler against the update: "auto" (TIS when their precisions differ) or None',
+        values={True: "auto", False: None},
     ),
+    "vllm_importance_sampling_clip_max": _arg("sampler_correction_cap", "TRL 3.0, ours 2.0 (TRL's and verl's TIS cap)"),
+    "vllm_importance_sampling_mode": _arg(
+        "sampler_correction",
+        'ours is per-token truncation ("token_truncate"); TRL\'s default masks sequences',
+        ported=False,
+    ),
+    **_none("vllm_importance_sampling_clip_min", note="TIS truncates from above only"),
     **_none("off_policy_mask_threshold use_bias_correction_kl", note=_LOSS),
     "log_completions": _always("a sample completion as TensorBoard text (samples/completion)"),
     **_none("log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo", note=_INFRA),
