@@ -150,3 +150,9 @@ def test_pyproject_lists_every_package() -> None:
         for path in (ROOT / package).rglob("__init__.py")
     }
     assert listed - {"algorithms.zoo_configs"} == folders
+
+
+def test_the_readme_code_blocks_are_closed() -> None:
+    """Every fenced block of the README ends (a merge that drops a fence turns the prose after it into code)."""
+    fences = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("```")]
+    assert fences[1::2] == ["```"] * (len(fences) // 2) and len(fences) % 2 == 0, fences
