@@ -377,6 +377,8 @@ class LMAlgorithm(LMBaseAlgorithm):
         assert self.env is not None
         if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
             self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
+        if self._last_obs is None:  # called before learn(): a reset applies the env's seed before problems are drawn
+            self._last_obs = self.env.reset()
         with deterministic_on_cpu(self.device):
             stats = supervised_finetune(
                 self.policy,
