@@ -247,6 +247,7 @@ def distill(
     kwargs = {"cold_start": False, **(grpo_kwargs or {})}
     policy_kwargs = {**student_policy_kwargs(student), **kwargs.pop("policy_kwargs", {})}
     model = GRPO("TransformerPolicy", env, policy_kwargs=policy_kwargs, seed=seed, device=device, **kwargs)
+    model.get_env().reset()  # the env's seed applies before the distillation draws its problems
     teacher_policy, teacher_tokenizer = _teacher_policy(teacher, model.device)
     policy = model.policy
     for name in ("temperature", "top_p", "top_k"):  # the student samples as the teacher did, unless told otherwise
