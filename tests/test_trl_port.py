@@ -117,8 +117,8 @@ def test_a_peft_config_trains_lora_adapters() -> None:
 def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's W&B recipe: wandb's SB3 WandbCallback with sync_tensorboard, offline. wandb gets the run and
     GRPO's arguments, and the TensorBoard run in the folder it watches holds the tags (read back with tensorboard's
-    reader). What wandb's watcher copies of them is asynchronous (its last scan missed the final events under load),
-    so the test does not read wandb's own file for the tags."""
+    reader). wandb's own record file is written by its service process, asynchronously (on CI it held only its
+    header when finish() returned), so the test reads neither the tags nor the run id from its contents."""
     wandb = pytest.importorskip("wandb")
     import gymnasium as gym
     from wandb.integration.sb3 import WandbCallback
@@ -137,8 +137,7 @@ def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: py
         model.logger.close()  # the TensorBoard files complete before wandb's last scan of them (at finish)
     finally:
         run.finish()
-    (log,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
-    assert run.id.encode() in log.read_bytes()
+    assert len(list((tmp_path / "wandb").glob(f"offline-run-*-{run.id}/run-{run.id}.wandb"))) == 1  # to sync later
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     (folder,) = (tmp_path / "runs" / run.id).iterdir()
