@@ -90,6 +90,27 @@ def test_a_pickled_weights_entry_is_refused_naming_the_entry(saved: Path, tmp_pa
     assert not target.exists()
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_model_file_with_a_nan_or_inf_weight_is_refused_naming_it(saved: Path, tmp_path: Path, value: float) -> None:
+    """Training or predicting from diverged weights gives nothing but NaN: load says so, naming the tensor."""
+
+    def change(name: str, content: bytes) -> bytes:
+        if name != "policy.pth":
+            return content
+        weights = th.load(io.BytesIO(content), weights_only=True)
+        key = next(k for k in weights if k.endswith("mlp.down_proj.weight"))
+        weights[key].view(-1)[3] = value
+        buffer = io.BytesIO()
+        th.save(weights, buffer)
+        return buffer.getvalue()
+
+    bad = rewrite(saved, tmp_path / "diverged.zip", change)
+    message = r"diverged\.zip' has 1 NaN or infinite values in '.*mlp\.down_proj\.weight'"
+    for load in (lambda: GRPO.load(bad), lambda: GRPO.load(bad, env=make_env())):
+        with pytest.raises(ValueError, match=message):
+            load()
+
+
 def test_a_data_bomb_is_refused_before_it_is_read(saved: Path, tmp_path: Path) -> None:
     def change(name: str, content: bytes) -> bytes:  # 70 MB of JSON that deflates to about 70 KB
         return content if name != "data" else content[:-1] + b"," + b'"pad": "' + b" " * (70 * 2**20) + b'"}'

@@ -17,6 +17,7 @@ import torch as th
 from gymnasium import spaces
 from torch import nn
 
+from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.tokenizer_check import has_tokenizer
 from algorithms.common.policies import TransformerPolicy
 from algorithms.deploy.quantize import is_int8_folder, load_int8
@@ -99,8 +100,8 @@ def load_policy(
 
     name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
     algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
-    policy = algorithm.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env
-    check_finite_weights(policy, f"the model {os.fspath(path)!r}")
+    policy = algorithm.load(location, device=device, rebuild_env=False).policy  # the policy alone: no env (load
+    # refuses NaN or infinite weights)
     recorded = tokenizer if tokenizer is not None else recorded_tokenizer(location)  # the run's, as the zip records
     tokenizer = load_tokenizer(recorded, trust_remote_code=trust_remote_code)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
@@ -129,18 +130,6 @@ def adapter_model(folder: Path, trust_remote_code: bool = False) -> tuple[nn.Mod
     model.requires_grad_(True)  # a plain model again, as load_model gives one (peft froze the base)
     own = folder if has_tokenizer(folder) else (base if has_tokenizer(base) else None)
     return model, None if own is None else os.fspath(own)
-
-
-def check_finite_weights(model: nn.Module, what: str = "the model") -> None:
-    """Raise a ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity: such
-    a model generates garbage (or nothing) for every request."""
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        if tensor.is_floating_point() and not bool(th.isfinite(tensor).all()):
-            bad = int((~th.isfinite(tensor)).sum())
-            raise ValueError(
-                f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate; use a checkpoint saved "
-                "before the weights diverged"
-            )
 
 
 def check_tokenizer(policy: TransformerPolicy, tokenizer: Any, what: str = "the model") -> None:

@@ -37,10 +37,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
+from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import left_pad
 from algorithms.deploy.batching import DynamicBatcher, Job, QueueFull
-from algorithms.deploy.loading import check_finite_weights
 from algorithms.deploy.requests import BadRequest, CompletionRequest, parse_request, read_body, validation_message
 from grpo_gym.validation import check_choice, check_float, check_int
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -196,3 +197,20 @@ def _from_pretrained(path: str, dtype: torch.dtype | str | None, kwargs: dict[st
         return AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError, KeyError) as error:
         raise ValueError(f"could not load a causal LM from {path!r} ({error}): {hint}") from error
+
+
+def check_finite_weights(model: torch.nn.Module, what: str = "the model") -> None:
+    """Raise a ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity: such
+    a model generates garbage (or nothing) for every request, and cannot train."""
+    check_finite_tensors([*model.named_parameters(), *model.named_buffers()], what)
+
+
+def check_finite_tensors(named: Iterable[tuple[str, torch.Tensor]], what: str = "the model") -> None:
+    """:func:`check_finite_weights` of ``(name, tensor)`` pairs (a state dict's items)."""
+    for name, tensor in named:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ValueError(
+                f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate or train; use a checkpoint "
+                "saved before the weights diverged"
+            )
