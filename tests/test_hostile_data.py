@@ -188,6 +188,31 @@ def test_each_reward_function_gets_its_own_copy_of_every_list() -> None:
     assert env.task.rows[[r.answer for r in env.task.rows].index("2")].columns["tags"] == ["easy", "sum"]
 
 
+def test_non_finite_numbers_in_other_columns_reach_reward_functions_as_numbers() -> None:
+    """NaN and the infinities outside the answer column are data a reward function may read (a missing score, an
+    open bound): it gets floats, as TRL gives a dataset's columns, not the strings "nan"/"inf"; the env's state
+    still goes through JSON and back."""
+    seen: list[tuple] = []
+
+    def reader(completions, weight, bound, **kwargs):
+        seen.append((weight[0], bound[0]))
+        return [0.0 if math.isnan(weight[0]) else weight[0]] * len(completions)
+
+    rows = [{"question": "What is 1 + 1?", "answer": "2", "weight": np.float32("nan"), "bound": -math.inf}]
+    env = dataset_env(rows, reward_funcs={"reader": reader})
+    env.reset(seed=0)
+    _, _, _, _, info = env.step(env.encode_action("<answer>2</answer>"))
+    ((weight, bound),) = seen
+    assert isinstance(weight, float) and math.isnan(weight) and bound == -math.inf
+    assert info["reward_components"]["reader"] == 0.0 and info["reward_errors"] == {}
+    env.reset(seed=1)
+    state = json.loads(json.dumps(env.get_state()))
+    other = dataset_env(rows, reward_funcs={"reader": reader})
+    other.set_state(state)
+    other.step(other.encode_action("<answer>2</answer>"))
+    assert math.isnan(seen[-1][0]) and seen[-1][1] == -math.inf
+
+
 @pytest.fixture
 def release() -> Iterator[threading.Event]:
     """Set at the end of the test: frees the reward calls the test abandoned."""

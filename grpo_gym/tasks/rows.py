@@ -85,11 +85,11 @@ def _normalise(text: str) -> str:
 
 def plain(value: Any) -> Any:
     """``value`` as plain JSON data: numbers, strings, booleans, ``None``, lists and string-keyed dicts (numpy
-    values become Python ones; anything else its ``str``), so problems stay JSON-serialisable and cheap to pickle."""
-    if value is None or isinstance(value, (str, bool, int)):
+    values become Python ones; anything else its ``str``), so problems stay JSON-serialisable and cheap to pickle.
+    NaN and the infinities stay floats, as a dataset's column gives them to a TRL reward function (``json`` writes
+    and reads them back)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
         return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else str(value)
     if isinstance(value, np.ndarray):
         return plain(value.tolist())
     if isinstance(value, np.generic):
