@@ -111,9 +111,10 @@ class R1ZeroEnv(gym.Env):
         ``"module:function"`` strings are imported; see :mod:`grpo_gym.rewards.functions` for what is passed)
     :param overlong_buffer: the ``length`` component's buffer in tokens: the penalty falls linearly from 0 at
         ``max_new_tokens - overlong_buffer`` tokens to -1 at ``max_new_tokens`` (default: ``max_new_tokens // 4``)
-    :param reward_timeout: seconds a reward function call (sync or async) or a reward-model scoring may take; past
-        it that component scores 0 and is reported in ``info["reward_errors"]`` (a sync function is abandoned in a
-        daemon thread, where it keeps running; see :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
+    :param reward_timeout: seconds a reward function call (sync or async), a reward-model scoring or a user task's
+        verify (and consistency hooks) may take; past it that component scores 0 and is reported in
+        ``info["reward_errors"]`` (a sync call is abandoned in a daemon thread, where it keeps running; see
+        :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
     :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
         [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given, as TRL
         sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)

@@ -27,7 +27,8 @@ from grpo_gym.env import R1ZeroEnv
 from grpo_gym.rewards.composite import CompositeReward
 from grpo_gym.rewards.timeouts import RewardTimeout
 from grpo_gym.tasks import Problem, make_task
-from grpo_gym.tasks.base import numbers_agree
+from grpo_gym.tasks.arithmetic import ArithmeticTask
+from grpo_gym.tasks.base import Verdict, numbers_agree, scores_with_user_code
 from grpo_gym.validation import ArgumentError
 from tests.sizes import ENV_KWARGS
 
@@ -219,6 +220,30 @@ def release() -> Iterator[threading.Event]:
     event = threading.Event()
     yield event
     event.set()
+
+
+@pytest.mark.filterwarnings("ignore:reward component:RuntimeWarning")
+def test_a_custom_tasks_verify_that_never_returns_scores_0_and_the_env_stays_usable(release: threading.Event) -> None:
+    """A user's task is user code like a reward function: its verify (and consistency hooks) get reward_timeout."""
+
+    class Stuck(ArithmeticTask):
+        name = "stuck"
+
+        def verify(self, problem: Problem, answer: str) -> Verdict:
+            release.wait()
+            return super().verify(problem, answer)
+
+    assert scores_with_user_code(Stuck()) and not scores_with_user_code(ArithmeticTask())
+    env = R1ZeroEnv(task=Stuck(), reward_timeout=0.2, **ENV_KWARGS)
+    for seed in range(2):
+        env.reset(seed=seed)
+        _, _, _, _, info = env.step(env.encode_action("<think>1</think><answer>1</answer>"))
+        assert info["reward_components"]["task"] == 0.0
+        assert "RewardTimeout" in info["reward_errors"]["task"] and "'stuck'" in info["reward_errors"]["task"]
+        assert info["reward_components"]["syntax"] == 1.0  # the other components are scored as usual
+    release.set()
+    env.reset(seed=0)
+    assert env.step(env.encode_action("<answer>1</answer>"))[4]["reward_errors"] == {}
 
 
 @pytest.mark.filterwarnings("ignore:reward component:RuntimeWarning")

@@ -45,6 +45,7 @@ from grpo_gym.rewards.functions import RewardLogs, call_reward_funcs, check_rewa
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
 from grpo_gym.rewards.reward_model import RewardModelScorer
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, call_with_timeout, check_reward_timeout
+from grpo_gym.tasks.base import scores_with_user_code
 from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int, check_mapping
 
 if TYPE_CHECKING:
@@ -396,6 +397,18 @@ class CompositeReward:
         except Exception as exc:
             return self._failed(name, exc)
 
+    def _task_component(
+        self, name: str, fn: Callable[..., tuple[float | None, str]], task: Task, problem: Problem, parsed: Any
+    ) -> Scored:
+        """A component that calls the task's scoring hooks: bounded by ``reward_timeout`` when they are user code
+        (:func:`~grpo_gym.tasks.base.scores_with_user_code`; the built-in tasks' hooks are ours and always return)."""
+        if self.reward_timeout is None or not scores_with_user_code(task):
+            return self._component(name, fn, task, problem, parsed)
+        what = f"task {task.name!r}'s scoring of {name!r} (its verify or consistency hooks)"
+        return self._component(
+            name, lambda: call_with_timeout(lambda: fn(task, problem, parsed), self.reward_timeout, what)
+        )
+
     def _function_value(self, name: str, value: float | BaseException | None) -> Scored:
         if isinstance(value, BaseException):
             return self._failed(name, value)
@@ -407,7 +420,7 @@ class CompositeReward:
         self, task: Task, problem: Problem, parsed: ParsedCompletion, model_score: ModelScore, ids: Any
     ) -> dict[str, Scored]:
         if model_score is None:
-            consistency = self._component("consistency", consistency_score, task, problem, parsed)
+            consistency = self._task_component("consistency", consistency_score, task, problem, parsed)
         elif isinstance(model_score, BaseException):
             consistency = self._failed("consistency", model_score)
         else:
@@ -417,7 +430,7 @@ class CompositeReward:
         return {
             "syntax": self._component("syntax", syntax_score, parsed),
             "consistency": consistency,
-            "task": self._component("task", task_score, task, problem, parsed),
+            "task": self._task_component("task", task_score, task, problem, parsed),
             "length": self._component("length", length_score, length, self.max_new_tokens, self.overlong_buffer),
         }
 

@@ -1,4 +1,6 @@
-"""A time limit on the user code that scores completions: reward functions (sync and async) and the reward model.
+"""A time limit on the user code that scores completions: reward functions (sync and async), the reward model, and
+a user's task's scoring hooks (``verify`` and the consistency hooks, when any of them is not ``grpo_gym``'s own:
+:func:`~grpo_gym.tasks.base.scores_with_user_code`; each completion's call is bounded, like a sync function).
 
 ``reward_timeout`` (seconds, :data:`DEFAULT_REWARD_TIMEOUT` = 30 by default; ``None`` disables it) bounds each
 call: a call that has not returned by then raises :class:`RewardTimeout` for its component, which is then scored

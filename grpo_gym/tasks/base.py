@@ -143,6 +143,17 @@ class Verdict:
     score: float | None = None
 
 
+#: the task methods the reward's ``consistency`` and ``task`` components call
+SCORING_HOOKS = ("verify", "concludes", "conclusion", "key_terms", "answers_agree")
+
+
+def scores_with_user_code(task: Task) -> bool:
+    """Whether any of ``task``'s :data:`SCORING_HOOKS` is code from outside ``grpo_gym`` (a user's task, or a
+    built-in one with a method overridden): the reward then bounds those components by ``reward_timeout``."""
+    modules = [str(getattr(getattr(task, hook), "__module__", "")) for hook in SCORING_HOOKS]
+    return not all(module.startswith("grpo_gym.") for module in modules)
+
+
 class Task(ABC):
     """A procedurally generated, verifiable task family.
 
