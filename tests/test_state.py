@@ -324,9 +324,11 @@ def test_an_env_with_reward_funcs_needs_them_back_at_load(tmp_path: Path) -> Non
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs={"exact": exact_match}))])
     model = make_model(env, sft_steps=0)
     model.save(tmp_path / "m.zip")
-    with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}.*env_objects=.*get_env\(\) is None"):
+    with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}.*env_objects=.*the model has no env"):
         bare = GRPO.load(tmp_path / "m.zip")
-    assert bare.env is None  # predicts, does not train
+    assert bare.env is None and not bare.get_env()  # predicts, does not train
+    with pytest.raises(AttributeError, match=r"no env to reset: the env .*m\.zip records .*env_objects="):
+        bare.get_env().reset()  # a user's next line says what to pass, not "'NoneType' has no attribute 'reset'"
     with pytest.raises(ValueError, match=r"GRPO.learn needs an env: the env .*m\.zip records was not rebuilt .*"
                        r"reward_funcs=\{'exact': \.\.\.\}.*env_objects="):  # fmt: skip
         bare.learn(8)

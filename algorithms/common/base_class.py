@@ -31,11 +31,12 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import check_for_correct_spaces, get_system_info
+from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.env_util import rollout_token_ids
+from algorithms.common.env_util import MissingEnv, rollout_token_ids
 from algorithms.common.model.loading import check_finite_tensors
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from algorithms.common.policies import TransformerPolicy
@@ -390,6 +391,14 @@ class LMBaseAlgorithm(BaseAlgorithm):
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)
         model.set_run_state(saved.state, saved.rng)
         return model
+
+    def get_env(self) -> VecEnv | MissingEnv | None:  # type: ignore[override]
+        """SB3's ``get_env``: the training env, or ``None`` without one; for a model :meth:`load` could not rebuild the
+        recorded env for, a :class:`~algorithms.common.env_util.MissingEnv` (false like ``None``) whose every use
+        says what to pass."""
+        if self.env is None and self._env_missing:
+            return MissingEnv(self._env_missing)
+        return self.env
 
     def _get_torch_save_params(self) -> tuple[list[str], list[str]]:
         state_dicts = ["policy", "policy.optimizer"] + (["ref_model"] if self.ref_model is not None else [])

@@ -1,5 +1,6 @@
 """The envs a run trains on: :func:`make_env` builds them (the command line, a saved run's record and the benchmarks
-all use it), :func:`rollout_token_ids` checks one for rollouts of whole completions and reads its EOS and pad ids.
+all use it), :func:`rollout_token_ids` checks one for rollouts of whole completions and reads its EOS and pad ids,
+:class:`MissingEnv` stands in for a loaded run's env that could not be rebuilt.
 """
 
 from __future__ import annotations
@@ -38,3 +39,26 @@ def rollout_token_ids(env: VecEnv, algorithm: str, n_groups: int, world_size: in
         )
     codec = env.get_attr("codec", indices=[0])[0]
     return {"eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id}
+
+
+class MissingEnv:
+    """What ``model.get_env()`` returns for a model loaded without the env its file records (a reward function or
+    dataset the file cannot hold was not passed back): false like ``None``, and any use of it raises an
+    ``AttributeError`` that says why the env is missing and what to pass.
+
+    :param reason: why the recorded env was not rebuilt, and how to give it back
+    """
+
+    def __init__(self, reason: str) -> None:
+        self._reason = reason
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # copy, pickle and friends probe dunders: they see a plain object
+            raise AttributeError(name)
+        raise AttributeError(f"model.get_env() has no env to {name}: {self._reason}")
+
+    def __repr__(self) -> str:
+        return f"MissingEnv({self._reason!r})"

@@ -230,8 +230,8 @@ def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None
         reason = (
             f"the env {name} records was not rebuilt ({type(error).__name__}: {error}); pass the objects it names "
             "in env_objects (load(path, env_objects={'reward_funcs': [...], 'task_kwargs': {'data': ...}})), or pass "
-            "load(path, env=...), or call model.set_env(env) later. Until then model.get_env() is None: the model "
-            "predicts and exports but cannot learn"
+            "load(path, env=...), or call model.set_env(env) later. Until then the model has no env (model.get_env() "
+            "is false like None, and says this when used): it predicts and exports but cannot learn"
         )
         warnings.warn(reason, stacklevel=3)
         return None, reason
