@@ -87,6 +87,20 @@ def test_a_grpo_config_ports_the_fields_you_changed(tmp_path: Path) -> None:
     assert info["prompt"] == info["problem"].prompt  # a string prompt is used as it is, as TRL does
 
 
+def test_a_grpo_configs_generation_batch_ports_as_trl_fills_it_in(tmp_path: Path) -> None:
+    """TRL generates generation_batch_size (or per_device_train_batch_size x steps_per_generation) completions per
+    rollout; a GRPOConfig holding either gives that many groups here, and a batch of partial groups is refused."""
+    data = Dataset.from_list(ROWS)
+    for given in ({"steps_per_generation": 4}, {"generation_batch_size": 32}):
+        args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=4, per_device_train_batch_size=8,
+                              **given)  # fmt: skip
+        prompts = args.generation_batch_size // args.num_generations  # TRL's prompts per generation: 8
+        model = GRPO.from_trl("tiny", accuracy, args, data, **SMALL)
+        assert (model.n_groups, model.group_size, model.batch_size) == (prompts, 4, 8), given
+    with pytest.raises(ValueError, match=r"generation batch \(8: .*divisible by num_generations \(3\), as in TRL"):
+        GRPO.from_trl("tiny", accuracy, {"num_generations": 3, "per_device_train_batch_size": 8}, data, **SMALL)
+
+
 def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
     data = Dataset.from_list([{"prompt": r["prompt"], "target": r["answer"]} for r in ROWS])
     model = GRPO.from_trl("tiny", accuracy, {"num_generations": 2, "bf16": False, "use_cpu": False}, data, **SMALL)
