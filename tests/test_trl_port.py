@@ -128,6 +128,24 @@ def test_a_peft_config_trains_lora_adapters() -> None:
     assert sorted(lora["target_modules"]) == ["q_proj", "v_proj"]
 
 
+def test_a_peft_config_without_target_modules_adapts_what_peft_picks(tmp_path: Path) -> None:
+    """A LoraConfig without target_modules lets peft pick per model type (q_proj, v_proj for Llama), in TRL and here;
+    the choice survives save and load."""
+    peft = pytest.importorskip("peft")
+    from algorithms.common.model.loading import load_model
+
+    def adapted(network) -> set[str]:
+        return {name.split(".")[-1] for name, module in network.named_modules() if hasattr(module, "lora_A")}
+
+    peft_picks = adapted(peft.get_peft_model(load_model("tiny", **TINY_KWARGS), peft.LoraConfig(r=4, lora_alpha=8)))
+    config = peft.LoraConfig(r=4, lora_alpha=8)  # no target_modules (get_peft_model fills in the one it is given)
+    model = GRPO.from_trl("tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, sft_steps=0, **SMALL)
+    assert adapted(model.policy.model) == peft_picks == {"q_proj", "v_proj"}
+    model.save(tmp_path / "lora.zip")
+    again = GRPO.load(tmp_path / "lora.zip", env=model.get_env())
+    assert adapted(again.policy.model) == peft_picks
+
+
 def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's W&B recipe: wandb's SB3 WandbCallback with sync_tensorboard, offline. wandb gets the run and
     GRPO's arguments, and the TensorBoard run in the folder it watches holds the tags (read back with tensorboard's

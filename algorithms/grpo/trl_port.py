@@ -197,16 +197,16 @@ def port_env(
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:
-    """``policy_kwargs["lora"]`` from a ``peft.LoraConfig`` (dropout 0: the policy never runs dropout)."""
+    """``policy_kwargs["lora"]`` from a ``peft.LoraConfig`` (dropout 0: the policy never runs dropout); without
+    ``target_modules``, peft's default for the model type, as in TRL (``["q_proj", "v_proj"]`` for Llama)."""
     import peft
 
     from algorithms.common.model.lora import PASSED, lora_config
 
     defaults = peft.LoraConfig()
+    target = peft_config.target_modules
     lora = {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": 0.0}
-    if peft_config.target_modules is not None:
-        target = peft_config.target_modules
-        lora["target_modules"] = target if isinstance(target, str) else sorted(target)
+    lora["target_modules"] = target if target is None or isinstance(target, str) else sorted(target)
     lora.update({k: getattr(peft_config, k) for k in PASSED if getattr(peft_config, k) != getattr(defaults, k)})
     if peft_config.lora_dropout:
         warnings.warn(
