@@ -112,6 +112,10 @@ def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
         GRPO.from_trl("tiny", accuracy, {"loss_type": "cispo"}, data)
     with pytest.raises(ValueError, match="pass answer='<column>'; the dataset's columns: prompt, label"):
         GRPO.from_trl("tiny", accuracy, {}, [{"prompt": "x", "label": "1"}])
+    with pytest.raises(ValueError, match="train_dataset has no rows"):
+        GRPO.from_trl("tiny", accuracy, {}, Dataset.from_list([]))
+    with pytest.warns(UserWarning, match=r"do it by hand: use_vllm \(no equivalent: no vLLM"):
+        GRPO.from_trl("tiny", accuracy, {"use_vllm": True}, data, **SMALL)
     with pytest.raises(ValueError, match="a reward model named by a string"):
         GRPO.from_trl("tiny", "org/reward-model", {}, data)
     with pytest.raises(ValueError, match="reward_weights has 2 weights for 1 reward functions"):

@@ -141,7 +141,8 @@ def translate(
             continue
         if not entry.ported:
             if name in changed:
-                left.append(f"{name} ({spelled(name, entry)}{': ' + entry.note if entry.note else ''})")
+                ours = "no equivalent" if entry.where == "none" else spelled(name, entry)
+                left.append(f"{name} ({ours}{': ' + entry.note if entry.note else ''})")
             continue
         used, ours = _converted(name, entry, value)
         if not used or ours is None:  # None (TRL's "unset", e.g. epsilon_high): ours applies
@@ -178,6 +179,8 @@ def port_env(
     from grpo_gym.tasks.dataset import load_records
 
     records = load_records(train_dataset, "train_dataset")[0]
+    if not records:
+        raise ValueError("from_trl: train_dataset has no rows; give at least one row with a 'prompt' column")
     first = records[0][1] if records and isinstance(records[0][1], Mapping) else {}
     conversational = isinstance(first.get("prompt"), (list, tuple))
     task_kwargs = {"data": train_dataset, "answer": _answer_column(first, answer)}
