@@ -32,9 +32,12 @@ def test_the_readme_porting_recipe_runs_as_written(tmp_path: Path, monkeypatch: 
     recipe = readme_python_blocks("Coming from TRL")[0]
     assert "GRPO.from_trl(" in recipe and "model.learn(" in recipe
     namespace: dict = {"__name__": "readme_recipe"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the stand-in cold start's warning (the rows have no gold reasoning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         exec(compile(recipe, "README.md: Coming from TRL", "exec"), namespace)
+    # the rows' `solution` holds answers, not reasoning: the stand-in warning says how to name a reasoning column
+    stand_in = [str(w.message) for w in caught if "had no gold reasoning" in str(w.message)]
+    assert len(stand_in) == 1 and "task_kwargs={'solution': '<column>'}" in stand_in[0]
     model = namespace["model"]
     env = model.get_env()
     reward = env.get_attr("reward_fn")[0]
