@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import sys
 import time
 from collections.abc import Sequence
@@ -226,7 +227,7 @@ def train(args: argparse.Namespace) -> int:
     else:
         print(f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")
     if args.tensorboard_log:
-        print(f"tensorboard --logdir {args.tensorboard_log}")
+        print(shlex.join(["tensorboard", "--logdir", str(args.tensorboard_log)]))  # pasted into a shell as it is
     return 0
 
 

@@ -72,7 +72,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, str]:
         "--save-path",
         str(folder / "m.zip"),
         "--tensorboard-log",
-        str(folder / "tb"),
+        str(folder / "tb x"),
     ]  # the progress bar on (the default): output to a StringIO, so progress lines
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
@@ -94,7 +94,7 @@ def test_train_prints_tables_and_the_tensorboard_line(trained: tuple[Path, Path,
     assert f"checkpoints: {checkpoints}" in out
     assert "cold start (SFT steps): 3/3 (100%)" in out  # progress as lines: the output is not a terminal
     assert "GRPO: 8/16 (50%)" in out and "GRPO: 16/16 (100%)" in out
-    assert out.rstrip().splitlines()[-1] == f"tensorboard --logdir {folder / 'tb'}"
+    assert out.rstrip().splitlines()[-1] == f"tensorboard --logdir '{folder / 'tb x'}'"  # pasted into a shell as it is
 
 
 def test_train_saves_a_loadable_model(trained: tuple[Path, Path, str]) -> None:
@@ -108,9 +108,9 @@ def test_train_saves_a_loadable_model(trained: tuple[Path, Path, str]) -> None:
 
 def test_train_writes_one_run_with_sft_and_grpo(trained: tuple[Path, Path, str]) -> None:
     folder, _, _ = trained
-    runs = sorted(p.name for p in (folder / "tb").iterdir())
+    runs = sorted(p.name for p in (folder / "tb x").iterdir())
     assert runs == ["GRPO_1"]  # the cold start and GRPO log to the same run
-    events = EventAccumulator(str(folder / "tb" / "GRPO_1")).Reload()
+    events = EventAccumulator(str(folder / "tb x" / "GRPO_1")).Reload()
     assert [e.step for e in events.Scalars("sft/loss")] == [3]
     assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
 
@@ -121,7 +121,7 @@ def test_the_readme_tensorboard_list_names_tags_the_run_writes(trained: tuple[Pa
     listed = text[text.index("- **TensorBoard**") : text.index("### Algorithm options")]
     tags = set(re.findall(r"`((?:rollout|train|time|sft|samples|precision)/[a-z_/]+)`", listed))
     tags = (tags - {"rollout/reward/accuracy"}) | {"rollout/reward/task"}  # <name>: a function's, a built-in's
-    events = EventAccumulator(str(folder / "tb" / "GRPO_1")).Reload().Tags()
+    events = EventAccumulator(str(folder / "tb x" / "GRPO_1")).Reload().Tags()
     texts = {tag.removesuffix("/text_summary") for tag in events["tensors"]}  # SB3 writes text as a tensor
     written = set(events["scalars"]) | set(events["histograms"]) | texts
     assert len(tags) > 25 and tags <= written, sorted(tags - written)

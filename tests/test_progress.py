@@ -33,6 +33,12 @@ def test_a_jump_past_several_tenths_prints_one_line() -> None:
     assert [line.split(",")[0] for line in out.getvalue().splitlines()] == ["GRPO: 8/16 (50%)", "GRPO: 16/16 (100%)"]
 
 
+def test_work_past_the_total_leaves_no_negative_time() -> None:
+    out = io.StringIO()
+    ProgressLines(64, "GRPO", out).update(128)  # one iteration of 128 completions for -n 64
+    assert out.getvalue().startswith("GRPO: 128/64 (200%), ") and out.getvalue().endswith("about 0 s left\n")
+
+
 def test_a_bar_on_a_terminal() -> None:
     shown = progress(4, "x", Terminal())
     assert isinstance(shown, ProgressBar)

@@ -32,9 +32,12 @@ def test_the_readme_porting_recipe_runs_as_written(tmp_path: Path, monkeypatch: 
     recipe = readme_python_blocks("Coming from TRL")[0]
     assert "GRPO.from_trl(" in recipe and "model.learn(" in recipe
     namespace: dict = {"__name__": "readme_recipe"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the stand-in cold start's warning (the rows have no gold reasoning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         exec(compile(recipe, "README.md: Coming from TRL", "exec"), namespace)
+    # the rows' `solution` holds answers, not reasoning: the stand-in warning says how to name a reasoning column
+    stand_in = [str(w.message) for w in caught if "had no gold reasoning" in str(w.message)]
+    assert len(stand_in) == 1 and "task_kwargs={'solution': '<column>'}" in stand_in[0]
     model = namespace["model"]
     env = model.get_env()
     reward = env.get_attr("reward_fn")[0]
@@ -87,6 +90,20 @@ def test_a_grpo_config_ports_the_fields_you_changed(tmp_path: Path) -> None:
     assert info["prompt"] == info["problem"].prompt  # a string prompt is used as it is, as TRL does
 
 
+def test_a_grpo_configs_generation_batch_ports_as_trl_fills_it_in(tmp_path: Path) -> None:
+    """TRL generates generation_batch_size (or per_device_train_batch_size x steps_per_generation) completions per
+    rollout; a GRPOConfig holding either gives that many groups here, and a batch of partial groups is refused."""
+    data = Dataset.from_list(ROWS)
+    for given in ({"steps_per_generation": 4}, {"generation_batch_size": 32}):
+        args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, num_generations=4, per_device_train_batch_size=8,
+                              **given)  # fmt: skip
+        prompts = args.generation_batch_size // args.num_generations  # TRL's prompts per generation: 8
+        model = GRPO.from_trl("tiny", accuracy, args, data, **SMALL)
+        assert (model.n_groups, model.group_size, model.batch_size) == (prompts, 4, 8), given
+    with pytest.raises(ValueError, match=r"generation batch \(8: .*divisible by num_generations \(3\), as in TRL"):
+        GRPO.from_trl("tiny", accuracy, {"num_generations": 3, "per_device_train_batch_size": 8}, data, **SMALL)
+
+
 def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
     data = Dataset.from_list([{"prompt": r["prompt"], "target": r["answer"]} for r in ROWS])
     model = GRPO.from_trl("tiny", accuracy, {"num_generations": 2, "bf16": False, "use_cpu": False}, data, **SMALL)
@@ -98,6 +115,10 @@ def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
         GRPO.from_trl("tiny", accuracy, {"loss_type": "cispo"}, data)
     with pytest.raises(ValueError, match="pass answer='<column>'; the dataset's columns: prompt, label"):
         GRPO.from_trl("tiny", accuracy, {}, [{"prompt": "x", "label": "1"}])
+    with pytest.raises(ValueError, match="train_dataset has no rows"):
+        GRPO.from_trl("tiny", accuracy, {}, Dataset.from_list([]))
+    with pytest.warns(UserWarning, match=r"do it by hand: use_vllm \(no equivalent: no vLLM"):
+        GRPO.from_trl("tiny", accuracy, {"use_vllm": True}, data, **SMALL)
     with pytest.raises(ValueError, match="a reward model named by a string"):
         GRPO.from_trl("tiny", "org/reward-model", {}, data)
     with pytest.raises(ValueError, match="reward_weights has 2 weights for 1 reward functions"):
@@ -112,6 +133,24 @@ def test_a_peft_config_trains_lora_adapters() -> None:
     lora = model.policy.lora
     assert (lora["r"], lora["alpha"], lora["dropout"], lora["use_rslora"]) == (4, 8, 0.0, True)
     assert sorted(lora["target_modules"]) == ["q_proj", "v_proj"]
+
+
+def test_a_peft_config_without_target_modules_adapts_what_peft_picks(tmp_path: Path) -> None:
+    """A LoraConfig without target_modules lets peft pick per model type (q_proj, v_proj for Llama), in TRL and here;
+    the choice survives save and load."""
+    peft = pytest.importorskip("peft")
+    from algorithms.common.model.loading import load_model
+
+    def adapted(network) -> set[str]:
+        return {name.split(".")[-1] for name, module in network.named_modules() if hasattr(module, "lora_A")}
+
+    peft_picks = adapted(peft.get_peft_model(load_model("tiny", **TINY_KWARGS), peft.LoraConfig(r=4, lora_alpha=8)))
+    config = peft.LoraConfig(r=4, lora_alpha=8)  # no target_modules (get_peft_model fills in the one it is given)
+    model = GRPO.from_trl("tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, sft_steps=0, **SMALL)
+    assert adapted(model.policy.model) == peft_picks == {"q_proj", "v_proj"}
+    model.save(tmp_path / "lora.zip")
+    again = GRPO.load(tmp_path / "lora.zip", env=model.get_env())
+    assert adapted(again.policy.model) == peft_picks
 
 
 def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

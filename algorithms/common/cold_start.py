@@ -218,10 +218,12 @@ def _warn_stand_ins(env: Any, count: int, total: int) -> None:
     """Say how many cold-start examples had no gold reasoning (and got the env's stand-in)."""
     if count:
         task = env.get_attr("task", indices=[0])[0].name
+        named = "name a column of gold reasoning, task_kwargs={'solution': '<column>'}" if task == "dataset" else None
         warnings.warn(
             f"{count} of {total} cold-start examples (task {task!r}) had no gold reasoning (no 'solution'): their "
-            "targets use the stand-in '<think>The answer is X.</think><answer>X</answer>'; give the rows a "
-            "solution column, pass sft_data= (prompt/response rows with real reasoning), or cold_start=False",
+            "targets use the stand-in '<think>The answer is X.</think><answer>X</answer>'; "
+            f"{named or 'give the rows a solution column'}, pass sft_data= (prompt/response rows with real "
+            "reasoning), or cold_start=False",
             UserWarning,
             stacklevel=3,
         )

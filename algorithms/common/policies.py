@@ -40,7 +40,7 @@ class TransformerPolicy(BasePolicy):
     :param model_config: a config dict to build the architecture from without loading weights (what
         ``GRPO.load`` uses, so a saved model loads offline; the weights come from the saved state dict)
     :param lora: train LoRA adapters instead of the whole model (needs ``grpo-gym[peft]``): a dict with keys ``r``
-        (16), ``alpha`` (32), ``target_modules`` (``"all-linear"``), ``dropout`` (0.0, the only value: no
+        (16), ``alpha`` (32), ``target_modules`` (``"all-linear"``; None: peft's default), ``dropout`` (0.0: no
         dropout runs), ``adapter_name`` and some of ``peft.LoraConfig``'s own fields (see
         :data:`~algorithms.common.model.lora.LORA_KEYS`). The reference is then the base model (the adapters
         disabled, no copy), and a model from a folder or hub name saves its adapters only: see

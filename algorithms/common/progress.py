@@ -35,7 +35,7 @@ class ProgressLines:
             return
         self._shown = reached
         elapsed = time.perf_counter() - self._started
-        left = elapsed * (self.total - done) / max(done, 1)
+        left = elapsed * max(self.total - done, 0) / max(done, 1)  # learn runs whole iterations: done may pass total
         stream = self.stream or sys.stdout
         share = f"{done}/{self.total} ({100 * done / self.total:.0f}%)"
         print(f"{self.label}: {share}, {elapsed:.0f} s, about {left:.0f} s left", file=stream, flush=True)

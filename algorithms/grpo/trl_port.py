@@ -12,14 +12,17 @@ It builds what a TRL script describes in this project's terms, by the table of :
   ``peft_config`` in ``policy_kwargs``, then your own keyword arguments over them.
 
 Which ``args`` fields are read: a ``GRPOConfig`` brings TRL's values, its defaults included (TRL's run, ported),
-but for the fields ``GRPOConfig`` fills in itself (:data:`FILLED_BY_TRL`: ``bf16``, ``generation_batch_size``,
-``steps_per_generation``, ...; give them in a dict to port them); a dict brings its keys, the rest taking our
-defaults. A field you set (a dict's key, or a ``GRPOConfig`` field changed from TRL's default) that has no
-equivalent the port can copy (a scheduler, a callback, vLLM) is named in one warning with what to do instead.
+but for the fields ``GRPOConfig`` fills in itself (:data:`FILLED_BY_TRL`: ``bf16``, ``generation_batch_size``, ...;
+give them in a dict to port them); a dict brings its keys, the rest taking our defaults. A ``GRPOConfig``'s
+``steps_per_generation`` is read as TRL filled it (per process: from ``generation_batch_size`` when you gave that),
+so its generation batch ports too. A field you set (a dict's key, or a ``GRPOConfig`` field changed from TRL's
+default) that has no equivalent the port can copy (a scheduler, a callback, vLLM) is named in one warning with what
+to do instead.
 Batching: ``n_groups`` (prompts per rollout) is ``generation_batch_size / num_generations``, where TRL's
 ``generation_batch_size`` is ``per_device_train_batch_size x steps_per_generation`` (or
 ``x gradient_accumulation_steps``) when not given; ``batch_size`` (completions per optimizer step) is
-``per_device_train_batch_size x gradient_accumulation_steps``.
+``per_device_train_batch_size x gradient_accumulation_steps``. A generation batch that is not whole groups of
+``num_generations`` is refused, as TRL refuses it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,6 @@ FILLED_BY_TRL = frozenset(
         "debug",
         "pad_to_multiple_of",
         "generation_batch_size",
-        "steps_per_generation",
         "accelerator_config",
         "dataloader_pin_memory",
         "logging_dir",
@@ -108,6 +110,12 @@ def _batching(values: dict[str, Any], group_size: int) -> dict[str, int]:
     accumulation = int(values.get("gradient_accumulation_steps", 1))
     steps = int(values.get("steps_per_generation") or accumulation)
     generation = int(values.get("generation_batch_size") or per_device * steps)
+    if generation % group_size:
+        raise ValueError(
+            f"the generation batch ({generation}: generation_batch_size, or per_device_train_batch_size x "
+            f"steps_per_generation) must be divisible by num_generations ({group_size}), as in TRL: a rollout holds "
+            "whole groups of completions of one prompt"
+        )
     return {"n_groups": max(1, generation // group_size), "batch_size": per_device * accumulation}
 
 
@@ -133,7 +141,8 @@ def translate(
             continue
         if not entry.ported:
             if name in changed:
-                left.append(f"{name} ({spelled(name, entry)}{': ' + entry.note if entry.note else ''})")
+                ours = "no equivalent" if entry.where == "none" else spelled(name, entry)
+                left.append(f"{name} ({ours}{': ' + entry.note if entry.note else ''})")
             continue
         used, ours = _converted(name, entry, value)
         if not used or ours is None:  # None (TRL's "unset", e.g. epsilon_high): ours applies
@@ -170,6 +179,8 @@ def port_env(
     from grpo_gym.tasks.dataset import load_records
 
     records = load_records(train_dataset, "train_dataset")[0]
+    if not records:
+        raise ValueError("from_trl: train_dataset has no rows; give at least one row with a 'prompt' column")
     first = records[0][1] if records and isinstance(records[0][1], Mapping) else {}
     conversational = isinstance(first.get("prompt"), (list, tuple))
     task_kwargs = {"data": train_dataset, "answer": _answer_column(first, answer)}
@@ -189,16 +200,16 @@ def port_env(
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:
-    """``policy_kwargs["lora"]`` from a ``peft.LoraConfig`` (dropout 0: the policy never runs dropout)."""
+    """``policy_kwargs["lora"]`` from a ``peft.LoraConfig`` (dropout 0: the policy never runs dropout); without
+    ``target_modules``, peft's default for the model type, as in TRL (``["q_proj", "v_proj"]`` for Llama)."""
     import peft
 
     from algorithms.common.model.lora import PASSED, lora_config
 
     defaults = peft.LoraConfig()
+    target = peft_config.target_modules
     lora = {"r": peft_config.r, "alpha": peft_config.lora_alpha, "dropout": 0.0}
-    if peft_config.target_modules is not None:
-        target = peft_config.target_modules
-        lora["target_modules"] = target if isinstance(target, str) else sorted(target)
+    lora["target_modules"] = target if target is None or isinstance(target, str) else sorted(target)
     lora.update({k: getattr(peft_config, k) for k in PASSED if getattr(peft_config, k) != getattr(defaults, k)})
     if peft_config.lora_dropout:
         warnings.warn(

@@ -36,7 +36,8 @@ from torch import nn
 from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int, check_mapping
 
 INSTALL_HINT = 'pip install "grpo-gym[peft]"'
-#: the defaults of ``policy_kwargs["lora"]`` (peft's own are r=8, alpha=8, a per-model list of modules)
+#: the defaults of ``policy_kwargs["lora"]`` (peft's own are r=8, alpha=8, a per-model list of modules, which
+#: ``target_modules=None`` selects: ``["q_proj", "v_proj"]`` for Llama, as a ``peft.LoraConfig()`` does)
 DEFAULTS: dict[str, Any] = {"r": 16, "alpha": 32, "target_modules": "all-linear", "dropout": 0.0}
 #: our keys that are named otherwise in ``peft.LoraConfig``
 RENAMED = {"alpha": "lora_alpha", "dropout": "lora_dropout"}
@@ -94,10 +95,10 @@ def lora_config(spec: Any) -> Any:
         hint="the policy never runs dropout (its model stays in eval mode, so a fresh rollout's ratio is exactly 1)",
     )  # fmt: skip
     targets = spec["target_modules"]
-    if not (isinstance(targets, str) or _strings(targets)):
+    if not (targets is None or isinstance(targets, str) or _strings(targets)):
         raise ArgumentError(
-            f"lora['target_modules'] must be a module name pattern or a list of names, e.g. 'all-linear' or "
-            f"['q_proj', 'v_proj'], got {targets!r}"
+            f"lora['target_modules'] must be a module name pattern, a list of names or None (peft's default for the "
+            f"model type), e.g. 'all-linear' or ['q_proj', 'v_proj'], got {targets!r}"
         )
     check_choice("lora['init_lora_weights']", spec.get("init_lora_weights", True), SAFE_INITS,
                  hint="initialisations that change the base weights are not supported")  # fmt: skip
