@@ -7,13 +7,14 @@ import dataclasses
 import inspect
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 import grpo_gym
 from algorithms import GRPO, LMPPO, TransformerPolicy
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.grpo.objective import ADVANTAGE_SCALES
-from algorithms.trl_names import GRPO_CONFIG, REMOVED, TRAINER_ARGUMENTS, TRL_NAMES, readme_section
+from grpo_gym.trl_names import GRPO_CONFIG, REMOVED, TRAINER_ARGUMENTS, TRL_NAMES, readme_section
 
 trl = pytest.importorskip("trl")
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -89,14 +90,36 @@ def test_other_unknown_names_get_the_closest_of_ours() -> None:
         LMPPO("TransformerPolicy", None, beta=0.1)
 
 
+def test_a_typo_of_a_trl_name_gets_trls_name_and_ours() -> None:
+    with pytest.raises(TypeError, match=r"'num_generation'; did you mean TRL's 'num_generations'\? ours is group_size"):
+        GRPO("TransformerPolicy", None, num_generation=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_completion_length": 64}, r"'max_completion_length', TRL's name: ours is max_new_tokens=\.\.\."),
+        ({"processing_class": None}, r"'processing_class', TRL's name: ours is tokenizer=\.\.\."),
+        ({"train_dataset": []}, r"'train_dataset', TRL's name: ours is task_kwargs=\.\.\."),
+        ({"num_generations": 4}, r"'num_generations', TRL's name: GRPO's equivalent is group_size; R1ZeroEnv has none"),
+        ({"reward_weight": {}}, r"'reward_weight'; did you mean reward_weights"),
+    ],
+)
+def test_the_env_names_ours_for_a_trl_name_or_a_typo(kwargs: dict, message: str) -> None:
+    """gym.make("R1Zero-v0", max_completion_length=...): TRL users put its generation names on the env too."""
+    with pytest.raises(TypeError, match=rf"R1ZeroEnv\(\) got an unexpected keyword argument {message}"):
+        gym.make("R1Zero-v0", **kwargs)
+
+
 def test_the_signatures_stay_explicit() -> None:
     """The hint is a decorator: what SB3-style code reads (save, presets, load) sees the constructor's own names."""
     assert "kwargs" not in parameters(GRPO.__init__) and "group_size" in parameters(GRPO.__init__)
     assert all(p.kind is not p.VAR_KEYWORD for p in inspect.signature(LMPPO.__init__).parameters.values())
+    assert "max_new_tokens" in parameters(grpo_gym.R1ZeroEnv) and "kwargs" not in parameters(grpo_gym.R1ZeroEnv)
 
 
 def test_the_readme_holds_the_table_as_written_here() -> None:
     text = README.read_text(encoding="utf-8")
-    assert readme_section() in text, "README's TRL table is stale: paste algorithms.trl_names.readme_section()"
+    assert readme_section() in text, "README's TRL table is stale: paste grpo_gym.trl_names.readme_section()"
     for name in GRPO_CONFIG:
         assert f"`{name}`" in readme_section()

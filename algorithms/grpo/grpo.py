@@ -30,7 +30,7 @@ from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, objective, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_RULES
 from algorithms.grpo.sampling import RolloutSampling, truncated_rows
-from algorithms.trl_names import with_trl_hints
+from grpo_gym.trl_names import with_trl_hints
 
 
 class GRPO(LMAlgorithm):

@@ -22,7 +22,7 @@ from algorithms.common.rollout.batch import RolloutBatch, minibatches
 from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout, rows_to_batch
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import PPO_RULES
-from algorithms.trl_names import with_trl_hints
+from grpo_gym.trl_names import with_trl_hints
 
 
 class LMPPO(LMAlgorithm):

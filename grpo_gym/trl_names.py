@@ -2,9 +2,10 @@
 
 Every field of TRL 1.16's ``GRPOConfig`` (and the ``GRPOTrainer`` arguments a script passes) has an entry
 (:data:`TRL_NAMES`): our equivalent and where it goes, or ``None`` with what to do instead. ``GRPO(...)`` and
-``LMPPO(...)`` given a TRL name raise a ``TypeError`` that names ours (:func:`with_trl_hints`, a decorator: the
-constructors keep their explicit SB3-style signatures). :func:`readme_section` writes the README's table; a test
-checks that the README holds it and that it covers every ``GRPOConfig`` field.
+``LMPPO(...)`` and ``gym.make("R1Zero-v0", ...)`` given a TRL name raise a ``TypeError`` that names ours
+(:func:`with_trl_hints`, a decorator: the constructors keep their explicit SB3-style signatures).
+:func:`readme_section` writes the README's table; a test checks that the README holds it and that it covers every
+``GRPOConfig`` field.
 
 Where an equivalent goes (:attr:`TrlName.where`):
 
@@ -291,31 +292,44 @@ def spelled(name: str, entry: TrlName) -> str:
 
 
 def hint(algorithm: str, name: str, accepted: set[str]) -> str:
-    """The message for ``name``, an argument ``algorithm`` does not take (``accepted``: the ones it does)."""
-    entry = TRL_NAMES.get(name)
-    if entry is None:
-        close = difflib.get_close_matches(name, sorted(accepted), n=3)
-        maybe = f"; did you mean {', '.join(close)}?" if close else ""
-        return f"{algorithm}() got an unexpected keyword argument {name!r}{maybe}"
-    head = f"{algorithm}() got an unexpected keyword argument {name!r}, TRL's name"
+    """The message for ``name``, an argument ``algorithm`` does not take (``accepted``: the ones it does): our
+    equivalent of a TRL name, else the close matches among ours, else the TRL name it looks like and our equivalent."""
+    head = f"{algorithm}() got an unexpected keyword argument {name!r}"
+    if name in TRL_NAMES:
+        return f"{head}, TRL's name: {_equivalent(algorithm, name, accepted)}"
+    close = difflib.get_close_matches(name, sorted(accepted), n=3)
+    if close:
+        return f"{head}; did you mean {', '.join(close)}?"
+    trl = difflib.get_close_matches(name, list(TRL_NAMES), n=1)
+    if trl:
+        return f"{head}; did you mean TRL's {trl[0]!r}? {_equivalent(algorithm, trl[0], accepted)}"
+    return head
+
+
+def _equivalent(algorithm: str, name: str, accepted: set[str]) -> str:
+    """What ``algorithm`` has for the TRL name ``name``."""
+    entry = TRL_NAMES[name]
     own = algorithm == "LMPPO" and entry.lmppo is not None  # LMPPO's own equivalent: GRPO's note does not apply
     note = f" ({entry.note})" if entry.note and not own else ""
     ours = entry.lmppo if own else entry.ours
     if entry.where == "none":
-        return f"{head}: we have no equivalent ({entry.note}); see the README's 'From TRL's GRPOConfig'"
+        return f"we have no equivalent ({entry.note}); see the README's 'From TRL's GRPOConfig'"
     if entry.where == "always":
-        return f"{head}: nothing to set, this is always so: {entry.ours}"
+        return f"nothing to set, this is always so: {entry.ours}"
     if entry.where == "arg" and ours not in accepted:
-        return f"{head}: GRPO's equivalent is {ours}; {algorithm} has none"
-    return f"{head}: ours is {spelled(name, TrlName(ours, entry.where))}{note}"
+        return f"GRPO's equivalent is {ours}; {algorithm} has none"
+    if entry.where == "env" and ours in accepted:  # the env itself: its own argument
+        return f"ours is {ours}=...{note}"
+    return f"ours is {spelled(name, TrlName(ours, entry.where))}{note}"
 
 
 Init = TypeVar("Init", bound=Callable[..., None])
 
 
 def with_trl_hints(init: Init) -> Init:
-    """Wrap a constructor so that a keyword it does not take raises a ``TypeError`` naming our equivalent of a TRL
-    name (:func:`hint`); its signature (what ``inspect`` and ``save`` read) is unchanged."""
+    """Wrap a constructor (GRPO's, LMPPO's, R1ZeroEnv's) so that a keyword it does not take raises a ``TypeError``
+    naming our equivalent of a TRL name or the close matches (:func:`hint`); its signature (what ``inspect`` and
+    ``save`` read) is unchanged."""
     accepted = set(inspect.signature(init).parameters)
 
     @functools.wraps(init)
@@ -349,7 +363,7 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
-TABLE_START = "<!-- trl-table: algorithms.trl_names.readme_section() writes it; tests/test_trl_names.py checks it -->"
+TABLE_START = "<!-- trl-table: grpo_gym.trl_names.readme_section() writes it; tests/test_trl_names.py checks it -->"
 TABLE_END = "<!-- trl-table end -->"
 
 
