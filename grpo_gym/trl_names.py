@@ -91,6 +91,7 @@ TRAINER_ARGUMENTS: dict[str, TrlName] = {
     "eval_dataset": _env("task_kwargs", '`task_kwargs={"eval_data": ds}`: the held-out split of evaluations'),
     "processing_class": _env("tokenizer", "a tokenizer object or folder; its chat template renders conversations"),
     "peft_config": _policy("lora", '`{"r": 16, "alpha": 32, ...}`: peft\'s LoraConfig fields (from_trl converts it)'),
+    "args": _call("GRPO.from_trl(model, reward_funcs, args, train_dataset)", "takes a GRPOConfig or a dict"),
     "callbacks": _call("learn(callback=...)", "SB3 callbacks: EvalCallback, CheckpointCallback, your own"),
     "optimizers": _policy("optimizer_class", "and optimizer_kwargs; schedules through learning_rate", ported=False),
     "tools": _env("tools", "the same typed functions, called in the Hermes `<tool_call>` format (Episodes with tools)"),
