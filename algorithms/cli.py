@@ -180,6 +180,7 @@ def train(args: argparse.Namespace) -> int:
 
     args.save_path = preset_save_path(args)
     save_path = check_writable_file(args.save_path) if args.save_path is not None else None  # before any work
+    created = not Path(_checkpoint_dir(args)).exists()
     directory = check_writable_dir(_checkpoint_dir(args))
     checkpoint = IterationCheckpoint(directory, args.checkpoint_every, run={})
     started = time.perf_counter()
@@ -191,6 +192,10 @@ def train(args: argparse.Namespace) -> int:
                 raise
             print(f"\nstopped before training started. {next_step(directory, args.argv)}", file=sys.stderr)
             return signals["code"]
+        except Exception:  # bad arguments: leave no empty checkpoint folder behind
+            if created and not any(directory.iterdir()):
+                directory.rmdir()
+            raise
         signals["learning"] = 1
         checkpoint.run = plan["run"]
         main = model._dist.is_main

@@ -203,6 +203,14 @@ def test_bad_config_exits_2_with_a_message(
     assert "Traceback" not in err
 
 
+def test_a_run_refused_at_setup_leaves_no_checkpoint_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    folder = tmp_path / "ck"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--config", str(write_config(tmp_path)), "--checkpoint-dir", str(folder), "-params", "nope:1"])
+    assert exit_info.value.code == 2 and "nope" in capsys.readouterr().err
+    assert not folder.exists()
+
+
 def test_missing_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", str(tmp_path / "m.zip"), "--config", str(tmp_path / "nope.yml")])
