@@ -300,6 +300,47 @@ def test_quantize_never_writes_over_an_existing_folder_without_overwrite(folder:
     assert cli_main(["quantize", str(folder), "--save-path", str(empty)]) == 0 and is_int8_folder(empty)
 
 
+@pytest.mark.parametrize(
+    ("save_path", "words"),
+    [
+        ("", "is empty"),
+        ("   ", "is empty"),
+        (".", "current folder"),
+        ("{tmp}/work", "current folder"),
+        ("/proc/int8", "cannot write in '/proc'"),
+        ("{tmp}/a-file/int8", "cannot write in"),
+    ],
+)
+def test_quantize_checks_where_it_writes_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, save_path: str, words: str
+) -> None:
+    """These passed the up-front check: the model was loaded and quantized, then the write failed with a traceback
+    (or, for the current folder with --overwrite, would have replaced it whole)."""
+    (tmp_path / "a-file").write_text("keep")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "mine.txt").write_text("keep")
+    monkeypatch.chdir(tmp_path / "work")
+    missing = tmp_path / "models" / "no-model-here"  # the path's error comes first: nothing was loaded
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["quantize", str(missing), "--save-path", save_path.format(tmp=tmp_path), "--overwrite"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--save-path" in error and words in error and "does not exist" not in error
+    assert (tmp_path / "work" / "mine.txt").read_text() == "keep" and (tmp_path / "a-file").read_text() == "keep"
+
+
+def test_distill_never_writes_the_student_over_its_teacher(tmp_path: Path, capsys) -> None:
+    teacher = tmp_path / "teacher.zip"
+    teacher.write_bytes(b"the teacher")  # refused before the teacher is read
+    for save_path in (teacher, tmp_path / "teacher"):
+        argv = ["distill", "--teacher", str(teacher), "--student", "tiny", "--save-path", str(save_path)]
+        with pytest.raises(SystemExit) as exited:
+            cli_main([*argv, "--overwrite"])
+        assert exited.value.code == 2
+        assert "would replace the model it reads" in capsys.readouterr().err
+    assert teacher.read_bytes() == b"the teacher"
+
+
 # ---------------------------------------------------------------------------------------------- distill's numbers
 @pytest.mark.parametrize(
     ("flags", "words"),
