@@ -301,3 +301,40 @@ def test_model_config_checks_never_crash(fields: dict) -> None:
         check_model_config(fields, "test config")
     except ValueError as error:
         assert "test config" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("policy_kwargs", "dict(model='tiny')", "is not a Python dict literal"),
+        ("policy_kwargs", "__import__('pathlib').Path('{marker}').touch()", "is not a Python dict literal"),
+        ("policy_kwargs", "{'model': 'tiny'", "is not a Python dict literal"),
+        ("policy_kwargs", "[1, 2]", "must be a mapping"),
+        ("env_kwargs", "dict(task='countdown')", "is not a Python dict literal"),
+        ("env_kwargs", "5", "must be a mapping"),
+    ],
+)
+def test_a_config_mapping_written_as_code_is_refused_naming_the_key(
+    tmp_path: Path, capsys, key: str, value: str, words: str
+) -> None:
+    """rl-zoo3 writes ``policy_kwargs: "dict(...)"`` and evaluates it; here it is never evaluated, and the error
+    names the key and the literal to write (it was ``malformed node or string``, a TypeError or a SyntaxError)."""
+    import yaml
+
+    from algorithms.common.hyperparams import load_hyperparams
+    from tests.test_cli import write_config
+
+    marker = tmp_path / "ran.txt"
+    value = value.replace("{marker}", str(marker))
+    config = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["train", "--config", str(config), "-params", f"{key}:{value}"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"grpo-gym train: error: {key}" in error and words in error and "Traceback" not in error
+    document = yaml.safe_load(config.read_text())
+    document["R1Zero-v0"][key] = value
+    config.write_text(yaml.safe_dump(document))
+    with pytest.raises(ValueError, match=rf"^{key}.*{words}"):
+        load_hyperparams(config, "R1Zero-v0")
+    assert not marker.exists()
