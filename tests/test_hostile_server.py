@@ -157,6 +157,43 @@ def test_malformed_bodies_get_an_openai_style_400_naming_the_problem(server, con
     refused(post_raw(url, content), param, words)
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"seed": 1},
+        {"best_of": 3},
+        {"suffix": "zz"},
+        {"presence_penalty": 2.0},
+        {"frequency_penalty": -1.0},
+        {"logit_bias": {"50": 100}},
+        {"logprobs": 0},
+    ],
+)
+def test_an_openai_field_the_server_does_not_implement_is_refused_not_ignored(server, fields: dict) -> None:
+    """These were ignored: a request with ``seed`` got a different sample each time, ``presence_penalty`` changed
+    nothing, and nothing said so."""
+    url, _ = server
+    (name,) = fields
+    refused(
+        httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2, **fields}), name, "not supported"
+    )
+
+
+def test_their_neutral_values_are_accepted(server) -> None:
+    url, _ = server
+    neutral = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "seed": None}
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2, **neutral}).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/v1/completions", 405), ("POST", "/v1/chat", 404)])
+def test_an_unserved_route_gets_an_openai_style_error(server, method: str, path: str, status: int) -> None:
+    url, _ = server
+    answer = httpx.request(method, f"{url}{path}", json={})
+    assert answer.status_code == status
+    error = answer.json()["error"]
+    assert path in error["message"] and "POST /v1/completions" in error["message"]
+
+
 def test_the_server_survives_every_malformed_body(server) -> None:
     url, _ = server
     assert httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2}).status_code == 200
