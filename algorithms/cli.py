@@ -228,7 +228,7 @@ def train(args: argparse.Namespace) -> int:
         f"total {time.perf_counter() - started:.0f} s"
     )
     if save_path is not None:
-        print(f"saved to {args.save_path}; checkpoints: {directory}")
+        print(f"saved to {save_path}; checkpoints: {directory}")
     else:
         print(f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")
     if args.tensorboard_log:
@@ -239,15 +239,18 @@ def train(args: argparse.Namespace) -> int:
 def sft(args: argparse.Namespace) -> int:
     """The cold-start stage alone; saves the model for grpo-gym eval, or to continue in Python with GRPO.load."""
     from algorithms.common.evaluation import format_table
+    from algorithms.common.saving.checkpoints import check_writable_file
 
+    save_path = check_writable_file(args.save_path) if args.save_path is not None else None  # before any work
     model, env, plan = _setup(args)
     model._setup_learn(0, None, True, type(model).__name__, False)
     model.run_cold_start(progress_bar=model._dist.is_main)  # the command's whole job: show its progress
     results = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
-    if args.save_path:
-        model.save(args.save_path)
+    if save_path is not None:
+        model.save(save_path)
     if model._dist.is_main:
-        print(format_table({"after SFT": results}) + (f"\nsaved to {args.save_path}" if args.save_path else ""))
+        saved = f"saved to {save_path}" if save_path is not None else "not saved (pass --save-path sft.zip)"
+        print(format_table({"after SFT": results}) + f"\n{saved}")
     return 0
 
 

@@ -159,12 +159,28 @@ def env_kwargs_from_record(record: Mapping[str, Any], **objects: Any) -> dict[st
             kwargs["reward_funcs"] = value
         else:
             kwargs[name] = value
-    missing = [need for need in record.get("needs", []) if _still_missing(need, kwargs)]
+    if "reward_funcs" not in objects:
+        _check_recorded_funcs(kwargs["reward_funcs"])
+    needs = [*record.get("needs", []), "reward_funcs"]  # a crafted record may leave its reward functions out
+    missing = list(dict.fromkeys(need for need in needs if _still_missing(need, kwargs)))
     if missing:
         shown = ", ".join(_how_to_pass(need, dict(record)) for need in missing)
         raise ValueError(f"rebuilding the env needs objects a file does not hold: pass {shown}")
     _check_task_module(kwargs["task"], "task" in objects)
     return kwargs
+
+
+def _check_recorded_funcs(recorded: Any) -> None:
+    """A record names its reward functions, never code: ``None`` or ``{name: MUST_PASS}`` (what :func:`describe_env`
+    writes); a ``"module:function"`` string or anything else would be imported or called, so it is refused."""
+    if recorded is None or (isinstance(recorded, dict) and all(fn == MUST_PASS for fn in recorded.values())):
+        return
+    shown = json.dumps(recorded, default=repr)[:200]
+    raise ValueError(
+        f"the record's reward_funcs is {shown}, not the names of functions to pass: a record never names code to "
+        "import; pass the functions yourself (reward_funcs=[...] in Python, --reward-funcs module:function on the "
+        "command line)"
+    )
 
 
 def _still_missing(need: str, kwargs: dict[str, Any]) -> bool:

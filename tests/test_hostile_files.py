@@ -195,3 +195,32 @@ def test_a_checkpoint_that_cannot_be_written_names_itself_and_the_one_kept(
     ):
         write_checkpoint(model, tmp_path, run={"total_timesteps": 8})
     assert latest_checkpoint(tmp_path) == first and len(os.listdir(tmp_path)) == 1
+
+
+@pytest.mark.parametrize("save_path", ["", ".zip", "   ", "/proc/m.zip", "{tmp}/file/m.zip", "{tmp}/"])
+def test_sft_refuses_a_save_path_it_cannot_write_before_the_cold_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture, save_path: str
+) -> None:
+    """``grpo-gym sft`` checks ``--save-path`` as ``train`` does: an empty one saved nothing and exited 0, and a
+    name it could not write failed only after the whole cold start, losing it."""
+    from algorithms.cli import main
+    from tests.test_cli import write_config
+
+    (tmp_path / "file").write_text("x")
+    config = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main(["sft", "--config", str(config), "--save-path", save_path.format(tmp=tmp_path)])
+    assert exited.value.code == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("grpo-gym sft: error: --save-path") and "Traceback" not in err
+    assert "cold start" not in out + err
+
+
+def test_sft_says_where_the_model_went(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from algorithms.cli import main
+    from tests.test_cli import write_config
+
+    (tmp_path / "run").mkdir()  # SB3's rule: beside a folder of that name, the model goes to run.zip
+    assert main(["sft", "--config", str(write_config(tmp_path)), "--save-path", str(tmp_path / "run")]) == 0
+    assert f"saved to {tmp_path / 'run.zip'}" in capsys.readouterr().out
+    assert GRPO.load(tmp_path / "run.zip")._cold_start_done

@@ -301,3 +301,72 @@ def test_model_config_checks_never_crash(fields: dict) -> None:
         check_model_config(fields, "test config")
     except ValueError as error:
         assert "test config" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "words"),
+    [
+        ("policy_kwargs", "dict(model='tiny')", "is not a Python dict literal"),
+        ("policy_kwargs", "__import__('pathlib').Path('{marker}').touch()", "is not a Python dict literal"),
+        ("policy_kwargs", "{'model': 'tiny'", "is not a Python dict literal"),
+        ("policy_kwargs", "[1, 2]", "must be a mapping"),
+        ("env_kwargs", "dict(task='countdown')", "is not a Python dict literal"),
+        ("env_kwargs", "5", "must be a mapping"),
+    ],
+)
+def test_a_config_mapping_written_as_code_is_refused_naming_the_key(
+    tmp_path: Path, capsys, key: str, value: str, words: str
+) -> None:
+    """rl-zoo3 writes ``policy_kwargs: "dict(...)"`` and evaluates it; here it is never evaluated, and the error
+    names the key and the literal to write (it was ``malformed node or string``, a TypeError or a SyntaxError)."""
+    import yaml
+
+    from algorithms.common.hyperparams import load_hyperparams
+    from tests.test_cli import write_config
+
+    marker = tmp_path / "ran.txt"
+    value = value.replace("{marker}", str(marker))
+    config = write_config(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["train", "--config", str(config), "-params", f"{key}:{value}"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"grpo-gym train: error: {key}" in error and words in error and "Traceback" not in error
+    document = yaml.safe_load(config.read_text())
+    document["R1Zero-v0"][key] = value
+    config.write_text(yaml.safe_dump(document))
+    with pytest.raises(ValueError, match=rf"^{key}.*{words}"):
+        load_hyperparams(config, "R1Zero-v0")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("recorded", [["evil_rewards:accuracy"], {"acc": "evil_rewards:accuracy"}, "evil_rewards:acc"])
+def test_a_record_naming_a_reward_function_module_never_imports_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, recorded: Any
+) -> None:
+    """A zip's env record with ``reward_funcs: ["module:function"]`` made ``grpo-gym eval`` and ``GRPO.load`` import
+    that module (from the current folder, beside the zip): records name reward functions, never code."""
+    import zipfile
+
+    marker = tmp_path / "ran.txt"
+    (tmp_path / "evil_rewards.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n"
+        "def accuracy(prompts, completions, **kwargs):\n    return [1.0] * len(completions)\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    GRPO("TransformerPolicy", gym.make("R1Zero-v0", **ENV_KWARGS), policy_kwargs=TINY, seed=0).save(tmp_path / "a.zip")
+    with zipfile.ZipFile(tmp_path / "a.zip") as source, zipfile.ZipFile(tmp_path / "crafted.zip", "w") as target:
+        for name in source.namelist():
+            content = source.read(name)
+            if name == "data":
+                data = json.loads(content)
+                data["env"]["record"]["kwargs"]["reward_funcs"] = recorded
+                content = json.dumps(data).encode()
+            target.writestr(name, content)
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["eval", str(tmp_path / "crafted.zip"), "--n", "1"])
+    assert exited.value.code == 2 and "never names code to import" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match="never names code to import"):
+        assert GRPO.load(tmp_path / "crafted.zip").get_env() is None  # the model loads; no env is rebuilt
+    assert not marker.exists() and "evil_rewards" not in sys.modules

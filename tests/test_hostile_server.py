@@ -157,6 +157,43 @@ def test_malformed_bodies_get_an_openai_style_400_naming_the_problem(server, con
     refused(post_raw(url, content), param, words)
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"seed": 1},
+        {"best_of": 3},
+        {"suffix": "zz"},
+        {"presence_penalty": 2.0},
+        {"frequency_penalty": -1.0},
+        {"logit_bias": {"50": 100}},
+        {"logprobs": 0},
+    ],
+)
+def test_an_openai_field_the_server_does_not_implement_is_refused_not_ignored(server, fields: dict) -> None:
+    """These were ignored: a request with ``seed`` got a different sample each time, ``presence_penalty`` changed
+    nothing, and nothing said so."""
+    url, _ = server
+    (name,) = fields
+    refused(
+        httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2, **fields}), name, "not supported"
+    )
+
+
+def test_their_neutral_values_are_accepted(server) -> None:
+    url, _ = server
+    neutral = {"best_of": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "seed": None}
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2, **neutral}).status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [("GET", "/v1/completions", 405), ("POST", "/v1/chat", 404)])
+def test_an_unserved_route_gets_an_openai_style_error(server, method: str, path: str, status: int) -> None:
+    url, _ = server
+    answer = httpx.request(method, f"{url}{path}", json={})
+    assert answer.status_code == status
+    error = answer.json()["error"]
+    assert path in error["message"] and "POST /v1/completions" in error["message"]
+
+
 def test_the_server_survives_every_malformed_body(server) -> None:
     url, _ = server
     assert httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2}).status_code == 200
@@ -298,6 +335,47 @@ def test_quantize_never_writes_over_an_existing_folder_without_overwrite(folder:
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli_main(["quantize", str(folder), "--save-path", str(empty)]) == 0 and is_int8_folder(empty)
+
+
+@pytest.mark.parametrize(
+    ("save_path", "words"),
+    [
+        ("", "is empty"),
+        ("   ", "is empty"),
+        (".", "current folder"),
+        ("{tmp}/work", "current folder"),
+        ("/proc/int8", "cannot write in '/proc'"),
+        ("{tmp}/a-file/int8", "cannot write in"),
+    ],
+)
+def test_quantize_checks_where_it_writes_before_loading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, save_path: str, words: str
+) -> None:
+    """These passed the up-front check: the model was loaded and quantized, then the write failed with a traceback
+    (or, for the current folder with --overwrite, would have replaced it whole)."""
+    (tmp_path / "a-file").write_text("keep")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "mine.txt").write_text("keep")
+    monkeypatch.chdir(tmp_path / "work")
+    missing = tmp_path / "models" / "no-model-here"  # the path's error comes first: nothing was loaded
+    with pytest.raises(SystemExit) as exited:
+        cli_main(["quantize", str(missing), "--save-path", save_path.format(tmp=tmp_path), "--overwrite"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--save-path" in error and words in error and "does not exist" not in error
+    assert (tmp_path / "work" / "mine.txt").read_text() == "keep" and (tmp_path / "a-file").read_text() == "keep"
+
+
+def test_distill_never_writes_the_student_over_its_teacher(tmp_path: Path, capsys) -> None:
+    teacher = tmp_path / "teacher.zip"
+    teacher.write_bytes(b"the teacher")  # refused before the teacher is read
+    for save_path in (teacher, tmp_path / "teacher"):
+        argv = ["distill", "--teacher", str(teacher), "--student", "tiny", "--save-path", str(save_path)]
+        with pytest.raises(SystemExit) as exited:
+            cli_main([*argv, "--overwrite"])
+        assert exited.value.code == 2
+        assert "would replace the model it reads" in capsys.readouterr().err
+    assert teacher.read_bytes() == b"the teacher"
 
 
 # ---------------------------------------------------------------------------------------------- distill's numbers

@@ -3,7 +3,7 @@
 The top-level keys are env ids (``R1Zero-v0``), as rl-zoo3 expects; they hold the default preset (published
 GRPO: the algorithm's own defaults). Other presets are top-level keys ``<env id>-<preset>`` (``R1Zero-v0-seed``,
 ``R1Zero-v0-demo``), which rl-zoo3 ignores. Values follow rl-zoo3: ``n_timesteps``, ``policy``, ``n_envs``,
-``env_kwargs``, ``policy_kwargs`` (a mapping; a string is read as a Python literal, never evaluated as code) and
+``env_kwargs``, ``policy_kwargs`` (mappings; a string is read as a dict literal, ``dict(...)`` is never evaluated) and
 ``lin_<x>`` for a linear schedule from ``x`` to 0; every other key is a ``GRPO`` argument. Write floats as
 ``1.0e-5`` (YAML reads ``1e-5`` as a string).
 """
@@ -86,6 +86,26 @@ def _schedule(key: str, value: Any) -> Any:
     return value
 
 
+_MAPPING_EXAMPLES = {"policy_kwargs": "{'model': 'tiny'}", "env_kwargs": "{'task': 'countdown'}"}
+
+
+def _mapping(key: str, value: Any) -> dict[str, Any]:
+    """``policy_kwargs`` / ``env_kwargs``: a mapping, or a string holding a Python dict literal (rl-zoo3 writes
+    ``"dict(...)"``, which would have to be evaluated as code: it is refused, naming the literal to write)."""
+    example = _MAPPING_EXAMPLES[key]
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            raise ValueError(
+                f"{key}: {value!r} is not a Python dict literal; write a mapping such as {example} (on the command "
+                f'line: -params "{key}:{example}"); dict(...) and other code is never evaluated'
+            ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a mapping such as {example}, got {type(value).__name__} {value!r}")
+    return value
+
+
 def _check_floats(config: dict[str, Any]) -> None:
     """YAML reads ``1e-5`` as a string: name the key and the fix instead of failing later in GRPO."""
     for key, value in config.items():
@@ -108,8 +128,9 @@ def load_hyperparams(
         raise ValueError(f"{path} has no entry {key!r}; entries for {env_id}: {presets}")
     config = {**document[key], **(overrides or {})}
     _check_floats(config)
-    if isinstance(config.get("policy_kwargs"), str):
-        config["policy_kwargs"] = ast.literal_eval(config["policy_kwargs"])
+    for name in ("policy_kwargs", "env_kwargs"):
+        if config.get(name) is not None:
+            config[name] = _mapping(name, config[name])
     for name in SCHEDULABLE:
         if name in config:
             config[name] = _schedule(name, config[name])

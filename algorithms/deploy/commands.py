@@ -45,6 +45,7 @@ def distill_command(args: argparse.Namespace) -> int:
         zip_path, folder, int8_folder = student_paths(check_writable_file(args.save_path))
         for output in (folder, int8_folder) if args.int8_qat else (folder,):
             check_output_folder(output, args.teacher, args.overwrite)
+        check_not_source(zip_path, args.teacher)
         if zip_path.exists() and not args.overwrite:
             raise ValueError(f"--save-path {os.fspath(zip_path)!r} exists; choose a new name, or pass --overwrite")
     config = load_hyperparams(args.config, args.env, args.preset, {})
@@ -86,15 +87,32 @@ def distill_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def check_output_folder(path: str | os.PathLike, source: str | os.PathLike, overwrite: bool = False) -> Path:
-    """Where a command may write a folder, checked before any work: never ``source`` itself (nor a folder that holds
-    it); a file there, or a non-empty folder without ``overwrite``, is an error naming the path and the fix."""
-    target, origin = Path(path).resolve(), Path(source).resolve()
+def check_not_source(path: str | os.PathLike, source: str | os.PathLike) -> Path:
+    """``path`` resolved, after checking that writing it replaces neither ``source`` (the model a command reads),
+    nor a folder that holds it, nor the current folder or one that holds it; ``ValueError`` naming the fix."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise ValueError(f"--save-path {text!r} is empty; give the name of a new folder, e.g. model-int8")
+    target, origin = Path(text).resolve(), Path(source).resolve()
     if target == origin or target in origin.parents:
         raise ValueError(
-            f"--save-path {os.fspath(path)!r} would replace the model it reads ({os.fspath(source)}) or the folder "
-            "that holds it: choose another folder"
+            f"--save-path {text!r} would replace the model it reads ({os.fspath(source)}) or the folder that holds "
+            "it: choose another name"
         )
+    here = Path.cwd().resolve()
+    if target == here or target in here.parents:
+        raise ValueError(f"--save-path {text!r} would replace the current folder or one that holds it: name a new one")
+    return target
+
+
+def check_output_folder(path: str | os.PathLike, source: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Where a command may write a folder, checked before any work: never ``source`` itself (nor a folder that holds
+    it, nor the current folder, see :func:`check_not_source`), and in a folder that can be written; a file there, or
+    a non-empty folder without ``overwrite``, is an error naming the path and the fix."""
+    from algorithms.common.saving.checkpoints import check_writable_dir
+
+    target = check_not_source(path, source)
+    check_writable_dir(target.parent, "--save-path")
     if target.is_file():
         raise ValueError(f"--save-path {os.fspath(path)!r} is a file; give a folder path")
     if target.is_dir() and any(target.iterdir()) and not overwrite:

@@ -2,7 +2,8 @@
 
 :func:`read_body` reads at most ``max_body_bytes`` (413 beyond, without reading the rest); :func:`parse_request` then
 requires UTF-8, standard JSON (no ``NaN``/``Infinity``) and :class:`CompletionRequest`'s fields with their exact
-types (``max_tokens: true`` or ``1.0`` is not an integer; ``temperature: true`` is not a number); every prompt and stop
+types (``max_tokens: true`` or ``1.0`` is not an integer; ``temperature: true`` is not a number), and OpenAI's fields
+the server does not implement (``stream``, ``seed``, ``presence_penalty``, ...) unset; every prompt and stop
 string must be valid Unicode (no lone surrogate) and a prompt at most ``max_prompt_chars`` characters, checked
 before it is tokenized. Each failure is a :class:`BadRequest`: OpenAI's JSON error, naming the field (``param``).
 """
@@ -40,6 +41,12 @@ class CompletionRequest(BaseModel):
     stream: bool = False
     echo: bool = False
     logprobs: int | None = None
+    seed: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
 
 
 def validation_message(error: ValidationError | Any) -> tuple[str, str | None]:
@@ -86,7 +93,33 @@ def parse_request(raw: bytes, max_prompt_chars: int) -> tuple[CompletionRequest,
         body = CompletionRequest.model_validate(data)
     except ValidationError as error:
         raise BadRequest(*reversed(validation_message(error))) from None
+    check_supported(body)
     return body, _prompts(body, max_prompt_chars), _stops(body.stop)
+
+
+UNSUPPORTED = {
+    "stream": "stream=true is not supported by this server",
+    "echo": "echo=true is not supported by this server",
+    "logprobs": "logprobs are not supported by this server",
+    "seed": "seed is not supported: sampled completions come from the server's one generator (grpo-gym serve "
+    "--seed); send temperature 0 for answers that repeat",
+    "best_of": "best_of is not supported by this server; send n and pick among the choices",
+    "suffix": "suffix is not supported by this server",
+    "presence_penalty": "presence_penalty is not supported by this server (only 0)",
+    "frequency_penalty": "frequency_penalty is not supported by this server (only 0)",
+    "logit_bias": "logit_bias is not supported by this server",
+}
+"""OpenAI fields the server does not implement: a request that sets one (to other than its neutral value) is
+refused, naming it, rather than answered as if it had not asked."""
+
+
+def check_supported(body: CompletionRequest) -> None:
+    """:class:`BadRequest` naming the first field of :data:`UNSUPPORTED` that ``body`` sets."""
+    neutral = {"stream": False, "echo": False, "best_of": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    for name, message in UNSUPPORTED.items():
+        value = getattr(body, name)
+        if value not in (None, neutral.get(name)) and value != {}:
+            raise BadRequest(name, message)
 
 
 def _check_text(param: str, text: str, index: int | None) -> None:

@@ -36,6 +36,7 @@ import torch as th
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.policies import TransformerPolicy
@@ -154,11 +155,6 @@ def make_jobs(
     """The parsed body and one :class:`Job` per prompt of a raw request body (see :mod:`algorithms.deploy.requests`);
     :class:`BadRequest` names a bad field. Everything is checked before the first prompt is tokenized."""
     body, prompts, _ = parse_request(raw, settings.prompt_chars(policy))
-    for name in ("stream", "echo"):
-        if getattr(body, name):
-            raise BadRequest(name, f"{name}=true is not supported by this server")
-    if body.logprobs is not None:
-        raise BadRequest("logprobs", "logprobs are not supported by this server")
     if body.max_tokens > settings.max_tokens_limit:
         raise BadRequest("max_tokens", f"max_tokens must be <= {settings.max_tokens_limit}, got {body.max_tokens}")
     if len(prompts) * body.n > settings.max_queue:
@@ -212,6 +208,12 @@ def create_app(
     async def invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         message, param = validation_message(error)
         return JSONResponse(error_body(message, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def not_served(request: Request, error: StarletteHTTPException) -> JSONResponse:  # 404, 405: OpenAI's shape
+        served = "POST /v1/completions, GET /health, GET /v1/models"
+        message = f"{request.method} {request.url.path}: {error.detail} (served: {served})"
+        return JSONResponse(error_body(message, None), status_code=error.status_code, headers=error.headers)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
