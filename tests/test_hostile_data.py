@@ -214,6 +214,35 @@ def test_non_finite_numbers_in_other_columns_reach_reward_functions_as_numbers()
     assert math.isnan(seen[-1][0]) and seen[-1][1] == -math.inf
 
 
+@pytest.mark.filterwarnings("ignore:reward component:RuntimeWarning")
+def test_a_reward_beyond_float32_scores_0_and_a_total_beyond_it_is_capped_with_a_warning() -> None:
+    """Rollouts store rewards in float32: 1e308 would become inf there and stop learn() mid-training."""
+    huge = dataset_env(reward_funcs={"huge": lambda completions, **kw: [1e308] * len(completions)})
+    huge.reset(seed=0)
+    _, reward, _, _, info = huge.step(huge.encode_action("<answer>2</answer>"))
+    assert info["reward_components"]["huge"] == 0.0 and "beyond float32's range" in info["reward_errors"]["huge"]
+    assert np.isfinite(np.float32(reward))
+    edge = 3e38  # within float32, but two of them are not
+    pair = {name: (lambda completions, **kw: [edge] * len(completions)) for name in ("a", "b")}
+    both = dataset_env(reward_funcs=pair)
+    both.reset(seed=0)
+    with pytest.warns(RuntimeWarning, match="beyond float32's range.*capped"):
+        _, reward, _, _, info = both.step(both.encode_action("<answer>2</answer>"))
+    assert reward == float(np.finfo(np.float32).max) and info["reward_errors"] == {}
+
+
+@pytest.mark.filterwarnings("ignore:reward component:RuntimeWarning")
+def test_learn_names_a_reward_function_returning_1e308() -> None:
+    """It crashed in the loss with "rewards contain NaN or inf", naming neither the function nor the value."""
+    from algorithms import GRPO
+    from tests.sizes import TINY
+
+    env = dataset_env(reward_funcs={"huge": lambda completions, **kw: [1e308] * len(completions)})
+    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, sft_steps=0, seed=0, policy_kwargs=TINY)
+    with pytest.raises(RuntimeError, match=r"every completion .*'huge' returned 1e\+308, beyond float32's range"):
+        model.learn(total_timesteps=4)
+
+
 @pytest.fixture
 def release() -> Iterator[threading.Event]:
     """Set at the end of the test: frees the reward calls the test abandoned."""

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_gym.rewards.components import consistency_score, length_score, syntax_score, task_score
-from grpo_gym.rewards.functions import RewardLogs, call_reward_funcs, check_reward_funcs
+from grpo_gym.rewards.functions import MAX_REWARD, RewardLogs, call_reward_funcs, check_reward_funcs
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
 from grpo_gym.rewards.reward_model import RewardModelScorer
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, call_with_timeout, check_reward_timeout
@@ -162,6 +162,7 @@ class CompositeReward:
         self.clipped_count = 0
         """How many totals the clip changed, since construction."""
         self._warned_clip = False
+        self._warned_range = False
         self._weights = {
             **DEFAULT_WEIGHTS,
             **dict.fromkeys(self.env_components, ENV_COMPONENT_WEIGHT),
@@ -390,6 +391,22 @@ class CompositeReward:
             )
         return max(-self.clip, min(self.clip, total))
 
+    def _representable(self, total: float) -> float:
+        """``total`` capped to float32's range (weights times components within it can still pass it), warned once:
+        rollouts store rewards in float32, where a larger total would become an infinity."""
+        if abs(total) <= MAX_REWARD:
+            return total
+        if not self._warned_range:
+            self._warned_range = True
+            warnings.warn(
+                f"the weighted sum of the reward components ({total:.4g}) is beyond float32's range, in which "
+                f"rollouts store rewards: it is capped to +-{MAX_REWARD:.4g}; lower the weights or the functions' "
+                "scale",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+        return math.copysign(MAX_REWARD, total)
+
     def _component(self, name: str, fn: Callable[..., tuple[float | None, str]], *args: Any) -> Scored:
         try:
             score, reason = fn(*args)
@@ -440,7 +457,7 @@ class CompositeReward:
         scores = {name: score for name, (score, _, _) in scored.items()}
         total = sum(self._weights[name] * value for name, value in scores.items() if value is not None)
         return RewardResult(
-            total=self._clipped(total),
+            total=self._representable(self._clipped(total)),
             components=scores,
             is_success=scores["task"] == 1.0,
             reasons={name: reason for name, (_, reason, _) in scored.items()},

@@ -28,8 +28,10 @@ a function past it scores 0 and is reported like any reward error).
 
 Not passed: TRL's ``environments`` (its tool-calling environments). ``None`` in the returned list means "not
 applicable": that completion's component is left out of the weighted sum, as in TRL. Numbers (booleans count as
-0/1) must be finite. ``async def`` functions (and callables whose ``__call__`` is async) are awaited; several are
-gathered concurrently on one event loop that runs in a daemon thread of this process, as TRL does.
+0/1) must be finite and within float32's range (:data:`MAX_REWARD`, about 3.4e38: rollouts store rewards in float32);
+another value scores 0 with the reason, like any reward error. ``async def`` functions (and callables whose
+``__call__`` is async) are awaited; several are gathered concurrently on one event loop that runs in a daemon thread
+of this process, as TRL does.
 
 A function must accept ``**kwargs`` (the env passes all of the above), must not take arguments positionally only,
 and may require by name only arguments the env passes; :func:`check_reward_function` says so when the env is made.
@@ -46,6 +48,8 @@ import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, LOOP_GRACE, call_with_timeout, timeout_error
 from grpo_gym.validation import ArgumentError
@@ -198,6 +202,10 @@ class RewardLogs:
         self.extra[str(column)] = values
 
 
+MAX_REWARD = float(np.finfo(np.float32).max)
+"""The largest reward magnitude a component may have: float32's largest number (rollouts store rewards in float32)."""
+
+
 def _values(name: str, output: Any, n: int) -> list[float | BaseException | None]:
     """A function's output as one value per completion: a float, ``None``, or the error that value is."""
     if isinstance(output, (str, bytes)) or (not isinstance(output, Sequence) and not hasattr(output, "tolist")):
@@ -214,6 +222,13 @@ def _values(name: str, output: Any, n: int) -> list[float | BaseException | None
             continue
         if number is not None and not math.isfinite(number):
             values.append(ValueError(f"reward function {name!r} returned a non-finite reward ({number})"))
+        elif number is not None and abs(number) > MAX_REWARD:
+            values.append(
+                ValueError(
+                    f"reward function {name!r} returned {number:g}, beyond float32's range (+-{MAX_REWARD:.4g}) in "
+                    "which rollouts store rewards; return a smaller scale"
+                )
+            )
         else:
             values.append(number)
     return values
