@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,6 +101,21 @@ def test_a_sharded_runs_files_load_on_one_process_exactly(trained: Path, saved: 
     assert_same_state(job.whole(model), torch.load(trained / "two.pt"))
     model.learn(job.ITERATION, reset_num_timesteps=False)
     assert_same_state(job.whole(model), torch.load(trained / "three.pt"), WEIGHTS, MOMENTS)
+
+
+def test_a_sharded_checkpoints_model_file_alone_or_its_folder_is_refused_naming_the_fix(trained: Path, tmp_path: Path):
+    """The checkpoint's model.zip holds no weights (they are the shards beside it): copied out of its folder it is
+    refused naming the file and the fix; the folder passed for its model file names the file to pass (GRPO.load,
+    and the serve / quantize loader)."""
+    from algorithms.deploy.loading import load_policy
+
+    shutil.copy(trained / "ckpt" / "model.zip", tmp_path / "lonely.zip")
+    with pytest.raises(ValueError, match=r"lonely\.zip' holds no weights: .*copy the folder whole"):
+        GRPO.load(tmp_path / "lonely.zip")
+    inside = repr(str(trained / "ckpt" / "model.zip"))
+    for load in (GRPO.load, load_policy):
+        with pytest.raises(ValueError, match=f"is a checkpoint folder: pass its model file, {re.escape(inside)}"):
+            load(trained / "ckpt")
 
 
 @pytest.mark.parametrize("saved", ["zip", "ckpt"])
