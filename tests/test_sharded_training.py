@@ -195,6 +195,8 @@ def test_the_cli_resumes_a_sharded_checkpoint_on_two_and_on_one_process(tmp_path
     whole = [sys.executable, "-m", "algorithms.cli", *common, "--nproc", "2", "--save-path", str(tmp_path / "whole")]
     done = subprocess.run(whole, cwd=ROOT, capture_output=True, text=True, env=env, check=False, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # rank 0 alone prints: the cold start once, the tables before and after GRPO once each
+    assert done.stdout.count("cold start:") == 1 and done.stdout.count("\npolicy ") == 2, done.stdout
     newest = tmp_path / "whole_checkpoints" / "iteration_0000002"
     assert {p.name for p in newest.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "model.zip", "run.json"}
     for name in ("two", "one"):
@@ -203,7 +205,7 @@ def test_the_cli_resumes_a_sharded_checkpoint_on_two_and_on_one_process(tmp_path
     done = subprocess.run([sys.executable, "-m", "algorithms.cli", *resume, "--nproc", "2"], cwd=ROOT,
                           capture_output=True, text=True, env=env, check=False, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "resuming from" in done.stdout
+    assert done.stdout.count("resuming from") == 1, done.stdout  # rank 0 alone prints
     assert main([*common, "--resume", "--save-path", str(tmp_path / "one")]) == 0  # one process, in this one
     expected = GRPO.load(tmp_path / "whole.zip")
     for name, tolerance in (("two", EXACT), ("one", WEIGHTS)):
