@@ -137,6 +137,11 @@ def preset_save_path(args: argparse.Namespace) -> str | None:
     return config.get("save_path")
 
 
+def _main_says(model: Any, say: Any) -> Any:
+    """``say`` on rank 0, nothing on the other ranks (S17: only rank 0 prints)."""
+    return say if model._dist.is_main else lambda *_, **__: None
+
+
 def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
@@ -145,6 +150,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
 
     if not args.resume:
         model, env, plan = _setup(args)
+        say = _main_says(model, say)
         started = time.perf_counter()
         model._setup_learn(0, None, True, type(model).__name__, False)  # the logger: the cold start logs to the run
         if model._needs_cold_start():
@@ -160,9 +166,10 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
         raise ValueError(f"--resume: no checkpoint in {os.fspath(directory)!r}; start the run without --resume")
     run = read_run(folder)
     taken = resumed_params(args.hyperparams, read_run_file(folder / MODEL).arguments, run)
+    model, env, plan = _setup(args, load=folder / MODEL)
+    say = _main_says(model, say)
     if taken:
         say(f"resuming with the saved settings; -params taken: {', '.join(taken)}", flush=True)
-    model, env, plan = _setup(args, load=folder / MODEL)
     if (folder / REPLAY).exists():
         model.load_replay_buffer(folder / REPLAY)
     say(f"resuming from {folder} at {model.num_timesteps} of {run['total_timesteps']} completions", flush=True)
@@ -199,7 +206,7 @@ def train(args: argparse.Namespace) -> int:
         signals["learning"] = 1
         checkpoint.run = plan["run"]
         main = model._dist.is_main
-        say = print if main else lambda *_, **__: None
+        say = _main_says(model, print)
         total = int(plan["run"]["total_timesteps"])
         say(f"{type(model).__name__}: {total} completions ...", flush=True)
         say(where_it_goes(save_path, directory, args.checkpoint_every), flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,21 @@ def test_a_sharded_runs_files_load_on_one_process_exactly(trained: Path, saved: 
     assert_same_state(job.whole(model), torch.load(trained / "three.pt"), WEIGHTS, MOMENTS)
 
 
+def test_a_sharded_checkpoints_model_file_alone_or_its_folder_is_refused_naming_the_fix(trained: Path, tmp_path: Path):
+    """The checkpoint's model.zip holds no weights (they are the shards beside it): copied out of its folder it is
+    refused naming the file and the fix; the folder passed for its model file names the file to pass (GRPO.load,
+    and the serve / quantize loader)."""
+    from algorithms.deploy.loading import load_policy
+
+    shutil.copy(trained / "ckpt" / "model.zip", tmp_path / "lonely.zip")
+    with pytest.raises(ValueError, match=r"lonely\.zip' holds no weights: .*copy the folder whole"):
+        GRPO.load(tmp_path / "lonely.zip")
+    inside = repr(str(trained / "ckpt" / "model.zip"))
+    for load in (GRPO.load, load_policy):
+        with pytest.raises(ValueError, match=f"is a checkpoint folder: pass its model file, {re.escape(inside)}"):
+            load(trained / "ckpt")
+
+
 @pytest.mark.parametrize("saved", ["zip", "ckpt"])
 def test_a_sharded_runs_files_resume_on_two_processes_exactly(resumed, saved: str):
     """Loaded on 2 processes again, each file gives the saved state and the next iteration of the uninterrupted
@@ -163,7 +179,7 @@ def test_lmppo_with_sharding_trains_the_weights_of_ddp(trained: Path):
 def test_sharding_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="gradient_compression"):
         job.grpo(gradient_compression="fp16")
-    with pytest.raises(ValueError, match="diagnostics"):
+    with pytest.raises(ValueError, match="pass diagnostics=False"):
         job.grpo(diagnostics=True)
     with pytest.raises(ValueError, match="sharding"):
         job.grpo(sharding="zero3")
@@ -179,6 +195,8 @@ def test_the_cli_resumes_a_sharded_checkpoint_on_two_and_on_one_process(tmp_path
     whole = [sys.executable, "-m", "algorithms.cli", *common, "--nproc", "2", "--save-path", str(tmp_path / "whole")]
     done = subprocess.run(whole, cwd=ROOT, capture_output=True, text=True, env=env, check=False, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # rank 0 alone prints: the cold start once, the tables before and after GRPO once each
+    assert done.stdout.count("cold start:") == 1 and done.stdout.count("\npolicy ") == 2, done.stdout
     newest = tmp_path / "whole_checkpoints" / "iteration_0000002"
     assert {p.name for p in newest.iterdir()} == {".metadata", "__0_0.distcp", "__1_0.distcp", "model.zip", "run.json"}
     for name in ("two", "one"):
@@ -187,7 +205,7 @@ def test_the_cli_resumes_a_sharded_checkpoint_on_two_and_on_one_process(tmp_path
     done = subprocess.run([sys.executable, "-m", "algorithms.cli", *resume, "--nproc", "2"], cwd=ROOT,
                           capture_output=True, text=True, env=env, check=False, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "resuming from" in done.stdout
+    assert done.stdout.count("resuming from") == 1, done.stdout  # rank 0 alone prints
     assert main([*common, "--resume", "--save-path", str(tmp_path / "one")]) == 0  # one process, in this one
     expected = GRPO.load(tmp_path / "whole.zip")
     for name, tolerance in (("two", EXACT), ("one", WEIGHTS)):

@@ -137,6 +137,14 @@ def test_a_sharded_checkpoint_loads_on_one_process_exactly(trained: Path, one_pr
     assert_same_state(job.gathered(model, optimizer), one_process["step3"])
 
 
+def test_a_sharded_checkpoint_missing_a_ranks_shard_file_is_refused_naming_it(trained: Path, tmp_path: Path):
+    """A checkpoint copied in part (or written on machines that did not share the folder): an error naming the
+    missing shard file and the fix, not DCP's FileNotFoundError."""
+    shutil.copytree(trained / "ckpt", tmp_path / "ckpt", ignore=shutil.ignore_patterns("__1_0.distcp"))
+    with pytest.raises(ValueError, match=r"__1_0\.distcp missing .* copy the checkpoint folder whole"):
+        load_sharded(tmp_path / "ckpt", *job.build())
+
+
 def test_a_sharded_checkpoint_loads_on_two_processes_exactly(resumed):
     folder, _ = resumed
     assert (folder / "resumed_0").exists() and (folder / "resumed_1").exists()

@@ -83,7 +83,10 @@ def load_policy(
             model, own = load_int8(location, trust_remote_code=trust_remote_code), path
         else:
             from algorithms.common.model.loading import load_model
+            from algorithms.common.saving.model_file import check_not_checkpoint_folder
 
+            if not (location / "config.json").is_file():
+                check_not_checkpoint_folder(location)
             model, own = load_model(os.fspath(location), trust_remote_code=trust_remote_code), path
         own = own if own is not None and has_tokenizer(own) else None
         tokenizer = load_tokenizer(tokenizer if tokenizer is not None else own, trust_remote_code=trust_remote_code)

@@ -258,7 +258,10 @@ class GRPO(LMAlgorithm):
         self.protected_rollouts = check("protected_rollouts", protected_rollouts)
         self.diagnostics = check("diagnostics", diagnostics)
         if self.diagnostics and self.sharding == "fsdp":  # backward_by_group reads whole per-group gradients
-            raise ValueError("diagnostics measures each group's whole gradient: not with sharding='fsdp'")
+            raise ValueError(
+                "diagnostics=True measures each group's whole gradient: not with sharding='fsdp'; "
+                "pass diagnostics=False (or sharding=None)"
+            )
         self.replay_ratio = check("replay_ratio", replay_ratio)
         self.max_replay_age = check("max_replay_age", max_replay_age)
         self.replay_buffer_kwargs = dict(check("replay_buffer_kwargs", replay_buffer_kwargs) or {})

@@ -223,7 +223,13 @@ def load_checkpoint(model_file: Any, policy: nn.Module, reference: nn.Module | N
     if not isinstance(model_file, (str, os.PathLike)):
         raise ValueError("this model file's weights are in the sharded checkpoint folder around it: pass its path")
     folder = Path(model_file).parent
-    held = reference is not None and (folder / METADATA).is_file()
-    held = held and any(key.startswith(f"{MODEL}.ref_model.") for key in saved_keys(folder))
+    if not (folder / METADATA).is_file():
+        raise ValueError(
+            f"{os.fspath(model_file)!r} holds no weights: it is the model file of a sharded checkpoint, whose weights "
+            f"are the shard files saved beside it ({METADATA}, __<rank>_0.distcp); load it inside its checkpoint "
+            "folder (copy the folder whole), or make a whole model file from it there: "
+            "GRPO.load('<folder>/model.zip').save('whole.zip')"
+        )
+    held = reference is not None and any(key.startswith(f"{MODEL}.ref_model.") for key in saved_keys(folder))
     load_sharded(folder, _Checkpointed(policy, reference if held else None), policy.optimizer)
     return held

@@ -42,7 +42,7 @@ MODEL, OPTIMIZER = "model", "optimizer"
 #: the file DCP writes last, once every rank's shard is written
 METADATA = ".metadata"
 
-__all__ = ["load_sharded", "save_sharded", "saved_keys"]
+__all__ = ["check_complete", "load_sharded", "save_sharded", "saved_keys"]
 
 
 def _distributed() -> bool:
@@ -102,6 +102,24 @@ def saved_keys(directory: str | os.PathLike) -> set[str]:
     return set(FileSystemReader(Path(directory)).read_metadata().state_dict_metadata)
 
 
+def check_complete(directory: Path) -> None:
+    """Refuse a folder that lacks the metadata or one of the shard files it lists (a checkpoint copied in part, or
+    written on machines that did not share the folder), naming what is missing."""
+    if not (directory / METADATA).is_file():
+        raise ValueError(
+            f"{os.fspath(directory)!r} is not a complete sharded checkpoint (no {METADATA} file); "
+            "pass the folder save_sharded wrote"
+        )
+    listed = {item.relative_path for item in FileSystemReader(directory).read_metadata().storage_data.values()}
+    missing = sorted(name for name in listed if not (directory / name).is_file())
+    if missing:
+        raise ValueError(
+            f"{os.fspath(directory)!r} is an incomplete sharded checkpoint: {', '.join(missing)} missing (each rank "
+            "writes its own shard file); copy the checkpoint folder whole, and on several machines save it to a "
+            "folder every machine sees"
+        )
+
+
 def load_sharded(
     directory: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None
 ) -> None:
@@ -111,11 +129,7 @@ def load_sharded(
     :raises ValueError: when ``directory`` holds no complete checkpoint
     """
     directory = Path(directory)
-    if not (directory / METADATA).is_file():
-        raise ValueError(
-            f"{os.fspath(directory)!r} is not a complete sharded checkpoint (no {METADATA} file); "
-            "pass the folder save_sharded wrote"
-        )
+    check_complete(directory)
     saved = saved_keys(directory)
     state: dict[str, object] = {MODEL: get_model_state_dict(model)}
     if optimizer is not None and any(key.startswith(f"{OPTIMIZER}.") for key in saved):

@@ -25,10 +25,11 @@ from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
+from algorithms.common.saving.model_file import CHECKPOINT_MODEL as MODEL
 from algorithms.common.saving.model_file import model_file_path
 
 PREFIX = "iteration_"
-MODEL, REPLAY, RUN = "model.zip", "replay.npz", "run.json"
+REPLAY, RUN = "replay.npz", "run.json"
 
 
 def check_writable_file(path: str | os.PathLike, what: str = "--save-path") -> Path:

@@ -178,6 +178,17 @@ def write_model_file(
     return path
 
 
+#: the model file inside a checkpoint folder (the command line's ``iteration_<n>/``, ``save_sharded``'s folder)
+CHECKPOINT_MODEL = "model.zip"
+
+
+def check_not_checkpoint_folder(path: str | os.PathLike) -> None:
+    """Refuse a checkpoint folder passed where its model file belongs, naming the file to pass instead."""
+    inside = pathlib.Path(path) / CHECKPOINT_MODEL
+    if inside.is_file():
+        raise ValueError(f"{os.fspath(path)!r} is a checkpoint folder: pass its model file, {os.fspath(inside)!r}")
+
+
 def model_file_path(path: str | os.PathLike) -> pathlib.Path:
     """The file a model saved to ``path`` goes to: ``.zip`` added when missing (SB3's rule: ``save("runs/R1Zero-v0")``
     beside a folder of that name, as rl_zoo3 saves, writes ``R1Zero-v0.zip``); ``ValueError`` naming the fix for a
@@ -210,6 +221,7 @@ def read_model_file(
         path = pathlib.Path(path)
         if not path.exists() and path.with_name(path.name + ".zip").exists():
             path = path.with_name(path.name + ".zip")
+        check_not_checkpoint_folder(path)
         if not path.is_file():
             raise ValueError(f"no model file at {name!r}")
     try:
