@@ -152,6 +152,16 @@ def test_a_recorded_env_count_has_a_limit(saved: Path, tmp_path: Path) -> None:
     assert model.env is None and not model.get_env()
 
 
+def test_a_recorded_env_argument_r1zeroenv_does_not_take_is_refused_naming_it(saved: Path, tmp_path: Path) -> None:
+    bad = with_data(saved, tmp_path / "odd.zip", lambda data: data["env"]["record"]["kwargs"].update(shiny=1))
+    with pytest.raises(
+        ValueError, match=r"odd\.zip: the env record names arguments R1ZeroEnv does not take: \['shiny'\]"
+    ):
+        recorded_env_kwargs(bad)
+    with pytest.warns(UserWarning, match=r"\['shiny'\]"):
+        assert not GRPO.load(bad).get_env()
+
+
 @pytest.mark.parametrize(("key", "value"), [("context_length", 10**12), ("max_turns", 10**9)])
 def test_env_sizes_have_limits(key: str, value: int) -> None:
     with pytest.raises(ArgumentError, match=key):

@@ -30,6 +30,7 @@ defaults), not for ``lin_<x>`` schedules split over calls.
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 import random
@@ -43,6 +44,7 @@ import torch as th
 from algorithms.common.env_util import make_env
 from algorithms.common.saving.model_file import decode, read_model_file
 from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
+from grpo_gym.env import R1ZeroEnv
 
 
 @dataclass
@@ -139,6 +141,15 @@ def check_recorded_envs(saved: Any, name: str = "the record") -> int:
         )
     if not isinstance(saved.get("record"), dict):
         raise ValueError(f"{name}: the env record is not a dict; pass env=")
+    kwargs = saved["record"].get("kwargs")
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{name}: the env record's 'kwargs' is not a dict; pass env=")
+    unknown = sorted(set(kwargs) - set(inspect.signature(R1ZeroEnv).parameters))
+    if unknown:
+        raise ValueError(
+            f"{name}: the env record names arguments R1ZeroEnv does not take: {unknown} (written by another version, "
+            "or edited); pass env= with an env of your own"
+        )
     return n_envs
 
 
