@@ -185,6 +185,16 @@ def test_their_neutral_values_are_accepted(server) -> None:
     assert httpx.post(f"{url}/v1/completions", json={"prompt": "1+1=", "max_tokens": 2, **neutral}).status_code == 200
 
 
+def test_a_seed_with_greedy_decoding_is_accepted_as_lm_eval_sends_it(server) -> None:
+    """lm-evaluation-harness's local-completions sends "seed": 1234 with temperature 0 in every request: greedy
+    answers repeat without a seed, so it is accepted there (and refused only where it would be ignored)."""
+    url, _ = server
+    body = {"prompt": "1+1=", "max_tokens": 4, "temperature": 0, "seed": 1234, "stop": ["\n"]}
+    answers = [httpx.post(f"{url}/v1/completions", json=body) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].json()["choices"][0]["text"] == answers[1].json()["choices"][0]["text"]
+
+
 @pytest.mark.parametrize(("method", "path", "status"), [("GET", "/v1/completions", 405), ("POST", "/v1/chat", 404)])
 def test_an_unserved_route_gets_an_openai_style_error(server, method: str, path: str, status: int) -> None:
     url, _ = server

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from algorithms.common.generation.sampler import MIN_TEMPERATURE
 from grpo_gym.validation import unicode_error
 
 
@@ -101,8 +102,8 @@ UNSUPPORTED = {
     "stream": "stream=true is not supported by this server",
     "echo": "echo=true is not supported by this server",
     "logprobs": "logprobs are not supported by this server",
-    "seed": "seed is not supported: sampled completions come from the server's one generator (grpo-gym serve "
-    "--seed); send temperature 0 for answers that repeat",
+    "seed": "seed is not supported when sampling: sampled completions come from the server's one generator "
+    "(grpo-gym serve --seed); send temperature 0 for answers that repeat (seed is then accepted: nothing to seed)",
     "best_of": "best_of is not supported by this server; send n and pick among the choices",
     "suffix": "suffix is not supported by this server",
     "presence_penalty": "presence_penalty is not supported by this server (only 0)",
@@ -114,10 +115,15 @@ refused, naming it, rather than answered as if it had not asked."""
 
 
 def check_supported(body: CompletionRequest) -> None:
-    """:class:`BadRequest` naming the first field of :data:`UNSUPPORTED` that ``body`` sets."""
+    """:class:`BadRequest` naming the first field of :data:`UNSUPPORTED` that ``body`` sets. A ``seed`` with greedy
+    decoding (temperature or top_p below ``MIN_TEMPERATURE``) is accepted: the answer repeats without one, and
+    clients such as lm-evaluation-harness send a seed with every request."""
     neutral = {"stream": False, "echo": False, "best_of": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    greedy = body.temperature < MIN_TEMPERATURE or body.top_p < MIN_TEMPERATURE
     for name, message in UNSUPPORTED.items():
         value = getattr(body, name)
+        if name == "seed" and greedy:
+            continue
         if value not in (None, neutral.get(name)) and value != {}:
             raise BadRequest(name, message)
 
