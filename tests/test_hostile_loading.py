@@ -368,5 +368,5 @@ def test_a_record_naming_a_reward_function_module_never_imports_it(
         cli_main(["eval", str(tmp_path / "crafted.zip"), "--n", "1"])
     assert exited.value.code == 2 and "never names code to import" in capsys.readouterr().err
     with pytest.warns(UserWarning, match="never names code to import"):
-        assert GRPO.load(tmp_path / "crafted.zip").get_env() is None  # the model loads; no env is rebuilt
+        assert not GRPO.load(tmp_path / "crafted.zip").get_env()  # the model loads; no env is rebuilt
     assert not marker.exists() and "evil_rewards" not in sys.modules
