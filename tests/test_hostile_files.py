@@ -162,6 +162,18 @@ def test_a_recorded_env_argument_r1zeroenv_does_not_take_is_refused_naming_it(sa
         assert not GRPO.load(bad).get_env()
 
 
+def test_a_recorded_env_that_does_not_fit_the_model_names_the_file(saved: Path, tmp_path: Path) -> None:
+    """A record edited to another window: SB3's bare "Observation spaces do not match" named neither file nor fix."""
+    bad = with_data(
+        saved, tmp_path / "wide.zip", lambda data: data["env"]["record"]["kwargs"].update(context_length=512)
+    )
+    with pytest.raises(ValueError, match=r"wide\.zip: Observation spaces do not match.*rebuilt from its record does"):
+        GRPO.load(bad)
+    wide = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**{**ENV_KWARGS, "context_length": 512}))])
+    with pytest.raises(ValueError, match=r"good\.zip: Observation spaces do not match.*the env given does not fit"):
+        GRPO.load(saved, env=wide)
+
+
 @pytest.mark.parametrize(("key", "value"), [("context_length", 10**12), ("max_turns", 10**9)])
 def test_env_sizes_have_limits(key: str, value: int) -> None:
     with pytest.raises(ArgumentError, match=key):

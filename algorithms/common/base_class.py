@@ -366,6 +366,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
         env_missing = ""  # why the recorded env was not rebuilt, for learn()'s error
+        source = "the env given" if env is not None else "the env rebuilt from its record"
         if env is None and rebuild_env and saved.env:
             seed = saved.arguments.get("seed")
             env, env_missing = run_file.rebuild_env(saved.env, dict(env_objects or {}), seed, name)
@@ -373,7 +374,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
             raise ValueError("env_objects rebuild the recorded env: pass them without env=")
         if env is not None:
             env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
-            check_for_correct_spaces(env, saved.observation_space, saved.action_space)
+            try:
+                check_for_correct_spaces(env, saved.observation_space, saved.action_space)
+            except ValueError as error:
+                raise ValueError(
+                    f"{name}: {error}; {source} does not fit the model (its context_length, max_new_tokens or "
+                    "action_mode differ from the run's): make the env with the run's settings"
+                ) from None
         taken = set(saved.arguments) | set(inspect.signature(cls.__init__).parameters) - set(NOT_SAVED)  # e.g. sharding
         arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
