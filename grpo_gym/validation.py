@@ -199,7 +199,9 @@ def check_choice(name: str, value: Any, choices: Iterable[Any], *, hint: str = "
             return value
     listed = ", ".join(repr(option) for option in options)
     if isinstance(value, str):
-        close = difflib.get_close_matches(value, [o for o in options if isinstance(o, str)], n=1)
+        names = [o for o in options if isinstance(o, str)]
+        same_but_case = [o for o in names if o.lower() == value.lower()]  # 'TIS', 'BF16': difflib scores them 0
+        close = same_but_case or difflib.get_close_matches(value, names, n=1)
         hint = f"did you mean {close[0]!r}?" + (f" {hint}" if hint else "") if close else hint
     raise _fail(name, value, f"one of {listed}", hint)
 

@@ -119,6 +119,10 @@ def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
         GRPO.from_trl("tiny", accuracy, {}, Dataset.from_list([]))
     with pytest.warns(UserWarning, match=r"do it by hand: use_vllm \(no equivalent: no vLLM"):
         GRPO.from_trl("tiny", accuracy, {"use_vllm": True}, data, **SMALL)
+    for trl_value, ours in ((False, None), (True, "auto")):  # a mapped None (correction off) is ported, not dropped
+        args = {"vllm_importance_sampling_correction": trl_value, "vllm_importance_sampling_clip_max": 3.0}
+        model = GRPO.from_trl("tiny", accuracy, args, data, **SMALL)
+        assert (model.sampler_correction, model.sampler_correction_cap) == (ours, 3.0)
     with pytest.raises(ValueError, match="a reward model named by a string"):
         GRPO.from_trl("tiny", "org/reward-model", {}, data)
     with pytest.raises(ValueError, match="reward_weights has 2 weights for 1 reward functions"):

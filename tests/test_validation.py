@@ -92,6 +92,8 @@ def test_check_choice() -> None:
         check_choice("chat", 1, ("auto", True, False))  # 1 == True, but it is not a boolean
     with pytest.raises(ArgumentError, match=r"got 'tokn' \(str\); did you mean 'token'\?"):
         check_choice("mode", "tokn", ("sequence", "token"))
+    with pytest.raises(ArgumentError, match=r"got 'TIS' \(str\); did you mean 'tis'\?"):
+        check_choice("sampler_correction", "TIS", ("auto", "tis", None))  # a value that differs only in case
     with pytest.raises(ArgumentError, match="one of 'a'"):
         check_choice("mode", ["a"], ("a",))  # unhashable values are compared, not looked up
 

@@ -145,7 +145,7 @@ def translate(
                 left.append(f"{name} ({ours}{': ' + entry.note if entry.note else ''})")
             continue
         used, ours = _converted(name, entry, value)
-        if not used or ours is None:  # None (TRL's "unset", e.g. epsilon_high): ours applies
+        if not used or value is None:  # TRL's None is "unset" (e.g. epsilon_high): ours applies; a mapped None is kept
             continue
         key, _, inner = str(entry.ours).partition(".")
         if entry.where == "policy" and inner:
