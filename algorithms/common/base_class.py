@@ -185,9 +185,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self.policy.autocast_dtypes = self.precision.dtypes
         self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         if self.verbose >= 1:
-            print(self.precision.describe())
-            if self._sampler_correction is not None:
-                print(f"sampler correction: {self._sampler_correction} (see algorithms.common.sampler_correction)")
+            print(self._precision_text())
         if tokenizer is not None:
             check_embedding_rows(tokenizer, self.policy.model, self.policy.model_name, verified)
         config = json.loads(self.policy.model.config.to_json_string(use_diff=False))  # plain JSON: string keys
@@ -398,6 +396,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)
         model.set_run_state(saved.state, saved.rng)
         return model
+
+    def _precision_text(self) -> str:
+        """Each stage's precision, why, and the sampler correction when it is on (printed and in TensorBoard)."""
+        text = self.precision.describe()
+        if self._sampler_correction is not None:
+            text += f"\nsampler correction: {self._sampler_correction} (see algorithms.common.sampler_correction)"
+        return text
 
     def get_env(self) -> VecEnv | MissingEnv | None:  # type: ignore[override]
         """SB3's ``get_env``: the training env, or ``None`` without one; for a model :meth:`load` could not rebuild the

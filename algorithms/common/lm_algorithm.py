@@ -324,7 +324,7 @@ class LMAlgorithm(LMBaseAlgorithm):
             self._curriculum = self._curriculum or CurriculumCallback()
             callback = CallbackList([callback, self._curriculum])
             callback.init_callback(self)
-        self.logger.record("precision/choice", self.precision.describe(), exclude=TEXT_ONLY)  # with the next dump
+        self.logger.record("precision/choice", self._precision_text(), exclude=TEXT_ONLY)  # with the next dump
         if self._needs_cold_start():
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
