@@ -37,7 +37,7 @@ import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPo
 from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.env_util import MissingEnv, rollout_token_ids
-from algorithms.common.model.loading import check_finite_tensors
+from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
@@ -392,8 +392,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
             if not load_checkpoint(path, model.policy, model.ref_model):
                 model._refresh_reference()
         else:
-            check_finite_tensors(saved.state_dicts.get("policy", {}).items(), f"the model {name!r}")
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)
+        check_finite_weights(model.policy, f"the model {name!r}")  # whole or sharded: each rank checks what it holds
         model.set_run_state(saved.state, saved.rng)
         return model
 

@@ -98,33 +98,30 @@ def parse_request(raw: bytes, max_prompt_chars: int) -> tuple[CompletionRequest,
     return body, _prompts(body, max_prompt_chars), _stops(body.stop)
 
 
-UNSUPPORTED = {
-    "stream": "stream=true is not supported by this server",
-    "echo": "echo=true is not supported by this server",
-    "logprobs": "logprobs are not supported by this server",
-    "seed": "seed is not supported when sampling: sampled completions come from the server's one generator "
-    "(grpo-gym serve --seed); send temperature 0 for answers that repeat (seed is then accepted: nothing to seed)",
-    "best_of": "best_of is not supported by this server; send n and pick among the choices",
-    "suffix": "suffix is not supported by this server",
-    "presence_penalty": "presence_penalty is not supported by this server (only 0)",
-    "frequency_penalty": "frequency_penalty is not supported by this server (only 0)",
-    "logit_bias": "logit_bias is not supported by this server",
-}
-"""OpenAI fields the server does not implement: a request that sets one (to other than its neutral value) is
-refused, naming it, rather than answered as if it had not asked."""
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "stream": (False, "stream=true is not supported by this server"),
+    "echo": (False, "echo=true is not supported by this server"),
+    "logprobs": (None, "logprobs are not supported by this server"),
+    "seed": (None, "seed is not supported when sampling: sampled completions come from the server's one generator "
+             "(grpo-gym serve --seed); send temperature 0 for answers that repeat (seed is then accepted)"),
+    "best_of": (1, "best_of is not supported by this server; send n and pick among the choices"),
+    "suffix": (None, "suffix is not supported by this server"),
+    "presence_penalty": (0.0, "presence_penalty is not supported by this server (only 0)"),
+    "frequency_penalty": (0.0, "frequency_penalty is not supported by this server (only 0)"),
+    "logit_bias": ({}, "logit_bias is not supported by this server"),
+}  # fmt: skip
+"""OpenAI fields the server does not implement: ``{name: (neutral value, message)}``. A request that sets one to
+other than ``None`` or its neutral value is refused, naming it, rather than answered as if it had not asked."""
 
 
 def check_supported(body: CompletionRequest) -> None:
     """:class:`BadRequest` naming the first field of :data:`UNSUPPORTED` that ``body`` sets. A ``seed`` with greedy
     decoding (temperature or top_p below ``MIN_TEMPERATURE``) is accepted: the answer repeats without one, and
     clients such as lm-evaluation-harness send a seed with every request."""
-    neutral = {"stream": False, "echo": False, "best_of": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0}
     greedy = body.temperature < MIN_TEMPERATURE or body.top_p < MIN_TEMPERATURE
-    for name, message in UNSUPPORTED.items():
+    for name, (neutral, message) in UNSUPPORTED.items():
         value = getattr(body, name)
-        if name == "seed" and greedy:
-            continue
-        if value not in (None, neutral.get(name)) and value != {}:
+        if value is not None and value != neutral and not (name == "seed" and greedy):
             raise BadRequest(name, message)
 
 

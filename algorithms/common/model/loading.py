@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -201,15 +200,12 @@ def _from_pretrained(path: str, dtype: torch.dtype | str | None, kwargs: dict[st
 
 def check_finite_weights(model: torch.nn.Module, what: str = "the model") -> None:
     """Raise a ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity: such
-    a model generates garbage (or nothing) for every request, and cannot train."""
-    check_finite_tensors([*model.named_parameters(), *model.named_buffers()], what)
-
-
-def check_finite_tensors(named: Iterable[tuple[str, torch.Tensor]], what: str = "the model") -> None:
-    """:func:`check_finite_weights` of ``(name, tensor)`` pairs (a state dict's items)."""
-    for name, tensor in named:
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            bad = int((~torch.isfinite(tensor)).sum())
+    a model generates garbage (or nothing) for every request, and cannot train. A sharded (FSDP2) parameter is
+    checked on the shard this process holds."""
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+            bad = int((~torch.isfinite(local)).sum())
             raise ValueError(
                 f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate or train; use a checkpoint "
                 "saved before the weights diverged"
