@@ -109,12 +109,31 @@ def trl_dataset(env: Any, problems: list[Any]) -> tuple[Any, Callable[..., list[
     )
 
     def composite_reward(completion_ids: list[list[int]], problem_id: list[int], **_: Any) -> list[float]:
-        """The env's reward (``reset`` with the problem + ``step`` of the completion, padded like an action)."""
-        rewards = []
+        """The env's reward (``reset`` with the problem + ``step`` of the completion, padded like an action); each
+        call's :func:`rollout_stats` are appended to ``composite_reward.history``."""
+        rewards, infos = [], []
         for ids, index in zip(completion_ids, problem_id, strict=True):
             action = np.full(env.max_new_tokens, env.codec.pad_id, dtype=np.int64)
             action[: len(ids)] = ids
-            rewards.append(env.score_completion(problems[index], action)[1])
+            _, reward, _, _, info = env.score_completion(problems[index], action)
+            rewards.append(reward)
+            infos.append(info)
+        composite_reward.history.append(rollout_stats(rewards, infos, [len(ids) for ids in completion_ids]))
         return rewards
 
+    composite_reward.history = []
     return dataset, composite_reward
+
+
+def rollout_stats(rewards: list[float], infos: list[dict[str, Any]], lengths: list[int]) -> dict[str, float]:
+    """One rollout's training figures, the same for both trainers: success rate, mean reward, the share of
+    well-formed completions (syntax credit) and the mean completion length in tokens (EOS included)."""
+    import numpy as np
+
+    syntax = [(info.get("reward_components") or {}).get("syntax") or 0.0 for info in infos]
+    return {
+        "success": float(np.mean([bool(info.get("is_success")) for info in infos])),
+        "reward": float(np.mean(rewards)),
+        "well_formed": float(np.mean([value > 0 for value in syntax])),
+        "length": float(np.mean(lengths)),
+    }

@@ -95,15 +95,24 @@ def run_ours_staged(settings: Settings) -> dict[str, Any]:
     return run_ours(settings)
 
 
-WORKERS = {"start_a": start_model, "start_b": start_b, "ours": run_ours_staged, "trl": run_trl, "evaluate": evaluate}
+def start_c(settings: Settings) -> dict[str, Any]:
+    """Start ``c``: issue 30's pretrained Llama (``carry_start.py``), built as the issue describes it."""
+    import torch
+    from carry_start import supervised_tune
+
+    torch.set_num_threads(settings.threads)
+    return supervised_tune(settings.folder, seed=settings.seed, **settings.sft)
+
+
+WORKERS = {"start_a": start_model, "start_b": start_b, "start_c": start_c, "ours": run_ours_staged, "trl": run_trl,
+           "evaluate": evaluate}  # fmt: skip
 
 
 def start_env_kwargs(start: str) -> dict[str, Any]:
     """The env arguments of a start (both trainers and the evaluator use them)."""
-    if start == "b":
-        from pretrained_start import ENV_KWARGS
-
-        return dict(ENV_KWARGS)
+    if start in ("b", "c"):
+        module = __import__({"b": "pretrained_start", "c": "carry_start"}[start])
+        return dict(module.ENV_KWARGS)
     from algorithms.common.hyperparams import DEFAULT_CONFIG, load_hyperparams
 
     return dict(load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", "demo").get("env_kwargs", {}))
@@ -117,10 +126,12 @@ def build_start(args: argparse.Namespace, start: str) -> dict[str, Any]:
         return json.loads(record.read_text())
     if start == "a":
         sft = {"sft_steps": args.sft_steps_a, "sft_batch_size": 32, "sft_learning_rate": 1e-3}
+    elif start == "c":
+        sft = {"steps": args.sft_steps_c}
     else:
         sft = {"target": args.sft_target_b, "max_steps": args.sft_max_steps_b}
-    settings = Settings(folder=str(folder), out=str(args.work), seed=0, threads=1, env_kwargs=start_env_kwargs(start),
-                        sft=sft)  # fmt: skip
+    settings = Settings(folder=str(folder), out=str(args.work), seed=0, threads=args.threads,
+                        env_kwargs=start_env_kwargs(start), sft=sft)  # fmt: skip
     result = {"folder": str(folder), "sft": sft, **run_worker(__file__, f"start_{start}", asdict(settings))}
     record.write_text(json.dumps(result))
     return result
@@ -159,7 +170,8 @@ def train(args: argparse.Namespace, run: dict[str, Any], starts: dict[str, dict[
         return json.loads(record.read_text())
     out = args.work / "snapshots" / run_key(run)
     out.mkdir(parents=True, exist_ok=True)
-    settings = Settings(folder=starts[run["start"]]["folder"], out=str(out), seed=run["seed"], threads=1, budgets=[],
+    settings = Settings(folder=starts[run["start"]]["folder"], out=str(out), seed=run["seed"], threads=args.threads,
+                        budgets=[],
                         iterations=[args.iterations], max_iterations=args.iterations,
                         env_kwargs=start_env_kwargs(run["start"]), ours={**run["ours"], "learning_rate": run["lr"]},
                         trl=run["trl"])  # fmt: skip
@@ -176,7 +188,7 @@ def score(args: argparse.Namespace, start: str, folder: str, results: list[dict[
     paths = [r["snapshots"][-1]["path"] for r in results if r["start"] == start]
     missing = [path for path in paths if path not in scores]
     if missing or "start" not in scores:
-        settings = Settings(folder=folder, out=str(args.work), env_kwargs=start_env_kwargs(start), threads=1,
+        settings = Settings(folder=folder, out=str(args.work), env_kwargs=start_env_kwargs(start), threads=args.threads,
                             held_out=args.held_out, paths=missing)  # fmt: skip
         scores.update(run_worker(__file__, "evaluate", asdict(settings)))
         record.write_text(json.dumps(scores))
@@ -197,8 +209,8 @@ def parse_variant(label: str, pairs: list[str], starts: list[str], learning_rate
     ours = parse_overrides(pairs)
     starts = _listed(ours.pop("_starts", starts))
     learning_rates = [float(lr) for lr in _listed(ours.pop("_learning_rates", learning_rates))]
-    if not set(starts) <= {"a", "b"}:
-        raise ValueError(f"--variant {label}: _starts={','.join(starts)} names a start other than a and b")
+    if not set(starts) <= {"a", "b", "c"}:
+        raise ValueError(f"--variant {label}: _starts={','.join(starts)} names a start other than a, b and c")
     return {"label": label, "ours": ours, "starts": starts, "learning_rates": learning_rates}
 
 
@@ -207,21 +219,23 @@ def parse_args() -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path("/tmp/learning_robustness"), help="kept between runs")
-    parser.add_argument("--starts", nargs="+", default=["a", "b"], choices=["a", "b"])
+    parser.add_argument("--starts", nargs="+", default=["a", "b"], choices=["a", "b", "c"])
     parser.add_argument("--learning-rates", type=float, nargs="+", default=[1e-5, 3e-5, 1e-4])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0 .. n-1 per arm")
     parser.add_argument("--iterations", type=int, default=30, help="iterations (optimizer steps) per run")
     parser.add_argument("--held-out", type=int, default=200, help="held-out problems")
-    parser.add_argument("--workers", type=int, default=2, help="runs at a time (one torch thread each)")
+    parser.add_argument("--workers", type=int, default=2, help="runs at a time")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each run")
     parser.add_argument("--sft-steps-a", type=int, default=500, help="start a's cold-start steps")
     parser.add_argument("--sft-target-b", type=float, default=0.62, help="start b's validation success target")
     parser.add_argument("--sft-max-steps-b", type=int, default=4000, help="start b's most tuning steps")
+    parser.add_argument("--sft-steps-c", type=int, default=300, help="start c's tuning steps")
     parser.add_argument("--ours", nargs="*", default=[], help="GRPO arguments of ours' arms, key=value")
     parser.add_argument("--trl", nargs="*", default=[], help="GRPOConfig arguments of TRL's arms, key=value")
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("LABEL", "KEY=VALUE"),
                         help="an extra arm of ours: a label, then GRPO arguments (_starts=a,b and "
                              "_learning_rates=1e-5,1e-4: where this one runs)")  # fmt: skip
-    parser.add_argument("--variant-starts", nargs="+", default=["b"], choices=["a", "b"], help="variants' default")
+    parser.add_argument("--variant-starts", nargs="+", default=["b"], choices=["a", "b", "c"], help="variants' default")
     parser.add_argument("--variant-learning-rates", type=float, nargs="+", default=[1e-4], help="variants' default")
     parser.add_argument("--variants-only", action="store_true", help="run the variants, not ours' and TRL's arms")
     parser.add_argument("--results", type=Path, help="write the section into this RESULTS.md")

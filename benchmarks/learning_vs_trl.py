@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import others_share, run_worker, trl_dataset, update_results, usage
+from common import others_share, rollout_stats, run_worker, trl_dataset, update_results, usage
 from learning_report import MODES, plot, report
 
 SECTION = "## Learning per wall-clock second: GRPO vs TRL GRPOTrainer (CPU)"
@@ -179,6 +179,7 @@ def run_ours(settings: Settings) -> dict[str, Any]:
     setup_s = time.perf_counter() - setup
     checkpoints = Checkpoints(settings, "ours")
     first: list[str] = []
+    history: list[dict[str, float]] = []
 
     class Clock(BaseCallback):
         running = True
@@ -188,11 +189,18 @@ def run_ours(settings: Settings) -> dict[str, Any]:
 
         def _on_rollout_start(self) -> None:
             self.running = checkpoints.boundary(model._iteration, model.policy.model)
+            self.rewards, self.infos, self.lengths = [], [], []
 
         def _on_step(self) -> bool:
             if not first:
                 first.extend(problem.prompt for problem in self.locals["episode_problems"][:: model.group_size])
+            self.rewards.extend(float(r) for r in self.locals["rewards"])
+            self.infos.extend(self.locals["infos"])
+            self.lengths.extend(int(n) for n in self.locals["played"][1][1].sum(-1))
             return self.running
+
+        def _on_rollout_end(self) -> None:
+            history.append(rollout_stats(self.rewards, self.infos, self.lengths))
 
     completions = settings.max_iterations * model.n_groups * model.group_size
     model.learn(completions, callback=Clock())
@@ -207,7 +215,8 @@ def run_ours(settings: Settings) -> dict[str, Any]:
         "clip_range_high": None if model.clip_range_high is None else model.clip_range_high(1.0),
         "precision": model.precision.describe().replace("\n", " "),
     }
-    return {**checkpoints.result(setup_s, model._iteration), "first_problems": first, "settings": settings_used}
+    result = checkpoints.result(setup_s, model._iteration)
+    return {**result, "first_problems": first, "settings": settings_used, "history": history}
 
 
 def problem_stream(env: Any, seed: int, n_groups: int, iterations: int) -> list[Any]:
@@ -301,6 +310,7 @@ def run_trl(settings: Settings) -> dict[str, Any]:
         **checkpoints.result(setup_s, trainer.state.global_step),
         "first_problems": [problems[index].prompt for index in first],
         "settings": {**ours, **used},
+        "history": composite_reward.history,
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
     }
 
