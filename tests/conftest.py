@@ -1,6 +1,5 @@
-"""What every test shares: the precision probe's cache (``mixed_precision="auto"`` on a CPU with native bf16,
-:mod:`algorithms.common.runtime.precision_probe`) goes to a temporary folder, not the user's ``~/.cache``; and no
-library phones home. huggingface_hub's telemetry thread (started by TRL's trainer in the tests that run it) looks up
+"""What every test shares: caches go to a temporary folder, not the user's ``~/.cache``; and no library phones home.
+huggingface_hub's telemetry thread (started by TRL's trainer in the tests that run it) looks up
 a host name while the test forks processes, and the lookup crashed the whole run once (a segmentation fault in
 ``getaddrinfo``); tests never need the network, so it is switched off before anything imports huggingface_hub."""
 
@@ -21,7 +20,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):  # pytest -n N: N workers share the co
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _precision_cache(tmp_path_factory) -> Iterator[None]:
+def _cache_folder(tmp_path_factory) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
         yield

@@ -1,5 +1,6 @@
 """The sampler/trainer mismatch (algorithms.common.sampler_correction): the TIS weights and the sampler KL against
-hand math, the loss they weight, ``"auto"`` on a CPU with native bf16 (the probe mocked), and float32's zero."""
+hand math, the loss they weight, ``"auto"`` when sampling and update run in different precisions (float32 sampling
+and a bf16 update, asked for per stage), and float32's zero."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from algorithms.grpo.objective import grpo_loss
 from tests import test_replay
 from tests.test_grpo import make_model
 from tests.test_ppo import make_model as make_ppo
-from tests.test_precision import fake_bf16_cpu
+from tests.test_precision import MIXED
 
 # the sampler's and the update's log-probs of three sampled tokens of one completion, and a fourth one masked out
 SAMPLER = torch.tensor([[math.log(0.5), math.log(0.1), math.log(0.4), 0.0]])
@@ -63,20 +64,16 @@ def test_the_weights_scale_each_tokens_surrogate():
 
 
 def test_auto_turns_the_correction_on_exactly_when_the_stages_differ():
-    mixed = PrecisionChoice("auto", {"sampling": "no", "update": "bf16", "sft": "no"}, "probe")
-    same = PrecisionChoice("auto", dict.fromkeys(STAGES, "bf16"), "probe")
+    mixed = PrecisionChoice(MIXED, MIXED, "chosen per stage")
+    same = PrecisionChoice("bf16", dict.fromkeys(STAGES, "bf16"), "forced")
     assert resolve_sampler_correction("auto", mixed) == "tis" and resolve_sampler_correction("auto", same) is None
     assert resolve_sampler_correction("tis", same) == "tis" and resolve_sampler_correction(None, mixed) is None
-    assert mixed.without_mixed_sampling().stages == {"sampling": "no", "update": "no", "sft": "no"}
-    assert same.without_mixed_sampling() is same
 
 
-def test_auto_on_a_bf16_cpu_that_mixes_stages_corrects_and_logs_the_mismatch(monkeypatch, tmp_path: Path):
-    """The probe (mocked, as on a CPU with native bf16) finds bf16 slower for sampling and faster for the update:
-    ``auto`` samples in float32 and updates in bf16, so the correction is on and the mismatch is logged."""
-    fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 1.0})
-    model = make_model(tensorboard_log=str(tmp_path), cold_start=False)
-    assert model.precision.stages == {"sampling": "no", "update": "bf16", "sft": "no"}
+def test_mixed_stages_are_corrected_and_the_mismatch_logged(monkeypatch, tmp_path: Path):
+    """Sampling in float32 and updating in bf16: ``auto`` turns the correction on and the mismatch is logged."""
+    model = make_model(mixed_precision=MIXED, tensorboard_log=str(tmp_path), cold_start=False)
+    assert model.precision.stages == MIXED
     assert model._sampler_correction == "tis"
     corrected = []
 
@@ -97,12 +94,9 @@ def test_auto_on_a_bf16_cpu_that_mixes_stages_corrects_and_logs_the_mismatch(mon
         assert (fresh.sampler_weights[~mask] == 0).all()
 
 
-def test_without_the_correction_auto_samples_and_updates_in_one_precision(monkeypatch, tmp_path: Path):
-    fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 0.5})
-    model = make_model(sampler_correction=None, cold_start=False)
-    assert model._sampler_correction is None
-    assert model.precision.stages == {"sampling": "no", "update": "no", "sft": "bf16"}
-    assert "sampler correction is off" in model.precision.describe()
+def test_mixed_stages_without_the_correction_run_as_asked():
+    model = make_model(mixed_precision=MIXED, sampler_correction=None, cold_start=False)
+    assert model._sampler_correction is None and model.precision.stages == MIXED
 
 
 @pytest.mark.parametrize("sampler_correction", [None, "tis"])
@@ -124,9 +118,7 @@ def test_the_correction_arguments_are_checked():
 @pytest.mark.parametrize("stages", ["mixed", "float32"])
 def test_lmppo_measures_and_corrects_the_mismatch_from_its_value_pass(monkeypatch, tmp_path: Path, stages):
     """LMPPO takes the update's log-probs from the forward pass that computes its values (no extra pass)."""
-    if stages == "mixed":
-        fake_bf16_cpu(monkeypatch, tmp_path, {"sampling": 1.3, "update": 0.5, "sft": 1.0})
-    precision = "auto" if stages == "mixed" else "no"
+    precision = MIXED if stages == "mixed" else "no"
     model = make_ppo(tensorboard_log=str(tmp_path), cold_start=False, mixed_precision=precision)
     assert model._sampler_correction == ("tis" if stages == "mixed" else None)
     model.learn(8)

@@ -16,7 +16,7 @@ from typing import Any
 
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
-from algorithms.common.runtime.precision import PRECISIONS
+from algorithms.common.runtime.precision import check_precision
 from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 from algorithms.common.schedules import UpdateDecay
 from grpo_gym.validation import (
@@ -124,7 +124,7 @@ LM_ALGORITHM_RULES: dict[str, Rule] = {
     "gradient_compression": choice(*COMPRESSIONS),
     "sharding": choice(*SHARDINGS),
     "dist_timeout": number(low=0.0, low_open=True),
-    "mixed_precision": choice(*PRECISIONS),
+    "mixed_precision": check_precision,
     "sampler_correction": choice(*SAMPLER_CORRECTIONS),
     "sampler_correction_cap": number(low=1.0),
     "cold_start": choice(True, False, "auto"),

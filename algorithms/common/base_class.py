@@ -44,7 +44,7 @@ from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.parallel import load_checkpoint, parallelism
-from algorithms.common.runtime.precision import ProbeShape, choose_precision
+from algorithms.common.runtime.precision import choose_precision
 from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
 from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import run_file
@@ -91,7 +91,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         gradient_compression: str | None,
         sharding: str | None,
         dist_timeout: float,
-        mixed_precision: str,
+        mixed_precision: str | dict[str, str],
         sampler_correction: str | None,
         sampler_correction_cap: float,
         cold_start: bool | str,
@@ -174,14 +174,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         kwargs = {"seed": self.seed, **self._token_info, **self.policy_kwargs}
         self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
         self.policy = self.policy.to(self.device)
-        rows = self._local_groups * self.group_size  # what the probe of mixed_precision="auto" times (CPU only)
-        shape = ProbeShape.of(self.policy, rows, prompts=self._local_groups, sft_rows=self.sft_batch_size)
-        choice = choose_precision(self.mixed_precision, self.device, self.policy, shape) if self._dist.is_main else None
-        self.precision = self._dist.gather_objects(choice)[0]  # rank 0 probes (when auto needs it); all run its choice
+        self.precision = choose_precision(self.mixed_precision, self.device)
         #: "tis" or None: see algorithms.common.sampler_correction
         self._sampler_correction = resolve_sampler_correction(self.sampler_correction, self.precision)
-        if self._sampler_correction is None:  # never sample in another precision than the update, uncorrected
-            self.precision = self.precision.without_mixed_sampling()
         self.policy.autocast_dtypes = self.precision.dtypes
         self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         if self.verbose >= 1:

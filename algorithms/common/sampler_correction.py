@@ -2,8 +2,8 @@
 
 The tokens of a rollout are drawn by the sampler (the KV-cache decoder, in the ``"sampling"`` stage's precision)
 and trained on by the update's forward pass (in the ``"update"`` stage's precision). When the two compute
-different distributions (float32 sampling and a bf16 update, as ``mixed_precision="auto"`` may pick on a CPU
-with native bf16; later an external generation engine) the rollout is slightly off-policy before the first
+different distributions (float32 sampling and a bf16 update, asked for with a per-stage ``mixed_precision``;
+later an external generation engine) the rollout is slightly off-policy before the first
 step, and the surrogate's ratio ``pi / pi_sampler`` is not 1 on a fresh rollout: clipping then drops the
 gradient of some tokens and lets others through unclipped, in a direction set by rounding, not by the reward.
 
@@ -16,9 +16,7 @@ gradient of some tokens and lets others through unclipped, in a direction set by
   without gradient, before the first step (``pi_old``, one extra forward pass); the surrogate's ratio becomes
   ``pi / pi_old`` (exactly 1 at the first step, as TRL and verl have it) and each token's loss is weighted by
   ``min(pi_old / pi_sampler, cap)`` (:func:`~algorithms.common.losses.truncated_importance_weights`).
-  ``"auto"`` (the default) turns it on exactly when the sampling and update stages run in different precisions;
-  and when it is off, ``mixed_precision="auto"`` never runs them in different precisions
-  (:meth:`~algorithms.common.runtime.precision.PrecisionChoice.without_mixed_sampling`).
+  ``"auto"`` (the default) turns it on exactly when the sampling and update stages run in different precisions.
 """
 
 from __future__ import annotations

@@ -112,15 +112,15 @@ class GRPO(LMAlgorithm):
         weights, gradients, optimizer state and reference sharded over the processes; the same weights trained,
         see :mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded
     :param dist_timeout: seconds a rank waits for the others before the job fails (a hung rank ends the job)
-    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (S15): forward passes under autocast,
-        weights, optimizer and loss in float32 (:mod:`~algorithms.common.runtime.precision`; the choice of
-        ``"auto"`` is in ``model.precision``); a step with non-finite gradients is skipped and counted
+    :param mixed_precision: ``"auto"`` (float32 on a CPU, bf16 on a GPU that has it, else fp16), ``"bf16"``,
+        ``"fp16"``, ``"no"`` (float32) or a dict of stages (``"sampling"``, ``"update"``, ``"sft"``) to those: forward
+        passes under autocast, weights, optimizer and loss in float32 (:mod:`~algorithms.common.runtime.precision`;
+        the choice is in ``model.precision``); a step with non-finite gradients is skipped and counted
     :param sampler_correction: the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`):
         ``"tis"`` (truncated importance sampling: the ratio taken against the update's own log-probs of the fresh
         rollout, one extra forward pass, each token's loss weighted by ``min(pi_old / pi_sampler, cap)``), ``None``
-        (off: the ratio against the sampler's log-probs; ``mixed_precision="auto"`` then samples and updates in one
-        precision) or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions). The
-        mismatch is logged every update as ``train/sampler_kl``
+        (off: the ratio against the sampler's log-probs) or ``"auto"`` (``"tis"`` exactly when sampling and update
+        run in different precisions). The mismatch is logged every update as ``train/sampler_kl``
     :param sampler_correction_cap: the truncation ``cap`` of the TIS weights (TRL's and verl's 2)
     :param cold_start: run the SFT stage before the first GRPO iteration: ``"auto"`` (only for a freshly
         initialised built-in model), ``True`` or ``False``
@@ -184,7 +184,7 @@ class GRPO(LMAlgorithm):
         gradient_compression: str | None = None,
         sharding: str | None = None,
         dist_timeout: float = 300.0,
-        mixed_precision: str = "auto",
+        mixed_precision: str | dict[str, str] = "auto",
         sampler_correction: str | None = "auto",
         sampler_correction_cap: float = 2.0,
         cold_start: bool | str = "auto",

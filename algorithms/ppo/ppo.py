@@ -70,8 +70,8 @@ class LMPPO(LMAlgorithm):
         weights, gradients, optimizer state and reference sharded over the processes; the same weights trained,
         see :mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded
     :param dist_timeout: seconds a rank waits for the others before the job fails
-    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"`` or ``"no"`` (see :class:`~algorithms.grpo.GRPO`); the
-        value head and the losses stay float32
+    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"no"`` or per stage (see
+        :class:`~algorithms.grpo.GRPO`); the value head and the losses stay float32
     :param sampler_correction: ``"auto"``, ``"tis"`` or ``None`` (see :class:`~algorithms.grpo.GRPO`); the update's own
         log-probs of the rollout come from the forward pass that computes its values, at no extra cost
     :param sampler_correction_cap: the truncation cap of the TIS weights
@@ -118,7 +118,7 @@ class LMPPO(LMAlgorithm):
         gradient_compression: str | None = None,
         sharding: str | None = None,
         dist_timeout: float = 300.0,
-        mixed_precision: str = "auto",
+        mixed_precision: str | dict[str, str] = "auto",
         sampler_correction: str | None = "auto",
         sampler_correction_cap: float = 2.0,
         cold_start: bool | str = "auto",

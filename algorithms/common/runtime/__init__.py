@@ -1,5 +1,5 @@
-"""How a run uses its devices and processes: ``precision`` (autocast per stage, and the float32-vs-bf16 probe of
-``mixed_precision="auto"`` in ``precision_probe``), ``distributed`` (ranks, gathers, gradient sync), ``sharding``
+"""How a run uses its devices and processes: ``precision`` (autocast per stage, and what
+``mixed_precision="auto"`` picks on each device), ``distributed`` (ranks, gathers, gradient sync), ``sharding``
 and ``sharded_checkpoint`` (FSDP2: sharded training state and its checkpoints), ``parallel`` (what an algorithm owns
 for ``sharding=None | "fsdp"``: whole replicas or shards) and ``determinism`` (deterministic
 CPU kernels in the update). In the data flow: set up with the policy; every stage (sampling, update, cold start)

@@ -1,22 +1,26 @@
-"""Mixed precision (S15): which autocast dtype each stage of a run uses, and the gradient scaler fp16 needs.
+"""Mixed precision: which autocast dtype each stage of a run uses, and the gradient scaler fp16 needs.
 
 The model's weights, the optimizer state, the value head and every loss reduction stay float32; only the
 language model's forward passes run under ``torch.autocast`` (its matmuls in 16 bits). A run has three
-stages that may each run in their own precision (:data:`STAGES`): ``"sampling"`` (the rollouts' decoding),
-``"update"`` (the log-probs and values the loss is built from, the reference's log-probs) and ``"sft"`` (the
-cold start). ``"bf16"``, ``"fp16"`` and ``"no"`` (float32) force one precision for every stage; ``"auto"``
-picks, never slower than float32:
+stages (:data:`STAGES`): ``"sampling"`` (the rollouts' decoding), ``"update"`` (the log-probs and values the loss
+is built from, the reference's log-probs) and ``"sft"`` (the cold start). ``mixed_precision`` is one of:
 
-- CUDA: ``bf16`` when the GPU supports it (Ampere and newer: float32's exponent range, so no loss scaling and
-  no overflow), else ``fp16`` with a gradient scaler (S15's "FP16 policy"); no probe.
-- CPU without native bf16 (no AMX-BF16 nor AVX512-BF16): float32 for every stage, no probe: emulated bf16
-  matmuls are always slower (measured: a 99M-parameter update 3.4x slower on an AVX-512 Xeon, a 1024^3 matmul
-  about 45x slower on an AVX2-only EPYC); pass ``"bf16"`` to trade that time for memory.
-- CPU with native bf16: per stage, float32 unless a short probe of *this* model on *this* machine shows bf16
-  at least :data:`BF16_MARGIN` (10%) faster: at small sizes the casts and fixed costs can outweigh the faster
-  matmuls. The probe (:mod:`~algorithms.common.runtime.precision_probe`) runs once per model shape and machine: its
-  figures are cached in memory and in a file under the user's cache folder.
-- Any other device: float32.
+- ``"no"``, ``"bf16"`` or ``"fp16"``: that precision for every stage (``"fp16"`` with a gradient scaler);
+- a dict ``{stage: precision}`` for stages in their own precisions (a stage left out is float32), e.g.
+  ``{"sft": "bf16"}``; sampling in another precision than the update makes a fresh rollout slightly off-policy,
+  which ``sampler_correction="auto"`` then corrects (:mod:`~algorithms.common.sampler_correction`);
+- ``"auto"`` (the default), by device:
+
+  - **CPU: float32 for every stage**, whatever the CPU. On a CPU with native bf16 (AMX, AVX512-BF16) bf16 can be
+    faster, but it cost learning: on issue 30's pretrained start (a 1M-parameter Llama tuned on 3-digit addition,
+    GRPO at lr 1e-4) sampling in float32 and updating in bf16 collapsed one seed in three from 72% to 4.5% held-out
+    success where float32 kept it, and the speed it bought at these sizes was within 5% (benchmarks/RESULTS.md,
+    "Learning that holds"). Ask for bf16 (``"bf16"`` or a dict) to trade that for memory or speed.
+  - **CUDA: bf16 for every stage** where the GPU supports it (Ampere and newer: float32's exponent range, so no
+    loss scaling and no overflow; its tensor cores run bf16 several times faster than float32 and halve the
+    activations' memory), else ``fp16`` with a gradient scaler. Sampling and the update run in the same precision,
+    so a fresh rollout's ratio stays 1 and no correction is needed.
+  - any other device: float32.
 
 :class:`PrecisionChoice` holds the outcome; the algorithm prints it (``verbose >= 1``) and writes it to
 TensorBoard as the text ``precision/choice``.
@@ -25,62 +29,67 @@ TensorBoard as the text ``precision/choice``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from algorithms.common.runtime import precision_probe
-from algorithms.common.runtime.precision_probe import STAGES, ProbeShape
+from grpo_gym.validation import check_choice
 
+#: the stages of a run that may each run in their own precision
+STAGES = ("sampling", "update", "sft")
 PRECISIONS = ("no", "fp16", "bf16", "auto")
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-#: a stage runs in bf16 under ``"auto"`` on a CPU only when the probe's bf16 median is this much below float32's
-BF16_MARGIN = 0.10
 NAMES = {"no": "float32", "bf16": "bf16", "fp16": "fp16"}
 
-__all__ = ["BF16_MARGIN", "DTYPES", "PRECISIONS", "STAGES", "PrecisionChoice", "ProbeShape", "choose_precision"]
+__all__ = ["DTYPES", "PRECISIONS", "STAGES", "PrecisionChoice", "check_precision", "choose_precision"]
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether this CPU has bf16 matmul instructions (AMX-BF16 or AVX512-BF16), from ``/proc/cpuinfo``."""
-    flags = precision_probe.cpu_info()[1]
+    """Whether this CPU has bf16 matmul instructions (AMX-BF16 or AVX512-BF16), from ``/proc/cpuinfo`` (False
+    where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            flags = next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), [])
+    except OSError:
+        return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
-def resolve_precision(precision: str, device: torch.device | str) -> str:
-    """What ``precision`` (one of :data:`PRECISIONS`) means on ``device`` before any probe: ``"no"``, ``"fp16"``,
-    ``"bf16"``, or ``"probe"`` (``"auto"`` on a CPU with native bf16: chosen per stage by :func:`choose_precision`).
-    """
-    if precision not in PRECISIONS:
-        raise ValueError(f"mixed_precision must be one of {PRECISIONS}, got {precision!r}")
-    device = torch.device(device)
-    if precision != "auto":
-        return precision
-    if device.type == "cuda":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    if device.type == "cpu":
-        return "probe" if cpu_has_native_bf16() else "no"
-    return "no"
+def check_precision(name: str, value: Any) -> str | dict[str, str]:
+    """``value`` if it is a valid ``mixed_precision`` (one of :data:`PRECISIONS`, or a dict of :data:`STAGES` to
+    ``"no"``/``"bf16"``/``"fp16"``), else a ``ValueError`` naming ``name`` and what it takes."""
+    if isinstance(value, str):
+        return check_choice(name, value, PRECISIONS)  # a near miss ('BF16') gets its suggestion
+    if isinstance(value, Mapping):
+        unknown = [stage for stage in value if stage not in STAGES]
+        wrong = {stage: p for stage, p in value.items() if stage in STAGES and p not in PRECISIONS[:3]}
+        if not unknown and not wrong:
+            return {str(stage): str(p) for stage, p in value.items()}
+        problem = f"unknown stages {unknown} (stages: {list(STAGES)})" if unknown else f"precisions {wrong}"
+        raise ValueError(
+            f"{name} as a dict maps stages {list(STAGES)} to 'no', 'bf16' or 'fp16'; got {problem}, e.g. "
+            f"{name}={{'sft': 'bf16'}}"
+        )
+    raise ValueError(
+        f"{name} must be one of {list(PRECISIONS)} or a dict of stages to precisions (e.g. {{'sft': 'bf16'}}), "
+        f"got {value!r}"
+    )
 
 
 @dataclass(frozen=True)
 class PrecisionChoice:
-    """The precision of each stage of a run, why, and the probe's figures behind it.
+    """The precision of each stage of a run, and why.
 
     :param requested: the ``mixed_precision`` argument
     :param stages: ``{stage: "no" | "bf16" | "fp16"}`` for every stage of :data:`STAGES`
     :param reason: one sentence: how the choice was made
-    :param figures: the probe's median seconds ``{stage: {"no": s, "bf16": s}}`` (empty without a probe)
-    :param cached: whether the figures came from the cache rather than a probe run now
     """
 
-    requested: str
+    requested: str | dict[str, str]
     stages: dict[str, str]
     reason: str
-    figures: dict[str, dict[str, float]] = field(default_factory=dict)
-    cached: bool = False
 
     @property
     def dtypes(self) -> dict[str, torch.dtype | None]:
@@ -93,63 +102,34 @@ class PrecisionChoice:
         slightly off-policy: see :mod:`~algorithms.common.sampler_correction`)."""
         return self.stages["sampling"] != self.stages["update"]
 
-    def without_mixed_sampling(self) -> PrecisionChoice:
-        """This choice, with sampling and update both in float32 when they differed (what ``"auto"`` runs when the
-        sampler correction is off); unchanged otherwise."""
-        if not self.mixes_sampling_and_update:
-            return self
-        stages = {**self.stages, "sampling": "no", "update": "no"}
-        reason = f"{self.reason}; sampling and update both float32, as the sampler correction is off"
-        return replace(self, stages=stages, reason=reason)
-
     @property
     def needs_scaler(self) -> bool:
         """Whether some stage runs in fp16 (the update then needs a gradient scaler)."""
         return "fp16" in self.stages.values()
 
     def describe(self) -> str:
-        """A short text: each stage's precision, the reason, and the probe's figures when there was a probe."""
+        """A short text: each stage's precision and the reason."""
         stages = ", ".join(f"{stage} {NAMES[precision]}" for stage, precision in self.stages.items())
-        lines = [f"mixed_precision={self.requested!r}: {stages}. {self.reason}."]
-        if self.figures:
-            source = "cached probe" if self.cached else "probe"
-            timings = "; ".join(
-                f"{stage} {f['no'] * 1e3:.1f} / {f['bf16'] * 1e3:.1f} ms ({f['bf16'] / f['no']:.2f}x)"
-                for stage, f in self.figures.items()
-            )
-            lines.append(f"{source} ({precision_probe.cpu_info()[0]}), median float32 / bf16: {timings}.")
-        return "\n".join(lines)
+        return f"mixed_precision={self.requested!r}: {stages}. {self.reason}."
 
 
-def choose_precision(
-    precision: str, device: torch.device | str, policy: Any = None, shape: ProbeShape | None = None
-) -> PrecisionChoice:
-    """The precision of each stage for ``precision`` on ``device`` (see the module doc).
-
-    :param precision: one of :data:`PRECISIONS`
-    :param device: the device the run trains on
-    :param policy: the :class:`~algorithms.common.policies.TransformerPolicy` to probe (needed only for
-        ``"auto"`` on a CPU with native bf16)
-    :param shape: the batches to probe with (:meth:`ProbeShape.of`)
-    """
-    resolved = resolve_precision(precision, device)
+def choose_precision(precision: str | dict[str, str], device: torch.device | str) -> PrecisionChoice:
+    """The precision of each stage for ``mixed_precision=precision`` on ``device`` (see the module doc)."""
+    precision = check_precision("mixed_precision", precision)
+    if isinstance(precision, dict):
+        return PrecisionChoice(precision, {s: precision.get(s, "no") for s in STAGES}, "chosen per stage")
+    if precision != "auto":
+        return PrecisionChoice(precision, dict.fromkeys(STAGES, precision), "forced for every stage")
     kind = torch.device(device).type
-    if resolved != "probe":
-        if precision != "auto":
-            reason = "forced for every stage"
-        elif kind == "cuda":
-            reason = "GPU " + ("with bf16" if resolved == "bf16" else "without bf16: fp16 with a gradient scaler")
-        elif kind == "cpu":
-            reason = "CPU without native bf16 (emulated bf16 is slower): float32, no probe"
-        else:
-            reason = f"float32 on {kind}"
-        return PrecisionChoice(precision, dict.fromkeys(STAGES, resolved), reason)
-    if policy is None or shape is None:
-        raise ValueError("mixed_precision='auto' on a CPU with native bf16 probes the model: pass policy and shape")
-    figures, cached = precision_probe.cached_figures(policy, shape)
-    stages = {s: "bf16" if figures[s]["bf16"] <= (1 - BF16_MARGIN) * figures[s]["no"] else "no" for s in STAGES}
-    reason = f"CPU with native bf16: bf16 for a stage only where the probe shows it >= {BF16_MARGIN:.0%} faster"
-    return PrecisionChoice(precision, stages, reason, {s: dict(figures[s]) for s in STAGES}, cached)
+    if kind == "cuda":
+        bf16 = torch.cuda.is_bf16_supported()
+        reason = "GPU with bf16" if bf16 else "GPU without bf16: fp16 with a gradient scaler"
+        return PrecisionChoice(precision, dict.fromkeys(STAGES, "bf16" if bf16 else "fp16"), reason)
+    if kind == "cpu":
+        native = "with" if cpu_has_native_bf16() else "without"
+        reason = f"CPU ({native} native bf16): float32, which learns safest; pass 'bf16' to use bf16"
+        return PrecisionChoice(precision, dict.fromkeys(STAGES, "no"), reason)
+    return PrecisionChoice(precision, dict.fromkeys(STAGES, "no"), f"float32 on {kind}")
 
 
 @contextlib.contextmanager
