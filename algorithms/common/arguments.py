@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from algorithms.common.collapse_guard import GuardSettings
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
 from algorithms.common.runtime.precision import check_precision
@@ -107,6 +108,15 @@ class ArgumentChecker:
         return self.rules[name](name, value)
 
 
+def check_collapse_guard(name: str, value: Any) -> Any:
+    """``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings` fields."""
+    try:
+        GuardSettings.parse(value)
+    except (TypeError, ValueError) as error:
+        raise ArgumentError(str(error)) from None
+    return value
+
+
 def finite_learning_rate(value: float) -> float:
     """A learning rate about to reach the optimizer: finite and >= 0, or an error naming the schedule."""
     if not (math.isfinite(value) and value >= 0):
@@ -133,6 +143,7 @@ LM_ALGORITHM_RULES: dict[str, Rule] = {
     "sft_learning_rate": number(low=0.0, low_open=True),
     "sft_data": optional_path(),
     "curriculum": boolean(),
+    "collapse_guard": check_collapse_guard,
     "stats_window_size": integer(low=1),
     "tensorboard_log": optional_path(),
     "verbose": integer(low=0, high=2),

@@ -36,6 +36,7 @@ from stable_baselines3.common.vec_env import VecEnv
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
 from algorithms.common.callbacks import CurriculumCallback
+from algorithms.common.collapse_guard import CollapseGuard, GuardSettings
 from algorithms.common.env_util import MissingEnv, rollout_token_ids
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
@@ -62,6 +63,8 @@ POLICY_KEYS = tuple(
 #: constructor arguments a file does not record (the caller supplies them at load), and attributes of other names
 NOT_SAVED = ("self", "policy", "env", "device", "_init_setup_model")
 ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
+
+GUARD_PREFIX = "collapse_guard/"  # the collapse guard's snapshot among a saved run's tensors
 
 
 def _tokenizer_of(model: Any) -> dict[str, Any]:
@@ -100,6 +103,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         sft_learning_rate: float,
         sft_data: str | None,
         curriculum: bool,
+        collapse_guard: bool | dict[str, Any] | None,
         stats_window_size: int,
         tensorboard_log: str | None,
         policy_kwargs: dict[str, Any] | None,
@@ -144,6 +148,11 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if self.sft_data is not None and not os.path.isfile(self.sft_data):
             raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
         self.curriculum = check("curriculum", curriculum)
+        self.collapse_guard = check("collapse_guard", collapse_guard)
+        guard = GuardSettings.parse(self.collapse_guard)
+        #: the collapse guard of this run (None: off): see :mod:`algorithms.common.collapse_guard`
+        self._guard = CollapseGuard(guard) if guard is not None else None
+        self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
         self.ref_model: th.nn.Module | None = None
@@ -257,7 +266,11 @@ class LMBaseAlgorithm(BaseAlgorithm):
             state["env_states"] = self.env.env_method("get_state")
         if self._curriculum is not None:
             state["curriculum"] = self._curriculum.get_state()
-        return encode(state), {**run_file.torch_rng_state(), "generator": generator}
+        tensors = {**run_file.torch_rng_state(), "generator": generator}
+        if self._guard is not None:
+            state["collapse_guard"], guard_tensors = self._guard.get_state()
+            tensors.update({f"{GUARD_PREFIX}{key}": value for key, value in guard_tensors.items()})
+        return encode(state), tensors
 
     def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
         """Put back what :meth:`get_run_state` gave; the env states are applied when training starts (after SB3's
@@ -274,6 +287,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._pending_env_states = state.get("env_states")
         if "curriculum" in state:
             self._curriculum = CurriculumCallback.from_state(state["curriculum"])
+        if "collapse_guard" in state and self._guard is not None:
+            tensors = {key[len(GUARD_PREFIX) :]: value for key, value in rng.items() if key.startswith(GUARD_PREFIX)}
+            self._guard = CollapseGuard.from_state(state["collapse_guard"], tensors)
 
     def _constructor_arguments(self) -> dict[str, Any]:
         """The constructor's arguments, read back from the attributes they were stored in."""

@@ -20,10 +20,11 @@ import contextlib
 import time
 from typing import Any, TypeVar
 
+import numpy as np
 import torch as th
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
 from stable_baselines3.common.type_aliases import MaybeCallback
-from stable_baselines3.common.utils import configure_logger, safe_mean
+from stable_baselines3.common.utils import configure_logger, safe_mean, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
 from algorithms.common.base_class import LMBaseAlgorithm
@@ -70,6 +71,7 @@ class LMAlgorithm(LMBaseAlgorithm):
         if extra_seconds is None:
             return False
         self._merge_episode_infos(finished)
+        self._rollout_successes = (sum(bool(success) for _, success in finished), len(finished))
         self._check_reward_errors(rows)
         self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
         self._boundary = None
@@ -337,12 +339,61 @@ class LMAlgorithm(LMBaseAlgorithm):
                 break
             self._iteration += 1
             self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
+            if self._guard is not None and self._guard_restored(callback):
+                self.dump_logs()  # the restore's figures; no update on the rollout the fallen policy sampled
+                continue
             with deterministic_on_cpu(self.device):
                 self.train()
             if log_interval is not None and self._iteration % log_interval == 0:
                 self.dump_logs()
         callback.on_training_end()
         return self
+
+    # ------------------------------------------------------------------ collapse guard
+    def _guard_figure(self, callback: BaseCallback) -> float | None:
+        """What the collapse guard judges this iteration: the rollout's success rate (every process's episodes), or
+        the newest figure of an ``EvalCallback`` among ``callback`` (None when it has not evaluated since)."""
+        assert self._guard is not None
+        if self._guard.settings.monitor == "rollout":
+            successes, count = self._rollout_successes
+            if self._dist.enabled:
+                successes, count = self._dist.sum(float(successes)), self._dist.sum(float(count))
+            return successes / count if count else None
+        evaluator = _find_eval_callback(callback)
+        if evaluator is None:
+            raise ValueError(
+                "collapse_guard={'monitor': 'eval'} watches an EvalCallback: pass one to learn(callback=...), or use "
+                "monitor='rollout'"
+            )
+        evaluations = evaluator.n_calls // evaluator.eval_freq if evaluator.eval_freq > 0 else 0
+        if evaluations <= self._guard.evaluations_seen:
+            return None
+        self._guard.evaluations_seen = evaluations
+        successes = evaluator._is_success_buffer  # the last evaluation's, as SB3 logs eval/success_rate from it
+        return float(np.mean(successes)) if successes else float(evaluator.last_mean_reward)
+
+    def _guard_restored(self, callback: BaseCallback) -> bool:
+        """Let the collapse guard judge this iteration; True when it put the best snapshot back (logged)."""
+        assert self._guard is not None
+        restored = self._guard.check(self._guard_figure(callback), self._iteration, self.policy, self.policy.optimizer)
+        guard = self._guard
+        self.logger.record("guard/restores", guard.restores)
+        self.logger.record("guard/lr_scale", guard.lr_scale)
+        if guard.best is not None:
+            self.logger.record("guard/best_success", guard.best)
+        if guard.recent:
+            self.logger.record("guard/success", float(np.mean(guard.recent)))
+        if restored and self.verbose >= 1:
+            print(guard.describe_last_event(self.lr_schedule(self._current_progress_remaining) * guard.lr_scale))
+        return restored
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's, with the collapse guard's scale: the schedule's rate times ``lr_scale`` (1 without a restore)."""
+        scale = self._guard.lr_scale if self._guard is not None else 1.0
+        rate = self.lr_schedule(self._current_progress_remaining) * scale
+        self.logger.record("train/learning_rate", rate)
+        for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+            update_learning_rate(optimizer, rate)
 
     def _check_has_env(self) -> None:
         """A clear error when there is no env to train on (e.g. a loaded model whose recorded env was not rebuilt)."""
@@ -410,3 +461,14 @@ class LMAlgorithm(LMBaseAlgorithm):
         self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
         self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         self.logger.dump(step=self.num_timesteps)
+
+
+def _find_eval_callback(callback: BaseCallback | None) -> EvalCallback | None:
+    """The first SB3 ``EvalCallback`` in ``callback`` (a ``CallbackList`` is searched through), or None."""
+    if isinstance(callback, EvalCallback):
+        return callback
+    for inner in getattr(callback, "callbacks", []):
+        found = _find_eval_callback(inner)
+        if found is not None:
+            return found
+    return None

@@ -99,6 +99,12 @@ class GRPO(LMAlgorithm):
         "first 3 groups" read as the first 3 rollouts); the importance ratio corrects for it
     :param curriculum: S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of
         every env from the rolling success rate (``curriculum/difficulty``)
+    :param collapse_guard: watch the run's success and step back when it falls (see
+        :mod:`~algorithms.common.collapse_guard`):
+        ``True`` (its defaults: a fall is the rollouts' success, averaged over 5 iterations, more than 0.1 below its
+        best for 3 iterations; it then restores the best weights and optimizer state and halves the learning rate),
+        a dict of its settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``:
+        ``"rollout"`` or ``"eval"``, an ``EvalCallback`` given to ``learn()``), or ``False``/``None`` (off)
     :param diagnostics: S24: per-group reward histograms, gradient norms and their spread, "group stability"
         (S18) and warnings; the update is then accumulated group by group (the same gradient)
     :param replay_ratio: fraction of each update's completions replayed from a prioritized trajectory buffer (S3,
@@ -177,6 +183,7 @@ class GRPO(LMAlgorithm):
         reward_ramp: bool = False,
         protected_rollouts: int = 0,
         curriculum: bool = False,
+        collapse_guard: bool | dict[str, Any] | None = False,
         diagnostics: bool = False,
         replay_ratio: float = 0.0,
         max_replay_age: int = 10,
@@ -220,6 +227,7 @@ class GRPO(LMAlgorithm):
             sft_learning_rate=sft_learning_rate,
             sft_data=sft_data,
             curriculum=curriculum,
+            collapse_guard=collapse_guard,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,

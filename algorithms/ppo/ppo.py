@@ -82,6 +82,7 @@ class LMPPO(LMAlgorithm):
     :param sft_learning_rate: SFT learning rate
     :param sft_data: a JSONL file of ``{"prompt", "response"}`` rows instead of the task's gold solutions
     :param curriculum: S21's :class:`~algorithms.common.callbacks.CurriculumCallback`
+    :param collapse_guard: the collapse guard (see :class:`~algorithms.grpo.GRPO`)
     :param stats_window_size: episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``
     :param tensorboard_log: the TensorBoard folder (runs go to ``<folder>/LMPPO_<n>``)
     :param policy_kwargs: :class:`TransformerPolicy` arguments (``model``, ``temperature``, …); ``value_head`` is
@@ -127,6 +128,7 @@ class LMPPO(LMAlgorithm):
         sft_learning_rate: float = 1e-3,
         sft_data: str | None = None,
         curriculum: bool = False,
+        collapse_guard: bool | dict[str, Any] | None = False,
         stats_window_size: int = 100,
         tensorboard_log: str | None = None,
         policy_kwargs: dict[str, Any] | None = None,
@@ -160,6 +162,7 @@ class LMPPO(LMAlgorithm):
             sft_learning_rate=sft_learning_rate,
             sft_data=sft_data,
             curriculum=curriculum,
+            collapse_guard=collapse_guard,
             stats_window_size=stats_window_size,
             tensorboard_log=tensorboard_log,
             policy_kwargs=policy_kwargs,
