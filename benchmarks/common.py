@@ -92,7 +92,7 @@ def run_worker(script: str, name: str, settings: dict[str, Any]) -> dict[str, An
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def trl_dataset(env: Any, problems: list[Any]) -> tuple[Any, Callable[..., list[float]]]:
+def trl_dataset(env: Any, problems: list[Any], group_size: int = 8) -> tuple[Any, Callable[..., list[float]]]:
     """A ``datasets.Dataset`` of ``problems`` for TRL's ``GRPOTrainer`` (the env's prompt text, the answer, the
     problem's index) and a TRL reward function that gives each completion the env's composite reward for its
     problem (``score_completion`` of the completion's ids, padded like an action). ``env``: an unwrapped
@@ -118,22 +118,69 @@ def trl_dataset(env: Any, problems: list[Any]) -> tuple[Any, Callable[..., list[
             _, reward, _, _, info = env.score_completion(problems[index], action)
             rewards.append(reward)
             infos.append(info)
-        composite_reward.history.append(rollout_stats(rewards, infos, [len(ids) for ids in completion_ids]))
+        lengths = [len(ids) for ids in completion_ids]
+        composite_reward.history.append(rollout_stats(rewards, infos, lengths, group_size))
         return rewards
 
     composite_reward.history = []
     return dataset, composite_reward
 
 
-def rollout_stats(rewards: list[float], infos: list[dict[str, Any]], lengths: list[int]) -> dict[str, float]:
+def rollout_stats(
+    rewards: list[float], infos: list[dict[str, Any]], lengths: list[int], group_size: int = 8
+) -> dict[str, float]:
     """One rollout's training figures, the same for both trainers: success rate, mean reward, the share of
-    well-formed completions (syntax credit) and the mean completion length in tokens (EOS included)."""
+    well-formed completions (syntax credit), the mean completion length in tokens (EOS included), and the
+    advantages' raw material: the mean within-group reward std and the share of groups whose rewards are all
+    equal (rewards in group order, ``group_size`` each)."""
     import numpy as np
 
     syntax = [(info.get("reward_components") or {}).get("syntax") or 0.0 for info in infos]
+    groups = np.asarray(rewards, dtype=float).reshape(-1, group_size) if len(rewards) % group_size == 0 else None
     return {
+        "group_reward_std": float(groups.std(axis=1, ddof=1).mean()) if groups is not None else float("nan"),
+        "frac_uniform_groups": float((np.ptp(groups, axis=1) == 0).mean()) if groups is not None else float("nan"),
         "success": float(np.mean([bool(info.get("is_success")) for info in infos])),
         "reward": float(np.mean(rewards)),
         "well_formed": float(np.mean([value > 0 for value in syntax])),
         "length": float(np.mean(lengths)),
     }
+
+
+def record_optimizer_steps(history: list[dict[str, float]]) -> Callable[[], None]:
+    """Append, at every optimizer step of this process (any trainer's: torch's global step hooks), the clipped
+    gradient's norm, the size of the step ``||theta_new - theta_old||``, and Adam's state after it (the norm of the
+    first moment, the mean of the second) to ``history``; returns a function that removes the hooks."""
+    import torch
+
+    before: dict[int, list[Any]] = {}
+
+    def pre(optimizer: Any, *_: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        before[id(optimizer)] = [p.detach().clone() for p in params]
+
+    def post(optimizer: Any, *_: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        old = before.pop(id(optimizer), None)
+        if not params or old is None:
+            return
+        grads = torch.cat([p.grad.detach().flatten().float() for p in params])
+        step = torch.cat([(p.detach() - q).flatten().float() for p, q in zip(params, old, strict=True)])
+        states = [optimizer.state.get(p, {}) for p in params]
+        first = [s["exp_avg"].flatten() for s in states if "exp_avg" in s]
+        second = [s["exp_avg_sq"].flatten() for s in states if "exp_avg_sq" in s]
+        history.append(
+            {
+                "clipped_grad_norm": float(grads.norm()),
+                "step_norm": float(step.norm()),
+                "adam_m_norm": float(torch.cat(first).norm()) if first else float("nan"),
+                "adam_v_mean": float(torch.cat(second).mean()) if second else float("nan"),
+                "lr": float(optimizer.param_groups[0]["lr"]),
+            }
+        )
+
+    handles = [
+        torch.optim.optimizer.register_optimizer_step_pre_hook(pre),
+        torch.optim.optimizer.register_optimizer_step_post_hook(post),
+    ]
+    return lambda: [handle.remove() for handle in handles]

@@ -64,7 +64,15 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
-from common import others_share, rollout_stats, run_worker, trl_dataset, update_results, usage
+from common import (
+    others_share,
+    record_optimizer_steps,
+    rollout_stats,
+    run_worker,
+    trl_dataset,
+    update_results,
+    usage,
+)
 from learning_report import MODES, plot, report
 
 SECTION = "## Learning per wall-clock second: GRPO vs TRL GRPOTrainer (CPU)"
@@ -87,6 +95,7 @@ class Settings:
     trl: dict[str, Any] = field(default_factory=dict)
     held_out: int = 200
     paths: list[str] = field(default_factory=list)  # the snapshots the evaluation scores
+    diagnose: bool = False  # record each iteration's internals (TensorBoard scalars / TRL's log history)
 
 
 def make_env(settings: Settings, tokenizer: str | None = "folder") -> Any:
@@ -174,6 +183,8 @@ def run_ours(settings: Settings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     setup = time.perf_counter()
     kwargs = {"cold_start": False, "seed": settings.seed, "device": "cpu", **settings.ours}
+    if settings.diagnose:
+        kwargs["tensorboard_log"] = os.path.join(settings.out, f"tb_seed{settings.seed}")
     policy_kwargs = {"model": settings.folder, **kwargs.pop("policy_kwargs", {})}
     model = GRPO("TransformerPolicy", make_env(settings), policy_kwargs=policy_kwargs, **kwargs)
     setup_s = time.perf_counter() - setup
@@ -200,10 +211,13 @@ def run_ours(settings: Settings) -> dict[str, Any]:
             return self.running
 
         def _on_rollout_end(self) -> None:
-            history.append(rollout_stats(self.rewards, self.infos, self.lengths))
+            history.append(rollout_stats(self.rewards, self.infos, self.lengths, model.group_size))
 
     completions = settings.max_iterations * model.n_groups * model.group_size
+    steps: list[dict[str, float]] = []
+    remove_hooks = record_optimizer_steps(steps)
     model.learn(completions, callback=Clock())
+    remove_hooks()
     checkpoints.boundary(model._iteration, model.policy.model)  # a run cut by max_iterations
     settings_used = {
         "K": model.n_groups,
@@ -216,7 +230,18 @@ def run_ours(settings: Settings) -> dict[str, Any]:
         "precision": model.precision.describe().replace("\n", " "),
     }
     result = checkpoints.result(setup_s, model._iteration)
-    return {**result, "first_problems": first, "settings": settings_used, "history": history}
+    result |= {"first_problems": first, "settings": settings_used, "history": history, "optimizer_steps": steps}
+    if settings.diagnose:
+        result["scalars"] = tensorboard_scalars(kwargs["tensorboard_log"])
+    return result
+
+
+def tensorboard_scalars(folder: str) -> dict[str, list[float]]:
+    """Every scalar tag of the run in ``folder`` (its one ``GRPO_1`` run), in step order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(os.path.join(folder, "GRPO_1"), size_guidance={"scalars": 0}).Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
 def problem_stream(env: Any, seed: int, n_groups: int, iterations: int) -> list[Any]:
@@ -256,7 +281,7 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     env = make_env(settings).unwrapped
     ours = ours_defaults(settings)
     problems = problem_stream(env, settings.seed, ours["K"], settings.max_iterations)
-    dataset, composite_reward = trl_dataset(env, problems)
+    dataset, composite_reward = trl_dataset(env, problems, ours["G"])
     first: list[int] = []  # the problems of TRL's first generation batch, as its reward function sees them
 
     def reward(completion_ids: list[list[int]], problem_id: list[int], **kwargs: Any) -> list[float]:
@@ -283,7 +308,8 @@ def run_trl(settings: Settings) -> dict[str, Any]:
         "top_k": ours["top_k"],
         "use_vllm": False,
         "report_to": "none",
-        "logging_strategy": "no",
+        "logging_strategy": "steps" if settings.diagnose else "no",
+        "logging_steps": 1,
         "save_strategy": "no",
         "disable_tqdm": True,
         **settings.trl,
@@ -302,7 +328,10 @@ def run_trl(settings: Settings) -> dict[str, Any]:
     trainer = trl.GRPOTrainer(model=settings.folder, reward_funcs=reward, args=trl.GRPOConfig(**config),
                               train_dataset=dataset, callbacks=[Clock()])  # fmt: skip
     setup_s = time.perf_counter() - setup
+    steps: list[dict[str, float]] = []
+    remove_hooks = record_optimizer_steps(steps)
     trainer.train()
+    remove_hooks()
     checkpoints.boundary(trainer.state.global_step, trainer.model)  # a run cut by max_steps
     used = {key: getattr(trainer.args, key) for key in ("loss_type", "beta", "epsilon", "epsilon_high", "bf16")}
     used |= {"scale_rewards": str(trainer.args.scale_rewards), "max_grad_norm": trainer.args.max_grad_norm}
@@ -311,6 +340,8 @@ def run_trl(settings: Settings) -> dict[str, Any]:
         "first_problems": [problems[index].prompt for index in first],
         "settings": {**ours, **used},
         "history": composite_reward.history,
+        "optimizer_steps": steps,
+        **({"log_history": trainer.state.log_history} if settings.diagnose else {}),
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
     }
 
