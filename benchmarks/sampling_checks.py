@@ -166,20 +166,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    from algorithms.common.generation.sampler import sample
     from algorithms.common.model.loading import load_model
 
     env = make_env(args.folder)
     model = load_model(args.folder).eval()
     problems, ids = prompts_of(env, args.prompts)
     codec = env.codec
-    pad = codec.pad_id
     settings = {"max_new_tokens": env.max_new_tokens, "eos_token_id": codec.eos_id, "pad_token_id": codec.pad_id,
                 "temperature": 1.0, "top_p": 0.92, "vocab_size": codec.vocab_size}  # fmt: skip
     start = time.perf_counter()
     prompt_ids, prompt_mask = batch([p for p in ids for _ in range(8)], env.codec.pad_id)
-    completions = __import__("algorithms.common.generation.sampler", fromlist=["sample"]).sample(
-        model, prompt_ids, prompt_mask, generator=torch.Generator().manual_seed(0), **settings
-    )
+    completions = sample(model, prompt_ids, prompt_mask, generator=torch.Generator().manual_seed(0), **settings)
     with torch.no_grad():
         checks = {
             "1. top-p, ours vs TopPLogitsWarper": check_top_p(model, prompt_ids, prompt_mask, completions, 0.92),
