@@ -7,7 +7,7 @@ import inspect
 from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
-from algorithms.grpo import objective
+from algorithms.grpo import advantages
 
 #: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)
 REPLAY_BUFFER_KEYS = tuple(
@@ -25,7 +25,7 @@ GRPO_RULES: dict[str, Rule] = {
     "beta": number(low=0.0),
     "ent_coef": schedule(updates=True),
     "vf_coef": number(low=0.0),
-    "advantage_scale": choice(*objective.ADVANTAGE_SCALES),
+    "advantage_scale": choice(*advantages.ADVANTAGE_SCALES),
     "loss_aggregation": choice(*AGGREGATION_MODES),
     "drop_uniform_groups": boolean(),
     "importance_level": choice(*IMPORTANCE_LEVELS),

@@ -22,15 +22,15 @@ from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.replay.prompt_pool import LearnabilityPool
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
-from algorithms.common.rollout.batch import RolloutBatch
-from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout, rows_to_batch
+from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
+from algorithms.common.rollout.prompt_pool import LearnabilityPool
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout
 from algorithms.common.schedules import UpdateDecay
-from algorithms.grpo import advantages, controls, objective, replay, trl_port, update
+from algorithms.common.trl_names import with_trl_hints
+from algorithms.grpo import advantages, controls, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_RULES
 from algorithms.grpo.sampling import RolloutSampling, truncated_rows
-from grpo_gym.trl_names import with_trl_hints
 
 
 class GRPO(LMAlgorithm):
@@ -38,8 +38,9 @@ class GRPO(LMAlgorithm):
 
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
     whatever the number of envs; rewards from ``env.step``; advantages relative to each group
-    (:func:`objective.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen reference and
-    an entropy bonus (:func:`objective.grpo_loss`); global gradient clipping; an optimizer step per minibatch.
+    (:func:`~algorithms.grpo.advantages.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen
+    reference and an entropy bonus (:func:`~algorithms.grpo.objective.grpo_loss`); global gradient clipping; an
+    optimizer step per minibatch.
     No value network: GRPO builds on :class:`~algorithms.common.lm_algorithm.LMAlgorithm` rather than SB3's
     ``OnPolicyAlgorithm``, whose ``RolloutBuffer`` and GAE do not fit completions scored per group.
     ``num_timesteps`` counts completions (one env step each). With a freshly initialised built-in model the first
@@ -79,7 +80,7 @@ class GRPO(LMAlgorithm):
         filtering); they still count in their group's advantages
     :param prompt_sampling: ``"uniform"`` (the env's stream) or ``"learnability"``: ``fresh_prompt_fraction`` of each
         rollout's problems fresh, the rest from a pool of recent ones with probability ``p (1 - p) + 0.01``
-        (:class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`)
+        (:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`)
     :param prompt_pool_size: the problems the learnability pool holds
     :param fresh_prompt_fraction: the share of each rollout's problems drawn fresh under ``"learnability"``
     :param competition: competition between groups: ``None`` (off), ``"fixed"`` (S10: the winning group's
@@ -386,7 +387,7 @@ class GRPO(LMAlgorithm):
         returns = self._dist.gather(returns)  # (K, G): every rank's groups, in rank order
         mine = slice(self._dist.rank * local, (self._dist.rank + 1) * local)
         scores = self._advantages(rows, returns)  # (K, G)
-        uniform = objective.uniform_group_mask(returns)  # (K,)
+        uniform = advantages.uniform_group_mask(returns)  # (K,)
         left_out = self._left_out_groups(rows, returns, uniform)[mine].tolist()
         cut = truncated_rows(rows, [self.policy.eos_token_id]) if self.mask_truncated else [False] * len(rows.infos)
         keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // group] and not cut[i]]
@@ -428,7 +429,7 @@ class GRPO(LMAlgorithm):
         sampling could not fix) and S12's diversity guard's."""
         dropped = None
         if self.diversity_guard:
-            entropies = advantages.group_entropies(rows, self.group_size, self._local_groups)  # (K_local,)
+            entropies = controls.first_turn_entropies(rows, self.group_size, self._local_groups)  # (K_local,)
             entropies = self._dist.gather(entropies)  # (K,)
             dropped, spread = controls.diversity_left_out(entropies, returns, self.diversity_threshold)
             self.logger.record("diversity/entropy_spread", spread)

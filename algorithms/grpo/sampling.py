@@ -1,5 +1,5 @@
 """What GRPO's rollout samples: DAPO's dynamic sampling that refills, and the completions ``mask_truncated``
-leaves out (the learnability-prioritised prompts are :class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`,
+leaves out (the learnability-prioritised prompts are :class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`,
 which GRPO owns).
 
 Where it sits in the data flow: after the rollout's episodes are played, GRPO's :class:`RolloutSampling` runs
@@ -23,10 +23,10 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.logger import Logger
 
-from algorithms.common.replay.prompt_pool import LearnabilityPool
+from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows, episode_returns
 from algorithms.common.runtime.distributed import Distributed
-from algorithms.grpo import objective
+from algorithms.grpo.advantages import uniform_group_mask
 
 
 def refill_slots(uniform: Sequence[bool], rounds_done: int, max_rounds: int) -> list[int]:
@@ -84,7 +84,7 @@ def group_outcomes(rows: Rows, n_groups: int, group_size: int, gamma: float) -> 
     success = th.zeros(n_groups * group_size)
     for episode, info in zip(rows.episodes, rows.infos, strict=True):
         success[episode] = max(float(success[episode]), float(bool(info.get("is_success"))))
-    return objective.uniform_group_mask(returns), success.view(n_groups, group_size).mean(dim=1)  # (K,), (K,)
+    return uniform_group_mask(returns), success.view(n_groups, group_size).mean(dim=1)  # (K,), (K,)
 
 
 def replace_groups(rows: Rows, new: Rows, slots: list[int], group_size: int) -> None:

@@ -18,11 +18,11 @@ from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch, minibatches
-from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout, rows_to_batch
+from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
+from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout
+from algorithms.common.trl_names import with_trl_hints
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import PPO_RULES
-from grpo_gym.trl_names import with_trl_hints
 
 
 class LMPPO(LMAlgorithm):
