@@ -97,7 +97,7 @@ def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, se
     from algorithms.common.evaluation import evaluate_difficulties
 
     with model.gathered_policy():
-        if not model._dist.is_main:
+        if not model.distributed.is_main:
             return []
         levels = difficulties or [float(env.get_attr("difficulty", indices=[0])[0])]
         return evaluate_difficulties(model.policy, env, levels, n, seed=seed)
@@ -139,23 +139,23 @@ def preset_save_path(args: argparse.Namespace) -> str | None:
 
 def _main_says(model: Any, say: Any) -> Any:
     """``say`` on rank 0, nothing on the other ranks (S17: only rank 0 prints)."""
-    return say if model._dist.is_main else lambda *_, **__: None
+    return say if model.distributed.is_main else lambda *_, **__: None
 
 
 def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
-    from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run
-    from algorithms.common.saving.run_file import read_run as read_run_file
+    from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run_json
+    from algorithms.common.saving.run_file import read_saved_run
 
     if not args.resume:
         model, env, plan = _setup(args)
         say = _main_says(model, say)
         started = time.perf_counter()
-        model._setup_learn(0, None, True, type(model).__name__, False)  # the logger: the cold start logs to the run
-        if model._needs_cold_start():
+        model.start_run()  # the logger: the cold start logs to the run
+        if model.needs_cold_start():
             say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
-            model.run_cold_start(progress_bar=args.progress_bar and model._dist.is_main)
+            model.run_cold_start(progress_bar=args.progress_bar and model.distributed.is_main)
         plan["sft_seconds"] = time.perf_counter() - started
         before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
         say(format_table({"before GRPO": before}), flush=True)
@@ -164,8 +164,8 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     folder = latest_checkpoint(directory)
     if folder is None:
         raise ValueError(f"--resume: no checkpoint in {os.fspath(directory)!r}; start the run without --resume")
-    run = read_run(folder)
-    taken = resumed_params(args.hyperparams, read_run_file(folder / MODEL).arguments, run)
+    run = read_run_json(folder)
+    taken = resumed_params(args.hyperparams, read_saved_run(folder / MODEL).arguments, run)
     model, env, plan = _setup(args, load=folder / MODEL)
     say = _main_says(model, say)
     if taken:
@@ -205,7 +205,7 @@ def train(args: argparse.Namespace) -> int:
             raise
         signals["learning"] = 1
         checkpoint.run = plan["run"]
-        main = model._dist.is_main
+        main = model.distributed.is_main
         say = _main_says(model, print)
         total = int(plan["run"]["total_timesteps"])
         say(f"{type(model).__name__}: {total} completions ...", flush=True)
@@ -215,7 +215,7 @@ def train(args: argparse.Namespace) -> int:
         model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
         say(
-            f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {resume_hint(args.argv)}",
+            f"stopped; checkpoint {checkpoint.save()} ({model.iteration} iterations). {resume_hint(args.argv)}",
             flush=True,
         )
         return signals["code"]
@@ -250,12 +250,12 @@ def sft(args: argparse.Namespace) -> int:
 
     save_path = check_writable_file(args.save_path) if args.save_path is not None else None  # before any work
     model, env, plan = _setup(args)
-    model._setup_learn(0, None, True, type(model).__name__, False)
-    model.run_cold_start(progress_bar=model._dist.is_main)  # the command's whole job: show its progress
+    model.start_run()
+    model.run_cold_start(progress_bar=model.distributed.is_main)  # the command's whole job: show its progress
     results = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
     if save_path is not None:
         model.save(save_path)
-    if model._dist.is_main:
+    if model.distributed.is_main:
         saved = f"saved to {save_path}" if save_path is not None else "not saved (pass --save-path sft.zip)"
         print(format_table({"after SFT": results}) + f"\n{saved}")
     return 0

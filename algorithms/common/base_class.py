@@ -43,13 +43,14 @@ from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.distributed import Distributed
-from algorithms.common.runtime.parallel import load_checkpoint, parallelism
+from algorithms.common.runtime.parallel import parallelism
 from algorithms.common.runtime.precision import ProbeShape, choose_precision
 from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
 from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import run_file
 from algorithms.common.saving.checkpoints import MODEL
 from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
+from algorithms.common.saving.sharded import load_policy
 from grpo_gym.validation import check_mapping
 
 SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
@@ -233,6 +234,24 @@ class LMBaseAlgorithm(BaseAlgorithm):
         """The groups this process trains: K / world size."""
         return self.n_groups // self._dist.world_size
 
+    # ------------------------------------------------------------------ the public face (checkpoints, the CLI)
+    @property
+    def iteration(self) -> int:
+        """The iterations (rollout + update) finished so far; checkpoints are named by it."""
+        return self._iteration
+
+    @property
+    def distributed(self) -> Distributed:
+        """The job's processes (``is_main``, ``rank``, ``world_size``, ``sum``...): one process when not under
+        ``torchrun``."""
+        return self._dist
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether the weights are split over the processes (``sharding="fsdp"`` on several): saving, predicting
+        and evaluating are then collectives every rank enters, and a checkpoint is :meth:`save_sharded`'s."""
+        return self._parallel.sharded
+
     # ------------------------------------------------------------------ run state, save and load
     #: attributes that, besides the constructor's arguments, a run needs to continue exactly; subclasses add theirs
     state_attributes: ClassVar[tuple[str, ...]] = (
@@ -359,7 +378,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         states back."""
         if print_system_info:
             get_system_info()
-        saved = run_file.read_run(path, custom_objects, allow_pickle)
+        saved = run_file.read_saved_run(path, custom_objects, allow_pickle)
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
@@ -389,7 +408,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
         model._setup_model()
         if saved.sharded_weights:  # a checkpoint of save_sharded: the weights are the shards beside the file
-            if not load_checkpoint(path, model.policy, model.ref_model):
+            if not load_policy(path, model.policy, model.ref_model):
                 model._refresh_reference()
         else:
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)

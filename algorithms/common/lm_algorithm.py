@@ -325,7 +325,7 @@ class LMAlgorithm(LMBaseAlgorithm):
             callback = CallbackList([callback, self._curriculum])
             callback.init_callback(self)
         self.logger.record("precision/choice", self._precision_text(), exclude=TEXT_ONLY)  # with the next dump
-        if self._needs_cold_start():
+        if self.needs_cold_start():
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
         assert self.env is not None
@@ -364,7 +364,17 @@ class LMAlgorithm(LMBaseAlgorithm):
             self._pending_env_states = None
         return result
 
-    def _needs_cold_start(self) -> bool:
+    def start_run(self, tb_log_name: str | None = None) -> None:
+        """Set up what :meth:`learn` sets up first (SB3's ``_setup_learn``: the counters and episode statistics, the
+        envs reset, the logger on a new TensorBoard run ``<tensorboard_log>/<tb_log_name>_<n>``) for a stage run
+        before it: the cold start called alone (:meth:`run_cold_start`), as ``grpo-gym train`` and ``sft`` do. A
+        later ``learn(..., reset_num_timesteps=False)`` continues that run and logs to the same folder."""
+        self._setup_learn(0, None, True, tb_log_name or type(self).__name__, False)
+
+    def needs_cold_start(self) -> bool:
+        """Whether the next :meth:`learn` runs the cold-start SFT stage first (``cold_start``, ``sft_steps``, and
+        for ``"auto"`` whether the policy is a freshly initialised built-in model; warns when a pretrained model
+        looks untrained)."""
         if self._cold_start_done or self.sft_steps <= 0:
             return False
         if self.cold_start == "auto" and not self.policy.is_builtin and self.env is not None and self._dist.is_main:

@@ -25,19 +25,17 @@ The figures are kept in memory and in ``$XDG_CACHE_HOME/grpo-gym/precision.json`
 without it), under a key made of the model's shape (architecture, sizes, vocabulary, parameter count and
 dtype, attention kernel, gradient checkpointing), the probe's batch shape, and the machine (CPU model, its
 flags, torch version, torch threads): the probe runs once per model shape and machine. The file is written
-atomically (a temporary file, then ``os.replace``); an unreadable or corrupt file is ignored and the probe
-runs again, an unwritable one only means the probe runs again in the next process.
+atomically (:func:`~algorithms.common.saving.atomic.atomic_write`); an unreadable or corrupt file is ignored and the
+probe runs again, an unwritable one only means the probe runs again in the next process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -47,6 +45,7 @@ from typing import Any
 import torch
 
 from algorithms.common.generation.sampler import completion_log_probs, sample
+from algorithms.common.saving.atomic import atomic_write
 
 #: the stages of a run that may each run in their own precision
 STAGES = ("sampling", "update", "sft")
@@ -184,15 +183,9 @@ def write_cache(path: Path, key: str, entry: dict[str, Any]) -> bool:
     entries = {**read_cache(path), key: entry}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".precision-", suffix=".json")
-        try:
-            with os.fdopen(handle, "w") as out:
-                json.dump({"version": CACHE_VERSION, "entries": entries}, out, indent=1, sort_keys=True)
-            os.replace(temporary, path)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)  # left only when the replace failed
-    except OSError:
+        with atomic_write(path, "w") as out:
+            json.dump({"version": CACHE_VERSION, "entries": entries}, out, indent=1, sort_keys=True)
+    except (OSError, ValueError):  # ValueError: a folder in the file's place
         return False
     return True
 

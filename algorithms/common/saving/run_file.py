@@ -68,7 +68,7 @@ class SavedRun:
 SHARDED_WEIGHTS = "sharded checkpoint"
 
 
-def read_run(
+def read_saved_run(
     path: str | os.PathLike | io.BufferedIOBase,
     custom_objects: dict[str, Any] | None = None,
     allow_pickle: bool = False,
