@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import io
 import json
 import os
@@ -29,12 +28,12 @@ from typing import Any, ClassVar, TypeVar
 import gymnasium as gym
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import check_for_correct_spaces, get_system_info
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
-from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
+from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.env_util import MissingEnv, rollout_token_ids
 from algorithms.common.model.loading import check_finite_weights
@@ -51,17 +50,10 @@ from algorithms.common.saving import run_file
 from algorithms.common.saving.checkpoints import MODEL
 from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
 from algorithms.common.saving.sharded import load_policy
-from grpo_gym.validation import check_mapping
 
 SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
-#: the keys policy_kwargs may hold: TransformerPolicy's arguments but those the algorithm passes itself
-POLICY_KEYS = tuple(
-    name
-    for name in inspect.signature(TransformerPolicy.__init__).parameters
-    if name not in ("self", "observation_space", "action_space", "lr_schedule")
-)
-#: constructor arguments a file does not record (the caller supplies them at load), and attributes of other names
-NOT_SAVED = ("self", "policy", "env", "device", "_init_setup_model")
+#: the arguments SB3's ``BaseAlgorithm`` takes and stores itself (``stats_window_size`` as ``_stats_window_size``)
+SB3_ARGUMENTS = ("learning_rate", "policy_kwargs", "stats_window_size", "tensorboard_log", "verbose", "device", "seed")
 ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
 
 
@@ -74,77 +66,40 @@ def _tokenizer_of(model: Any) -> dict[str, Any]:
 class LMBaseAlgorithm(BaseAlgorithm):
     """Base class of :class:`~algorithms.common.lm_algorithm.LMAlgorithm`: see the module docstring.
 
-    The constructor arguments are documented on the algorithms (GRPO, LMPPO), which pass them through.
+    The constructor's arguments are the table :attr:`arguments` (an algorithm's: the shared ones and its own); each
+    is checked once, by its rule, and stored under its name.
     """
 
     policy_aliases: ClassVar[dict[str, type[TransformerPolicy]]] = {"TransformerPolicy": TransformerPolicy}
     policy: TransformerPolicy
 
-    def __init__(
-        self,
-        policy: str | type[TransformerPolicy],
-        env: GymEnv | str | None,
-        learning_rate: float | Schedule,
-        n_groups: int,
-        group_size: int,
-        max_grad_norm: float,
-        gamma: float,
-        gradient_compression: str | None,
-        sharding: str | None,
-        dist_timeout: float,
-        mixed_precision: str,
-        sampler_correction: str | None,
-        sampler_correction_cap: float,
-        cold_start: bool | str,
-        sft_steps: int,
-        sft_batch_size: int,
-        sft_learning_rate: float,
-        sft_data: str | None,
-        curriculum: bool,
-        stats_window_size: int,
-        tensorboard_log: str | None,
-        policy_kwargs: dict[str, Any] | None,
-        verbose: int,
-        seed: int | None,
-        device: th.device | str,
-    ) -> None:
-        check = ArgumentChecker(LM_ALGORITHM_RULES)
-        self._dist = Distributed(timeout=check("dist_timeout", dist_timeout))
+    #: the constructor's arguments after ``policy`` and ``env`` (each declared once: default, rule, doc); an
+    #: algorithm's table adds its own (:mod:`algorithms.common.arguments`)
+    arguments: ClassVar[Arguments] = LM_ARGUMENTS
+
+    def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **arguments: Any) -> None:
+        values = type(self).arguments.check(arguments)  # each argument by its one rule, in its canonical type
+        self._dist = Distributed(timeout=values["dist_timeout"])
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
-            env = gym.make(env, **_tokenizer_of((policy_kwargs or {}).get("model")))
+            env = gym.make(env, **_tokenizer_of(values["policy_kwargs"].get("model")))
         main = self._dist.is_main  # S17: only rank 0 logs and prints
         super().__init__(
             policy,
             env,
-            learning_rate=check("learning_rate", learning_rate),
-            policy_kwargs=check_mapping("policy_kwargs", policy_kwargs, POLICY_KEYS),
-            stats_window_size=check("stats_window_size", stats_window_size),
-            tensorboard_log=check("tensorboard_log", tensorboard_log) if main else None,
-            verbose=check("verbose", verbose) if main else 0,
-            device=self._dist.device(device),
+            learning_rate=values["learning_rate"],
+            policy_kwargs=values["policy_kwargs"],
+            stats_window_size=values["stats_window_size"],
+            tensorboard_log=values["tensorboard_log"] if main else None,
+            verbose=values["verbose"] if main else 0,
+            device=self._dist.device(values["device"]),
             support_multi_env=True,
-            seed=check("seed", seed),
+            seed=values["seed"],
         )
-        self.n_groups = check("n_groups", n_groups)
-        self.group_size = check("group_size", group_size)
-        self.max_grad_norm = check("max_grad_norm", max_grad_norm)
-        self.gamma = check("gamma", gamma)
-        self.gradient_compression = check("gradient_compression", gradient_compression)
-        self.sharding = check("sharding", sharding)
+        for name, value in values.items():
+            if name not in SB3_ARGUMENTS:  # SB3's BaseAlgorithm stored those (stats_window_size as a private)
+                setattr(self, name, value)
         #: whole replicas (DDP) or FSDP2 shards: see :mod:`algorithms.common.runtime.parallel`
         self._parallel = parallelism(self.sharding, self._dist, self.device, self.gradient_compression)
-        self.dist_timeout = check("dist_timeout", dist_timeout)
-        self.mixed_precision = check("mixed_precision", mixed_precision)
-        self.sampler_correction = check("sampler_correction", sampler_correction)
-        self.sampler_correction_cap = check("sampler_correction_cap", sampler_correction_cap)
-        self.cold_start = check("cold_start", cold_start)
-        self.sft_steps = check("sft_steps", sft_steps)
-        self.sft_batch_size = check("sft_batch_size", sft_batch_size)
-        self.sft_learning_rate = check("sft_learning_rate", sft_learning_rate)
-        self.sft_data = check("sft_data", sft_data)
-        if self.sft_data is not None and not os.path.isfile(self.sft_data):
-            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
-        self.curriculum = check("curriculum", curriculum)
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
         self.ref_model: th.nn.Module | None = None
@@ -300,8 +255,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
             self._curriculum = CurriculumCallback.from_state(state["curriculum"])
 
     def _constructor_arguments(self) -> dict[str, Any]:
-        """The constructor's arguments, read back from the attributes they were stored in."""
-        names = [name for name in inspect.signature(type(self).__init__).parameters if name not in NOT_SAVED]
+        """The constructor's arguments a file records, read back from the attributes they were stored in."""
+        names = [name for name, argument in type(self).arguments.items() if argument.saved]
         arguments = {name: getattr(self, ATTRIBUTE_OF.get(name, name)) for name in names}
         return {**arguments, "policy_kwargs": run_file.plain_policy_kwargs(arguments.get("policy_kwargs"))}
 
@@ -398,7 +353,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
                     f"{name}: {error}; {source} does not fit the model (its context_length, max_new_tokens or "
                     "action_mode differ from the run's): make the env with the run's settings"
                 ) from None
-        taken = set(saved.arguments) | set(inspect.signature(cls.__init__).parameters) - set(NOT_SAVED)  # e.g. sharding
+        taken = set(saved.arguments) | {name for name, argument in cls.arguments.items() if argument.saved}
         arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
         if env is None:
