@@ -40,6 +40,7 @@ from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.sampling import RolloutSampling
 from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.parallel import parallelism
@@ -112,6 +113,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
         self._env_missing = ""  # why load() could not rebuild the recorded env (learn() says it)
         self._curriculum: CurriculumCallback | None = None
+        #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
+        self._sampling = RolloutSampling()
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:

@@ -9,14 +9,12 @@ replay in :mod:`algorithms.grpo.replay`.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
 import torch as th
 from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule
-from stable_baselines3.common.vec_env import VecEnv
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.lm_algorithm import LMAlgorithm
@@ -29,7 +27,7 @@ from algorithms.common.schedules import UpdateDecay
 from algorithms.common.trl_names import with_trl_hints
 from algorithms.grpo import advantages, controls, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_ARGUMENTS
-from algorithms.grpo.sampling import RolloutSampling, truncated_rows
+from algorithms.grpo.sampling import GRPOSampling, truncated_rows
 
 
 class GRPO(LMAlgorithm):
@@ -66,14 +64,13 @@ class GRPO(LMAlgorithm):
                 "pass diagnostics=False (or sharding=None)"
             )
         self._between_variance = 0.0  # running mean of the between-group reward variance (S11's reference)
-        self._reward_model_target: float | None = None  # the configured weight that reward_ramp rises to
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
         self._prompt_pool: LearnabilityPool | None = None
         self._groups_seen = 0
         if _init_setup_model:
             self._setup_model()
 
-    state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_reward_model_target", "_groups_seen")
+    state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_groups_seen")
 
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:
@@ -93,9 +90,9 @@ class GRPO(LMAlgorithm):
         if self.prompt_sampling == "learnability":
             pool_seed = self._seeds.seed
             self._prompt_pool = LearnabilityPool(self.prompt_pool_size, self.fresh_prompt_fraction, seed=pool_seed)
-        self._sampling = RolloutSampling(
+        self._sampling = GRPOSampling(
             self.dynamic_sampling, self.max_resample_rounds, self._prompt_pool, self.group_size, self._local_groups,
-            self.gamma, self._dist,
+            self.gamma, self._dist, self.reward_ramp, self.protected_rollouts,
         )  # fmt: skip
         if self.replay_ratio > 0:
             kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
@@ -105,13 +102,16 @@ class GRPO(LMAlgorithm):
         return self.beta > 0 or self.protected_rollouts > 0
 
     def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
-        """:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`, with the prompt pool (plain data)."""
+        """:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`, with the reward ramp's target and
+        the prompt pool (plain data)."""
         state, rng = super().get_run_state()
+        state["_reward_model_target"] = self._sampling.reward_model_target
         state["_prompt_pool_state"] = None if self._prompt_pool is None else self._prompt_pool.get_state()
         return state, rng
 
     def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
         super().set_run_state(state, rng)
+        self._sampling.reward_model_target = state.get("_reward_model_target")
         if state.get("_prompt_pool_state") is not None and self._prompt_pool is not None:
             self._prompt_pool.set_state(state["_prompt_pool_state"])
 
@@ -133,47 +133,6 @@ class GRPO(LMAlgorithm):
     def load_replay_buffer(self, path: str | os.PathLike) -> None:
         """Read a replay buffer written by :meth:`save_replay_buffer` into this model."""
         self.replay_buffer = PrioritizedTrajectoryBuffer.load(path, vocab_size=self.policy.vocab_size)
-
-    # ------------------------------------------------------------------ rollouts
-    def _before_rollout(self, env: VecEnv) -> None:
-        """S20.2: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
-        if not self.reward_ramp:
-            return
-        if self._reward_model_target is None:
-            self._reward_model_target = env.get_attr("reward_fn", indices=[0])[0].weights["consistency"]
-        weight = controls.reward_model_weight(self._reward_model_target, self.num_timesteps)
-        env.env_method("set_reward_weights", {"consistency": weight})
-        self.logger.record("train/reward_model_weight", weight)
-
-    def _problem_keys(self, n: int) -> list[dict[str, Any]]:
-        """The env's stream (``"uniform"``), or the prompt pool's choice plus fresh problems at the current level."""
-        if self._prompt_pool is None:
-            return super()._problem_keys(n)
-        level = float(self.env.get_attr("difficulty", indices=[0])[0])
-
-        def fresh(m: int) -> list[dict[str, Any]]:
-            return [{**key, "difficulty": level} for key in self._seeds.problem_keys(m)]
-
-        return [key for _, key in self._prompt_pool.draw(n, fresh)]
-
-    def _samples_from_reference(self) -> bool:
-        """S20.3: the frozen cold-start policy (the reference; with LoRA the base model) samples the first
-        ``protected_rollouts`` rollouts."""
-        if not self.protected_rollouts:
-            return False
-        protected = self._iteration < self.protected_rollouts
-        self.logger.record("rollout/protected", float(protected))
-        return protected
-
-    def _after_play(self, env, callback, rows: Rows, finished: list, problems: list) -> float | None:
-        """Dynamic sampling's refill rounds and the prompt pool's update
-        (:class:`~algorithms.grpo.sampling.RolloutSampling`); each refill round is played by
-        :meth:`~algorithms.common.lm_algorithm.LMAlgorithm._play_again`."""
-        generator_state = self._seeds.generator.get_state()
-        play = functools.partial(self._play_again, env, callback, finished, problems)
-        seconds = self._sampling.after_play(rows, play, self.logger)
-        self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
-        return seconds
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
