@@ -10,13 +10,12 @@ run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_r
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
-:mod:`algorithms.common.model.lora`); :meth:`LMBaseAlgorithm._reference` gives whichever it is.
+:mod:`algorithms.common.model.reference`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
+import functools
 import io
 import json
 import os
@@ -25,19 +24,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import gymnasium as gym
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.type_aliases import GymEnv
-from stable_baselines3.common.utils import check_for_correct_spaces, get_system_info
+from stable_baselines3.common.utils import get_system_info
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.env_util import MissingEnv, rollout_token_ids
+from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.model.loading import check_finite_weights
-from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
+from algorithms.common.model.reference import frozen_copy, reference_network
+from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.sampling import RolloutSampling
@@ -49,19 +48,13 @@ from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, loa
 from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import run_file
 from algorithms.common.saving.checkpoints import MODEL
-from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
+from algorithms.common.saving.model_file import encode, read_model_file
 from algorithms.common.saving.sharded import load_policy
 
 SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
 #: the arguments SB3's ``BaseAlgorithm`` takes and stores itself (``stats_window_size`` as ``_stats_window_size``)
 SB3_ARGUMENTS = ("learning_rate", "policy_kwargs", "stats_window_size", "tensorboard_log", "verbose", "device", "seed")
 ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
-
-
-def _tokenizer_of(model: Any) -> dict[str, Any]:
-    """``{"tokenizer": folder}`` when the model comes from a folder or hub name that ships a tokenizer: an env
-    made from an id then speaks the model's vocabulary (the tokenizer guard's fix, applied for the caller)."""
-    return {"tokenizer": os.fspath(model)} if model_tokenizer(model) is not None else {}
 
 
 class LMBaseAlgorithm(BaseAlgorithm):
@@ -81,8 +74,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
     def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **arguments: Any) -> None:
         values = type(self).arguments.check(arguments)  # each argument by its one rule, in its canonical type
         self._dist = Distributed(timeout=values["dist_timeout"])
-        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
-            env = gym.make(env, **_tokenizer_of(values["policy_kwargs"].get("model")))
+        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array": see make_env_for_model
+            env = make_env_for_model(env, values["policy_kwargs"].get("model"))
         main = self._dist.is_main  # S17: only rank 0 logs and prints
         super().__init__(
             policy,
@@ -156,36 +149,17 @@ class LMBaseAlgorithm(BaseAlgorithm):
             **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
         }
         if self._needs_reference():
-            self.ref_model = self._frozen_copy()
+            self.ref_model = frozen_copy(self.policy)
         self._parallel.prepare(self.policy, self.ref_model, self.precision)  # FSDP2: shards them
 
     def _needs_reference(self) -> bool:
         """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
         return False
 
-    def _frozen_copy(self) -> th.nn.Module | None:
-        """A frozen copy of the policy's network; None with LoRA, whose reference is the base model (see
-        :meth:`_reference`)."""
-        if self.policy.lora is not None:
-            return None
-        reference = copy.deepcopy(self.policy.model).eval()
-        reference.requires_grad_(False)
-        return reference
-
     def _refresh_reference(self) -> None:
         """Give the frozen reference (when there is a copy) the policy's current weights, shard by shard."""
         if self.ref_model is not None:
             copy_weights(self.policy.model, self.ref_model)
-
-    @contextlib.contextmanager
-    def _reference(self):
-        """The frozen reference network for the duration of the block: ``ref_model``, or with LoRA the policy's own
-        network with its adapters disabled (the base model, no copy)."""
-        if self.policy.lora is None or self.ref_model is not None:
-            yield self.ref_model
-            return
-        with self.policy.model.disable_adapter():
-            yield self.policy.model
 
     @property
     def _local_groups(self) -> int:
@@ -293,20 +267,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
         return self._parallel.save_checkpoint(directory, self.policy, self.ref_model, extra)
 
     def _write_model_file(self, path: str | os.PathLike, parameters: dict[str, Any], sharded_weights=False) -> None:
-        state, rng = self._boundary or self.get_run_state()
-        data = {
-            "algorithm": type(self).__name__,
-            "policy_class": self.policy_class.__name__,
-            "observation_space": encode(self.observation_space),
-            "action_space": encode(self.action_space),
-            "arguments": encode(self._constructor_arguments()),
-            "state": state,
-            "env": run_file.env_record(self.env),
-            **({"weights": run_file.SHARDED_WEIGHTS} if sharded_weights else {}),
-        }
         if not sharded_weights:
             parameters["policy"] = self.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
-        write_model_file(path, data, parameters, {"rng": rng})
+        names = (type(self).__name__, self.policy_class.__name__)
+        spaces = (self.observation_space, self.action_space)
+        state = self._boundary or self.get_run_state()
+        run_file.write_run(path, names, spaces, self._constructor_arguments(), state, self.env, parameters)
 
     @classmethod
     def load(  # type: ignore[override]
@@ -340,22 +306,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
-        env_missing = ""  # why the recorded env was not rebuilt, for learn()'s error
-        source = "the env given" if env is not None else "the env rebuilt from its record"
-        if env is None and rebuild_env and saved.env:
-            seed = saved.arguments.get("seed")
-            env, env_missing = run_file.rebuild_env(saved.env, dict(env_objects or {}), seed, name)
-        elif env_objects:
-            raise ValueError("env_objects rebuild the recorded env: pass them without env=")
-        if env is not None:
-            env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
-            try:
-                check_for_correct_spaces(env, saved.observation_space, saved.action_space)
-            except ValueError as error:
-                raise ValueError(
-                    f"{name}: {error}; {source} does not fit the model (its context_length, max_new_tokens or "
-                    "action_mode differ from the run's): make the env with the run's settings"
-                ) from None
+        wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
+        env, env_missing = run_file.env_to_load(saved, env, env_objects, rebuild_env, name, wrap)
         taken = set(saved.arguments) | {name for name, argument in cls.arguments.items() if argument.saved}
         arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
@@ -464,6 +416,6 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
         """``(N, C)`` log-probs of the batch's completions under the frozen reference."""
-        with th.no_grad(), self._reference() as reference:
+        with th.no_grad(), reference_network(self.policy, self.ref_model) as reference:
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
             return self.policy.log_probs(*args, model=reference)[0]

@@ -41,9 +41,10 @@ from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.generation.sampler import Completions
+from algorithms.common.model.reference import reference_network
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
-from algorithms.common.rollout.env_steps import Obs, split_obs, stack_obs, step_envs
-from algorithms.common.rollout.rows import TEXT_ONLY, Rows, contexts_from_obs
+from algorithms.common.rollout.env_steps import Obs, score_ahead, split_obs, stack_obs, step_envs
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -84,8 +85,8 @@ class LMAlgorithm(LMBaseAlgorithm):
         self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
         if extra_seconds is None:
             return False
-        self._merge_episode_infos(finished)
-        self._check_reward_errors(rows)
+        merge_episode_infos(self._dist, finished, self.ep_info_buffer, self.ep_success_buffer)
+        check_reward_errors(self._dist, rows, self.logger)
         self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
         self._boundary = None
         callback.update_locals(locals())
@@ -116,7 +117,7 @@ class LMAlgorithm(LMBaseAlgorithm):
         timer = time.perf_counter()
         first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
         generation_seconds = time.perf_counter() - timer
-        self._score_ahead(env, episode_problems, first.tokens.cpu().numpy())
+        score_ahead(env, episode_problems, first.tokens.cpu().numpy())
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
@@ -221,14 +222,6 @@ class LMAlgorithm(LMBaseAlgorithm):
         self.num_timesteps = before + int(self._dist.sum(self.num_timesteps - before))  # every rank's completions
         return new, seconds
 
-    @staticmethod
-    def _score_ahead(env: VecEnv, problems: list[Any], actions: Any) -> None:
-        """Each env scores the first turns it will play in one batch (one call per reward function, one reward-model
-        forward); its ``step`` then returns those results. Env ``i`` plays episodes ``i, i + n_envs, ...``."""
-        n_envs = env.num_envs
-        for i in range(min(n_envs, len(problems))):
-            env.env_method("score_ahead", problems[i::n_envs], list(actions[i::n_envs]), indices=[i])
-
     def _draw_problems(self, env: VecEnv, slots: list[int] | None = None) -> list[Any]:
         """This rank's problems for the groups ``slots`` (indices among the job's K; default: all K). Every rank
         draws the problems of all of them (``_sampling.problem_keys``) and plays its own: the same groups whatever
@@ -243,7 +236,7 @@ class LMAlgorithm(LMBaseAlgorithm):
     def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
         from_reference = self._sampling.from_reference(self._iteration, self.logger)
-        sampler = self._reference() if from_reference else contextlib.nullcontext(None)
+        sampler = reference_network(self.policy, self.ref_model) if from_reference else contextlib.nullcontext(None)
         with sampler as model:
             return self.policy.generate(
                 ids.to(self.device),
@@ -265,32 +258,6 @@ class LMAlgorithm(LMBaseAlgorithm):
         """SB3's ``predict``; with ``sharding="fsdp"`` on several processes a collective (every rank calls it)."""
         with self.gathered_policy():
             return super().predict(observation, state, episode_start, deterministic)
-
-    def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
-        """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
-        if not self._dist.enabled:
-            return
-        for rank, episodes in enumerate(self._dist.gather_objects(finished)):
-            if rank == self._dist.rank:
-                continue
-            for episode, success in episodes:
-                if episode is not None:
-                    self.ep_info_buffer.extend([episode])
-                if success is not None:
-                    self.ep_success_buffer.append(success)
-
-    def _check_reward_errors(self, rows: Rows) -> None:
-        """Log ``rollout/reward_errors`` (completions whose reward raised, every rank's); when every completion of
-        the iteration erred, stop training with that error (the env has warned with each first one)."""
-        errors = [info["reward_errors"] for info in rows.infos if info.get("reward_errors")]
-        failed, total = self._dist.sum(float(len(errors))), self._dist.sum(float(len(rows.infos)))
-        self.logger.record("rollout/reward_errors", failed)
-        if total and failed == total:
-            component, message = next(iter(errors[0].items())) if errors else ("?", "on another process")
-            raise RuntimeError(
-                f"the reward of every completion of this iteration raised an error ({component}: {message}); "
-                "fix the reward function or verifier (R1ZeroEnv(on_reward_error='raise') shows the traceback)"
-            )
 
     # ------------------------------------------------------------------ what the subclass adds
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:

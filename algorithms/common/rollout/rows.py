@@ -1,4 +1,5 @@
-"""What a rollout collects: one row per completion the env scored, the episodes' returns, the rollout's logs.
+"""What a rollout collects: one row per completion the env scored, the episodes' returns, the rollout's logs and
+checks (reward errors, every rank's episode statistics).
 
 Where it sits in the data flow: :meth:`LMAlgorithm.collect_rollouts <algorithms.common.lm_algorithm.LMAlgorithm>`
 samples K problems x G completions in one batch and steps them through the env(s); every completion the env
@@ -10,6 +11,7 @@ algorithm then turns the rows into per-episode returns (:func:`episode_returns`)
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +71,36 @@ def episode_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
     turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
     played[rows.episodes, rows.turns] = True
     return discounted_returns(turn_rewards, gamma, played)  # (episodes,)
+
+
+def merge_episode_infos(dist: Distributed, finished: list[tuple[Any, Any]], infos: deque, successes: deque) -> None:
+    """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``: SB3's ``ep_info_buffer`` and
+    ``ep_success_buffer``, ``infos`` and ``successes`` here) cover every rank's ``finished`` episodes (Monitor
+    episode, is_success)."""
+    if not dist.enabled:
+        return
+    for rank, episodes in enumerate(dist.gather_objects(finished)):
+        if rank == dist.rank:
+            continue
+        for episode, success in episodes:
+            if episode is not None:
+                infos.extend([episode])
+            if success is not None:
+                successes.append(success)
+
+
+def check_reward_errors(dist: Distributed, rows: Rows, logger: Logger) -> None:
+    """Log ``rollout/reward_errors`` (completions whose reward raised, every rank's); when every completion of
+    the iteration erred, stop training with that error (the env has warned with each first one)."""
+    errors = [info["reward_errors"] for info in rows.infos if info.get("reward_errors")]
+    failed, total = dist.sum(float(len(errors))), dist.sum(float(len(rows.infos)))
+    logger.record("rollout/reward_errors", failed)
+    if total and failed == total:
+        component, message = next(iter(errors[0].items())) if errors else ("?", "on another process")
+        raise RuntimeError(
+            f"the reward of every completion of this iteration raised an error ({component}: {message}); "
+            "fix the reward function or verifier (R1ZeroEnv(on_reward_error='raise') shows the traceback)"
+        )
 
 
 def _gathered(dist: Distributed, infos: list[dict[str, Any]], key: str) -> dict[str, list[float]]:
