@@ -31,6 +31,7 @@ from algorithms.common.runtime.parallel import SHARDINGS
 from algorithms.common.runtime.precision import PRECISIONS
 from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 from algorithms.common.schedules import UpdateDecay
+from algorithms.common.trl_names import with_trl_hints
 from grpo_gym.validation import (
     ArgumentError,
     check_bool,
@@ -204,7 +205,8 @@ class Arguments(Mapping[str, Argument]):
         """Give ``init`` (``def __init__(self, policy, env, _init_setup_model=True, **arguments)``) the table's
         signature: it is called with every argument by name, positional ones bound as the signature says, missing
         ones at their defaults; ``inspect.signature`` (what ``help``, the presets' key check and ``from_trl`` read)
-        shows the real parameters."""
+        shows the real parameters. A name it does not take raises a ``TypeError`` naming ours for a TRL name, or
+        the close matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
         signature = self.signature()
 
         @functools.wraps(init)
@@ -214,7 +216,7 @@ class Arguments(Mapping[str, Argument]):
             init(**call.arguments)
 
         bound.__signature__ = signature  # type: ignore[attr-defined]
-        return bound
+        return with_trl_hints(bound)
 
 
 #: the keys ``policy_kwargs`` may hold: TransformerPolicy's arguments but those the algorithm passes itself

@@ -24,7 +24,6 @@ from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout
 from algorithms.common.schedules import UpdateDecay
-from algorithms.common.trl_names import with_trl_hints
 from algorithms.grpo import advantages, controls, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling, truncated_rows
@@ -52,8 +51,7 @@ class GRPO(LMAlgorithm):
 
     arguments = GRPO_ARGUMENTS
 
-    @with_trl_hints  # a TRL name (num_generations=...) raises a TypeError naming ours
-    @GRPO_ARGUMENTS.constructor  # the signature: policy, env, then GRPO_ARGUMENTS' names with their defaults
+    @GRPO_ARGUMENTS.constructor  # the signature: policy, env, GRPO_ARGUMENTS; num_generations=... names ours
     def __init__(
         self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, _init_setup_model: bool = True, **kwargs
     ) -> None:

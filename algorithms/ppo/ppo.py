@@ -17,7 +17,6 @@ from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
 from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout
-from algorithms.common.trl_names import with_trl_hints
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
@@ -50,8 +49,7 @@ class LMPPO(LMAlgorithm):
 
     arguments = LMPPO_ARGUMENTS
 
-    @with_trl_hints  # a TRL name (num_generations=...) raises a TypeError naming ours
-    @LMPPO_ARGUMENTS.constructor  # the signature: policy, env, then LMPPO_ARGUMENTS' names with their defaults
+    @LMPPO_ARGUMENTS.constructor  # the signature: policy, env, LMPPO_ARGUMENTS; beta=... names ours (kl_coef)
     def __init__(
         self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, _init_setup_model: bool = True, **kwargs
     ) -> None:
