@@ -16,12 +16,15 @@ from typing import Any
 import numpy as np
 
 from algorithms.cli_options import (
+    checkpoint_dir,
+    main_says,
     next_step,
     progress_callbacks,
     resume_hint,
     resumed_params,
     reward_funcs_argument,
     stop_on_signals,
+    torchrun,
     where_it_goes,
 )
 from algorithms.common.env_util import make_env
@@ -97,35 +100,10 @@ def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, se
     from algorithms.common.evaluation import evaluate_difficulties
 
     with model.gathered_policy():
-        if not model._dist.is_main:
+        if not model.distributed.is_main:
             return []
         levels = difficulties or [float(env.get_attr("difficulty", indices=[0])[0])]
         return evaluate_difficulties(model.policy, env, levels, n, seed=seed)
-
-
-def _torchrun(nproc: int, argv: Sequence[str]) -> int:
-    """``grpo-gym train --nproc N ...``: the same command under ``torchrun --standalone --nproc_per_node N``."""
-    import subprocess
-
-    rest, skip = [], False
-    for arg in argv:  # drop --nproc and its value
-        if skip or arg == "--nproc":
-            skip = not skip
-            continue
-        if not arg.startswith("--nproc="):
-            rest.append(arg)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    return subprocess.call([*command, "-m", "algorithms.cli", *rest])
-
-
-def _checkpoint_dir(args: argparse.Namespace) -> Path:
-    """``--checkpoint-dir``, or beside ``--save-path`` (``demo.zip`` -> ``demo_checkpoints/``), or ``./checkpoints``."""
-    if args.checkpoint_dir:
-        return Path(args.checkpoint_dir)
-    if args.save_path:
-        path = Path(args.save_path)
-        return path.with_name(f"{path.name.removesuffix('.zip')}_checkpoints")
-    return Path("checkpoints")
 
 
 def preset_save_path(args: argparse.Namespace) -> str | None:
@@ -137,25 +115,20 @@ def preset_save_path(args: argparse.Namespace) -> str | None:
     return config.get("save_path")
 
 
-def _main_says(model: Any, say: Any) -> Any:
-    """``say`` on rank 0, nothing on the other ranks (S17: only rank 0 prints)."""
-    return say if model._dist.is_main else lambda *_, **__: None
-
-
 def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
-    from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run
-    from algorithms.common.saving.run_file import read_run as read_run_file
+    from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run_json
+    from algorithms.common.saving.run_file import read_saved_run
 
     if not args.resume:
         model, env, plan = _setup(args)
-        say = _main_says(model, say)
+        say = main_says(model, say)
         started = time.perf_counter()
-        model._setup_learn(0, None, True, type(model).__name__, False)  # the logger: the cold start logs to the run
-        if model._needs_cold_start():
+        model.start_run()  # the logger: the cold start logs to the run
+        if model.needs_cold_start():
             say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
-            model.run_cold_start(progress_bar=args.progress_bar and model._dist.is_main)
+            model.run_cold_start(progress_bar=args.progress_bar and model.distributed.is_main)
         plan["sft_seconds"] = time.perf_counter() - started
         before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
         say(format_table({"before GRPO": before}), flush=True)
@@ -164,10 +137,10 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     folder = latest_checkpoint(directory)
     if folder is None:
         raise ValueError(f"--resume: no checkpoint in {os.fspath(directory)!r}; start the run without --resume")
-    run = read_run(folder)
-    taken = resumed_params(args.hyperparams, read_run_file(folder / MODEL).arguments, run)
+    run = read_run_json(folder)
+    taken = resumed_params(args.hyperparams, read_saved_run(folder / MODEL).arguments, run)
     model, env, plan = _setup(args, load=folder / MODEL)
-    say = _main_says(model, say)
+    say = main_says(model, say)
     if taken:
         say(f"resuming with the saved settings; -params taken: {', '.join(taken)}", flush=True)
     if (folder / REPLAY).exists():
@@ -182,13 +155,12 @@ def train(args: argparse.Namespace) -> int:
     Checkpoints every ``--checkpoint-every`` iterations (the newest two kept); SIGINT / SIGTERM write one and
     exit 130 / 143; ``--resume`` continues from the newest to the same total. With several processes (torchrun)
     every rank trains its groups; rank 0 alone evaluates, prints and saves."""
-    from algorithms.common.evaluation import EvalResult, format_table
     from algorithms.common.saving.checkpoints import IterationCheckpoint, check_writable_dir, check_writable_file
 
     args.save_path = preset_save_path(args)
     save_path = check_writable_file(args.save_path) if args.save_path is not None else None  # before any work
-    created = not Path(_checkpoint_dir(args)).exists()
-    directory = check_writable_dir(_checkpoint_dir(args))
+    created = not Path(checkpoint_dir(args)).exists()
+    directory = check_writable_dir(checkpoint_dir(args))
     checkpoint = IterationCheckpoint(directory, args.checkpoint_every, run={})
     started = time.perf_counter()
     with stop_on_signals(checkpoint, args.argv) as signals:
@@ -205,8 +177,8 @@ def train(args: argparse.Namespace) -> int:
             raise
         signals["learning"] = 1
         checkpoint.run = plan["run"]
-        main = model._dist.is_main
-        say = _main_says(model, print)
+        main = model.distributed.is_main
+        say = main_says(model, print)
         total = int(plan["run"]["total_timesteps"])
         say(f"{type(model).__name__}: {total} completions ...", flush=True)
         say(where_it_goes(save_path, directory, args.checkpoint_every), flush=True)
@@ -215,7 +187,7 @@ def train(args: argparse.Namespace) -> int:
         model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
         say(
-            f"stopped; checkpoint {checkpoint.save()} ({model._iteration} iterations). {resume_hint(args.argv)}",
+            f"stopped; checkpoint {checkpoint.save()} ({model.iteration} iterations). {resume_hint(args.argv)}",
             flush=True,
         )
         return signals["code"]
@@ -225,22 +197,24 @@ def train(args: argparse.Namespace) -> int:
         model.save(save_path)  # every rank: a sharded model is gathered to rank 0, which writes
     if not main:
         return 0
-    rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]], "after GRPO": after}
-    print(format_table(rows))
-    for before, after in zip(rows["before GRPO"], rows["after GRPO"], strict=True):
-        change = 100 * (after.success_rate - before.success_rate)
-        print(f"held-out success at difficulty {after.difficulty:.2f}: {change:+.1f} percentage points")
-    print(
-        f"time: cold start {plan['sft_seconds']:.0f} s, GRPO {grpo_seconds:.0f} s, "
-        f"total {time.perf_counter() - started:.0f} s"
-    )
-    if save_path is not None:
-        print(f"saved to {save_path}; checkpoints: {directory}")
-    else:
-        print(f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")
+    _summarise(args, plan, after, seconds=(plan["sft_seconds"], grpo_seconds, time.perf_counter() - started))
+    print(f"saved to {save_path}; checkpoints: {directory}" if save_path is not None else
+          f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")  # fmt: skip
     if args.tensorboard_log:
         print(shlex.join(["tensorboard", "--logdir", str(args.tensorboard_log)]))  # pasted into a shell as it is
     return 0
+
+
+def _summarise(args: argparse.Namespace, plan: dict[str, Any], after: list[Any], seconds: tuple[float, ...]) -> None:
+    """The held-out table before and after GRPO, each difficulty's change, and the time each stage took."""
+    from algorithms.common.evaluation import EvalResult, format_table
+
+    rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]], "after GRPO": after}
+    print(format_table(rows))
+    for before, later in zip(rows["before GRPO"], rows["after GRPO"], strict=True):
+        change = 100 * (later.success_rate - before.success_rate)
+        print(f"held-out success at difficulty {later.difficulty:.2f}: {change:+.1f} percentage points")
+    print(f"time: cold start {seconds[0]:.0f} s, GRPO {seconds[1]:.0f} s, total {seconds[2]:.0f} s")
 
 
 def sft(args: argparse.Namespace) -> int:
@@ -250,12 +224,12 @@ def sft(args: argparse.Namespace) -> int:
 
     save_path = check_writable_file(args.save_path) if args.save_path is not None else None  # before any work
     model, env, plan = _setup(args)
-    model._setup_learn(0, None, True, type(model).__name__, False)
-    model.run_cold_start(progress_bar=model._dist.is_main)  # the command's whole job: show its progress
+    model.start_run()
+    model.run_cold_start(progress_bar=model.distributed.is_main)  # the command's whole job: show its progress
     results = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
     if save_path is not None:
         model.save(save_path)
-    if model._dist.is_main:
+    if model.distributed.is_main:
         saved = f"saved to {save_path}" if save_path is not None else "not saved (pass --save-path sft.zip)"
         print(format_table({"after SFT": results}) + f"\n{saved}")
     return 0
@@ -426,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if getattr(args, "nproc", None):
-        return _torchrun(args.nproc, list(sys.argv[1:] if argv is None else argv))
+        return torchrun(args.nproc, list(sys.argv[1:] if argv is None else argv))
     if os.getcwd() not in sys.path:  # "module:function" names resolve from the working folder, as with python -m
         sys.path.insert(0, os.getcwd())
     try:

@@ -1,19 +1,49 @@
 """What ``grpo-gym train`` and ``eval`` say and take beyond their flags: where a run's files go, stopping on a signal
 and a pasteable resume command, what ``-params`` may change on ``--resume``, progress wherever the output goes,
-reward functions named on the command line."""
+reward functions named on the command line, ``--nproc`` (the same command under torchrun)."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import shlex
 import signal
+import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from algorithms.common.hyperparams import parse_overrides
+
+
+def checkpoint_dir(args: argparse.Namespace) -> Path:
+    """``--checkpoint-dir``, or beside ``--save-path`` (``demo.zip`` -> ``demo_checkpoints/``), or ``./checkpoints``."""
+    if args.checkpoint_dir:
+        return Path(args.checkpoint_dir)
+    if args.save_path:
+        path = Path(args.save_path)
+        return path.with_name(f"{path.name.removesuffix('.zip')}_checkpoints")
+    return Path("checkpoints")
+
+
+def main_says(model: Any, say: Any) -> Any:
+    """``say`` on rank 0, nothing on the other ranks (S17: only rank 0 prints)."""
+    return say if model.distributed.is_main else lambda *_, **__: None
+
+
+def torchrun(nproc: int, argv: Sequence[str]) -> int:
+    """``grpo-gym train --nproc N ...``: the same command under ``torchrun --standalone --nproc_per_node N``."""
+    rest, skip = [], False
+    for arg in argv:  # drop --nproc and its value
+        if skip or arg == "--nproc":
+            skip = not skip
+            continue
+        if not arg.startswith("--nproc="):
+            rest.append(arg)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return subprocess.call([*command, "-m", "algorithms.cli", *rest])
 
 
 def resume_hint(argv: list[str]) -> str:

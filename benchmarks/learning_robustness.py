@@ -78,23 +78,6 @@ def start_b(settings: Settings) -> dict[str, Any]:
     return supervised_tune(settings.folder, seed=settings.seed, **settings.sft)
 
 
-def run_ours_staged(settings: Settings) -> dict[str, Any]:
-    """Ours (``learning_vs_trl.run_ours``); with ``ours["_stages"]`` (``{"sampling": "no", "update": "bf16", ...}``)
-    ``mixed_precision="auto"`` picks those per-stage precisions, as on a CPU with native bf16 whose probe found bf16
-    faster for some stages (this machine may have none); with ``sampler_correction=None`` too, it keeps them mixed,
-    as ``auto`` did before the sampler correction existed (to reproduce that behaviour)."""
-    stages = settings.ours.pop("_stages", None)
-    if stages is not None:
-        from algorithms.common import base_class
-        from algorithms.common.runtime.precision import PrecisionChoice
-
-        reason = "forced per stage by the benchmark, as a bf16 CPU's probe may pick"
-        base_class.choose_precision = lambda *args, **kwargs: PrecisionChoice("auto", stages, reason)
-        if settings.ours.get("sampler_correction", "auto") is None:
-            PrecisionChoice.without_mixed_sampling = lambda self: self  # the behaviour before the correction
-    return run_ours(settings)
-
-
 def start_c(settings: Settings) -> dict[str, Any]:
     """Start ``c``: issue 30's pretrained Llama (``carry_start.py``), built as the issue describes it."""
     import torch
@@ -104,7 +87,7 @@ def start_c(settings: Settings) -> dict[str, Any]:
     return supervised_tune(settings.folder, seed=settings.seed, **settings.sft)
 
 
-WORKERS = {"start_a": start_model, "start_b": start_b, "start_c": start_c, "ours": run_ours_staged, "trl": run_trl,
+WORKERS = {"start_a": start_model, "start_b": start_b, "start_c": start_c, "ours": run_ours, "trl": run_trl,
            "evaluate": evaluate}  # fmt: skip
 
 

@@ -137,11 +137,6 @@ def _variant_lines(variants: list[dict[str, Any]]) -> list[str]:
     for variant in variants:
         where = f"start {', '.join(variant['starts'])}, lr {', '.join(f'{lr:g}' for lr in variant['learning_rates'])}"
         lines.append(f"- `{variant['label']}`: {variant['ours'] or 'nothing else'} ({where})")
-    if any("_stages" in variant["ours"] for variant in variants):
-        lines.append(
-            "- `_stages`: the per-stage precisions that `mixed_precision='auto'` is made to pick (`no`: float32), as "
-            "a bf16 CPU's probe may; `sampler_correction=None` keeps them mixed without the correction"
-        )
     return lines
 
 

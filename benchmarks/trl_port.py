@@ -79,7 +79,7 @@ def pretrained_folder(folder: Path, steps: int) -> Path:
         return folder
     env = gym.make("R1Zero-v0", template=SYSTEM + "\nUser: {prompt}\nAssistant: ", max_new_tokens=32, difficulty=0.1)
     teacher = GRPO("TransformerPolicy", env, sft_steps=steps, seed=1234, policy_kwargs={"model": "tiny"})
-    teacher._setup_learn(0, None, True, "GRPO", False)
+    teacher.start_run("GRPO")
     teacher.run_cold_start()
     teacher.save_pretrained(str(folder))
     return folder

@@ -23,7 +23,7 @@ from grpo_gym.tasks.base import check_prompt
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
 from grpo_gym.tools import DEFAULT_TIMEOUT, Toolbox
-from grpo_gym.trl_names import with_trl_hints
+from grpo_gym.trl_names import NOT_THE_ENVS, with_trl_hints
 from grpo_gym.turns import TOOL_COMPONENTS, TOOL_TURN_REASON, ToolSession, turn_info
 from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int
 
@@ -129,7 +129,7 @@ class R1ZeroEnv(gym.Env):
 
     metadata: dict[str, Any] = {"render_modes": ["ansi", "human", "rgb_array"], "render_fps": 1}  # noqa: RUF012
 
-    @with_trl_hints  # a TRL name (max_completion_length=...) raises a TypeError naming ours
+    @with_trl_hints(otherwise=NOT_THE_ENVS)  # a TRL name (max_completion_length=...) raises a TypeError naming ours
     def __init__(
         self,
         task: str | Task = "arithmetic",

@@ -33,7 +33,6 @@ from algorithms.common.generation.sampler import sample
 from algorithms.common.model.gradient_checkpointing import checkpoint_every
 from algorithms.common.model.loading import BUILTIN_EOS_ID, BUILTIN_PAD_ID, BUILTIN_VOCAB_SIZE, load_model
 from algorithms.common.model.lora import apply_lora
-from algorithms.common.runtime.sharded_checkpoint import load_sharded, save_sharded
 from algorithms.common.runtime.sharding import (
     clip_grad_norm,
     copy_weights,
@@ -44,6 +43,7 @@ from algorithms.common.runtime.sharding import (
     load_full_state,
     shard_model,
 )
+from algorithms.common.saving.sharded import load_sharded, save_sharded
 
 SIZE = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
         "num_key_value_heads": 1}  # fmt: skip

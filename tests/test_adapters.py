@@ -22,6 +22,7 @@ from algorithms.common.generation.sampler import completion_log_probs, sample
 from algorithms.common.model.gradient_checkpointing import checkpoint_every
 from algorithms.common.model.loading import load_model
 from algorithms.common.model.lora import DEFAULTS, LORA_KEYS, apply_lora, lora_config
+from algorithms.common.model.reference import reference_network
 from grpo_gym.tokenizer import build_char_tokenizer
 from tests.sizes import ENV_KWARGS, TINY, TINY_KWARGS
 
@@ -230,7 +231,7 @@ def test_lora_run_saves_loads_and_resumes_exactly(setup: str, qwen2_folder: Path
     whole = make_model(policy_kwargs, tokenizer)
     assert trainable_fraction(whole) < 0.05
     assert whole.ref_model is None and modules_held(whole) == [whole.policy]  # no reference copy
-    with whole._reference() as reference:
+    with reference_network(whole.policy, whole.ref_model) as reference:
         assert reference is whole.policy.model  # the same network, adapters disabled
     optimized = {id(p) for group in whole.policy.optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for p in whole.policy.parameters() if p.requires_grad}

@@ -106,14 +106,32 @@ def test_reward_errors_are_counted_in_tensorboard(tmp_path) -> None:
     assert [e.value for e in events.Scalars("rollout/reward_errors")] == [4.0]  # env 1's call raised: its 4 of 8
 
 
-def test_every_grpo_argument_has_a_rule_and_a_docstring_entry() -> None:
+def test_every_argument_is_declared_once_with_a_rule_and_a_docstring_entry() -> None:
+    """The signature, the docstring's ``:param:`` lines and the checks come from one table per algorithm: the
+    shared arguments' and the algorithm's own, none declared twice, each with one rule."""
     import inspect
 
-    from algorithms.common.arguments import LM_ALGORITHM_RULES
-    from algorithms.grpo.arguments import GRPO_RULES
+    from algorithms import LMPPO
+    from algorithms.common.arguments import LM_ARGUMENTS
+    from algorithms.grpo.arguments import GRPO_ARGUMENTS, GRPO_OWN
+    from algorithms.ppo.arguments import LMPPO_ARGUMENTS, LMPPO_OWN
 
-    names = set(inspect.signature(GRPO.__init__).parameters) - {"self", "_init_setup_model"}
-    undocumented = [name for name in names if f":param {name}:" not in (GRPO.__doc__ or "")]
-    assert not undocumented
-    unchecked = names - set(LM_ALGORITHM_RULES) - set(GRPO_RULES) - {"policy", "env", "policy_kwargs", "device"}
-    assert not unchecked
+    for algorithm, table, own in ((GRPO, GRPO_ARGUMENTS, GRPO_OWN), (LMPPO, LMPPO_ARGUMENTS, LMPPO_OWN)):
+        names = [name for name in inspect.signature(algorithm.__init__).parameters if name != "self"]
+        assert names == ["policy", "env", *table, "_init_setup_model"]
+        assert set(table) == set(LM_ARGUMENTS) | set(own) and not set(own) & set(LM_ARGUMENTS)
+        undocumented = [name for name in names if f":param {name}:" not in (algorithm.__doc__ or "")]
+        assert not undocumented
+        defaults = {name: p.default for name, p in inspect.signature(algorithm.__init__).parameters.items()}
+        assert all(defaults[name] is argument.default for name, argument in table.items())
+    assert GRPO_ARGUMENTS["group_size"].rule("group_size", 2) == 2 and LMPPO_ARGUMENTS["group_size"].default == 1
+    with pytest.raises(ValueError, match="group_size must be an integer >= 2"):
+        GRPO_ARGUMENTS["group_size"].rule("group_size", 1)
+
+
+def test_positional_arguments_bind_as_the_signature_says() -> None:
+    """SB3's positional order (policy, env, learning_rate, ...) still binds; unknown names still say ours."""
+    model = GRPO("TransformerPolicy", env(), 3e-4, 2, 4, sft_steps=0, policy_kwargs=TINY, _init_setup_model=False)
+    assert (model.learning_rate, model.n_groups, model.group_size) == (3e-4, 2, 4)
+    with pytest.raises(TypeError, match="multiple values for argument 'n_groups'"):
+        GRPO("TransformerPolicy", env(), 3e-4, 2, n_groups=2, _init_setup_model=False)

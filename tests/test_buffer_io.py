@@ -1,4 +1,4 @@
-"""algorithms/common/replay/buffer_file.py: replay-buffer files are checked on load and written atomically."""
+"""algorithms/common/saving/buffer_file.py: replay-buffer files are checked on load and written atomically."""
 
 from __future__ import annotations
 

@@ -201,7 +201,7 @@ def test_grpo_cold_start_logs_sft_loss_to_tensorboard(tmp_path: Path) -> None:
         tensorboard_log=str(tmp_path),
         policy_kwargs=TINY,
     )
-    assert model._needs_cold_start()
+    assert model.needs_cold_start()
     model.learn(8)
     assert model._cold_start_done
     runs = [p.name for p in tmp_path.iterdir()]

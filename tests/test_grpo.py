@@ -98,7 +98,7 @@ def test_save_load_same_predictions_and_offline_rebuild(tmp_path: Path) -> None:
     model.save(tmp_path / "model.zip")
     loaded = GRPO.load(tmp_path / "model.zip", env=env)
     np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], actions)
-    assert loaded._cold_start_done and not loaded._needs_cold_start()
+    assert loaded._cold_start_done and not loaded.needs_cold_start()
     for a, b in zip(parameters(model), parameters(loaded), strict=True):
         assert th.equal(a, b)
     without_env = GRPO.load(tmp_path / "model.zip")  # no env: the architecture comes from the saved config
@@ -233,10 +233,10 @@ def test_reference_only_when_beta_positive() -> None:
 
 def test_cold_start_is_auto_for_builtin_and_switchable() -> None:
     model = make_model(sft_steps=3)
-    assert model._needs_cold_start()
+    assert model.needs_cold_start()
     model.learn(8)
-    assert model._cold_start_done and not model._needs_cold_start()
-    assert not make_model(cold_start=False)._needs_cold_start()
+    assert model._cold_start_done and not model.needs_cold_start()
+    assert not make_model(cold_start=False).needs_cold_start()
 
 
 def test_multi_turn_episodes() -> None:

@@ -1,6 +1,11 @@
-"""The house's layout: no import circle inside ``algorithms/`` or ``grpo_gym/``, and ``algorithms/common/`` never
-imports an algorithm folder. Read from the modules' own import statements (function-level and ``TYPE_CHECKING``
-ones included), so a circle that a late import keeps alive still fails here."""
+"""The house's layout: no import circle inside ``algorithms/`` or ``grpo_gym/``, ``algorithms/common/`` never
+imports an algorithm folder (nor ``algorithms/common/saving/`` the algorithm's classes), ``grpo_gym/`` never imports
+``algorithms/``. Read from the modules' own import statements (function-level and ``TYPE_CHECKING`` ones included),
+so a circle that a late import keeps alive still fails here.
+
+The doors: nothing outside the algorithm classes reads a model's private attribute (``model._x``: the saving code
+and the command line use the public face), and one helper writes files through a temporary name
+(``algorithms/common/saving/atomic.py``: no temporary file or rename anywhere else)."""
 
 from __future__ import annotations
 
@@ -11,6 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("algorithms", "grpo_gym")
 #: the folders of ``algorithms/`` that hold an algorithm (or use one): ``common/`` builds on none of them
 ALGORITHM_FOLDERS = ("algorithms.grpo", "algorithms.ppo", "algorithms.deploy", "algorithms.cli", "algorithms.zoo")
+#: the algorithm's classes, which the saving room never imports (SB3's save_util never imports base_class)
+ALGORITHM_CLASSES_MODULES = ("algorithms.common.base_class", "algorithms.common.lm_algorithm")
+#: the classes whose own methods may read a model's private attributes (``load`` builds one, as SB3's does)
+ALGORITHM_CLASSES = ("LMBaseAlgorithm", "LMAlgorithm", "GRPO", "LMPPO")
+#: the names a model goes by outside its class (``model``, a callback's ``self.model``)
+MODEL_NAMES = ("model", "algorithm")
+#: the one module that writes through a temporary name and renames
+ATOMIC = Path("algorithms/common/saving/atomic.py")
+#: calls that move a file into place, and the module that makes temporary files
+RENAMES = {("os", "replace"), ("os", "rename"), ("os", "renames"), ("shutil", "move")}
 
 
 def module_names(root: Path = ROOT) -> dict[str, Path]:
@@ -156,3 +171,102 @@ def test_the_readme_code_blocks_are_closed() -> None:
     """Every fenced block of the README ends (a merge that drops a fence turns the prose after it into code)."""
     fences = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("```")]
     assert fences[1::2] == ["```"] * (len(fences) // 2) and len(fences) % 2 == 0, fences
+
+
+def test_the_saving_room_and_the_env_import_no_algorithm() -> None:
+    graph = import_graph()
+    wrong = {
+        name: sorted(targets)
+        for name, targets in graph.items()
+        if name.startswith("algorithms.common.saving") and set(targets) & set(ALGORITHM_CLASSES_MODULES)
+    }
+    wrong.update(
+        {name: sorted(targets) for name, targets in graph.items() if name.startswith("grpo_gym")
+         and any(target.startswith("algorithms") for target in targets)}
+    )  # fmt: skip
+    assert not wrong, f"the saving room imports no algorithm class, the env no algorithm: {wrong}"
+
+
+def _is_model(node: ast.AST) -> bool:
+    """``model`` or ``<anything>.model`` (a callback's ``self.model``)."""
+    return (isinstance(node, ast.Name) and node.id in MODEL_NAMES) or (
+        isinstance(node, ast.Attribute) and node.attr in MODEL_NAMES
+    )
+
+
+def private_model_reads(source: str) -> list[str]:
+    """``model._x`` outside the bodies of :data:`ALGORITHM_CLASSES`, as ``"<line>: <expression>"``."""
+    found: list[str] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        if isinstance(node, ast.ClassDef):
+            inside = inside or node.name in ALGORITHM_CLASSES
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and _is_model(node.value)
+            and not inside
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside)
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def atomic_write_copies(source: str) -> list[str]:
+    """A second way to write atomically: a rename into place (``os.replace``, ``os.rename``, ``shutil.move``,
+    ``Path.rename``) or a temporary file or folder (``tempfile``), as ``"<line>: <expression>"``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [alias.name for alias in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+            if "tempfile" in names:
+                found.append(f"{node.lineno}: import tempfile")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if (node.value.id, node.attr) in RENAMES or node.value.id == "tempfile":
+                found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "rename":
+            if not (isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):  # os.rename: above
+                found.append(f"{node.lineno}: {ast.unparse(node.func)}")
+    return sorted(found, key=lambda entry: int(entry.split(":")[0]))
+
+
+def test_the_door_checks_find_what_they_look_for() -> None:
+    source = (
+        "import os, tempfile\nfrom pathlib import Path\n"
+        "def save(model, folder):\n"
+        "    handle, name = tempfile.mkstemp(dir=folder)\n    os.replace(name, folder / 'x')\n"
+        "    Path(name).rename('y')\n    return model._iteration, model.iteration\n"
+        "class Saver:\n    def on_step(self):\n        return self.model._dist.is_main\n"
+        "class GRPO:\n    @classmethod\n    def load(cls):\n        model = cls()\n        model._setup_model()\n"
+    )
+    assert private_model_reads(source) == ["7: model._iteration", "10: self.model._dist"]
+    assert atomic_write_copies(source) == [
+        "1: import tempfile", "4: tempfile.mkstemp", "5: os.replace", "6: Path(name).rename"
+    ]  # fmt: skip
+
+
+def test_nothing_outside_the_algorithm_classes_reads_a_models_private_attribute() -> None:
+    """The saving code, the callbacks and the command line read a model through its public face (``iteration``,
+    ``distributed``, ``is_sharded``, ``start_run``, ``needs_cold_start``, ``save``...), as SB3's save_util never
+    reads ``BaseAlgorithm``'s privates."""
+    found = {
+        path.relative_to(ROOT).as_posix(): reads
+        for path in module_names().values()
+        if (reads := private_model_reads(path.read_text(encoding="utf-8")))
+    }
+    assert not found, f"a model's private attribute read from outside its class (add a public one): {found}"
+
+
+def test_one_helper_writes_atomically() -> None:
+    """Every write through a temporary name is :mod:`algorithms.common.saving.atomic`'s (``atomic_write``,
+    ``atomic_directory``: fsync of the file and its folder); a second implementation elsewhere fails here."""
+    found = {
+        path.relative_to(ROOT).as_posix(): copies
+        for path in module_names().values()
+        if path.relative_to(ROOT) != ATOMIC and (copies := atomic_write_copies(path.read_text(encoding="utf-8")))
+    }
+    assert not found, f"write through algorithms.common.saving.atomic (atomic_write / atomic_directory): {found}"

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from algorithms.common.losses import aggregate, clipped_surrogate, kl_k3
-from algorithms.grpo.objective import group_advantages, grpo_loss, leave_one_out_advantages, uniform_group_mask
+from algorithms.grpo.advantages import group_advantages, leave_one_out_advantages, uniform_group_mask
+from algorithms.grpo.objective import grpo_loss
 
 F64 = torch.float64
 MASK_2x3 = torch.tensor([[True, True, True], [True, False, False]])
@@ -200,7 +201,7 @@ def test_grpo_loss_kl_stat_is_zero_without_beta():
         ({"beta": -0.04}, "beta must be >= 0"),
         ({"ent_coef": 0.01}, "needs entropy"),
         ({"aggregation": "constant"}, "needs max_tokens"),
-        ({"aggregation": "seq"}, "valid values are"),
+        ({"aggregation": "seq"}, "aggregation mode must be one of"),
     ],
 )
 def test_grpo_loss_rejects_bad_arguments(kwargs, match):

@@ -272,7 +272,7 @@ def test_local_checkpoint_folder_as_policy_and_offline_load(
     env = DummyVecEnv([make_raw_env])
     model = GRPO("TransformerPolicy", env, n_groups=2, group_size=4, seed=0, policy_kwargs={"model": str(folder)})
     assert type(model.policy.model).__name__.lower().startswith(kind)
-    assert not model.policy.is_builtin and not model._needs_cold_start()  # a checkpoint skips the cold start
+    assert not model.policy.is_builtin and not model.needs_cold_start()  # a checkpoint skips the cold start
     obs = env.reset()
     actions, _ = model.predict(obs)  # ids 359..383 of the model's table are never sampled
     assert env.action_space.contains(actions[0].astype(np.int64))

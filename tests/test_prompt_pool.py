@@ -1,5 +1,5 @@
-"""Learnability-prioritised prompts (algorithms/common/replay/prompt_pool.py): the priority, the mix of fresh and pooled
-problems, the sampling frequencies (a chi-square test), the estimates and the saved state."""
+"""Learnability-prioritised prompts (algorithms/common/rollout/prompt_pool.py): the priority, the mix of fresh and
+pooled problems, the sampling frequencies (a chi-square test), the estimates and the saved state."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from algorithms.common.replay.prompt_pool import PRIORITY_FLOOR, LearnabilityPool, learnability, pool_draw_count
+from algorithms.common.rollout.prompt_pool import PRIORITY_FLOOR, LearnabilityPool, learnability, pool_draw_count
 
 #: chi-square critical values at significance 0.001 (tabulated), by degrees of freedom
 CHI2_CRITICAL_0_001 = {5: 20.515}

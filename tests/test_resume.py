@@ -20,7 +20,7 @@ from algorithms.common.saving.checkpoints import (
     check_writable_dir,
     check_writable_file,
     latest_checkpoint,
-    read_run,
+    read_run_json,
     write_checkpoint,
 )
 from tests.test_cli import CONFIG
@@ -34,16 +34,17 @@ def test_checkpoints_keep_the_newest_two_and_ignore_partial_writes(tmp_path: Pat
     for _ in range(3):
         model.learn(8, reset_num_timesteps=False)
         write_checkpoint(model, tmp_path, {"total_timesteps": 64})
-    (tmp_path / ".tmp-iteration_0000009-x").mkdir()  # a write killed half-way
+    killed = tmp_path / ".iteration_0000009.999999999.0badc0de.tmp"  # a write killed half-way (its process gone)
+    killed.mkdir()
     (tmp_path / "iteration_0000010").mkdir()  # a folder without run.json: not a checkpoint
     names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("iteration_") and (p / "run.json").exists())
     assert names == ["iteration_0000002", "iteration_0000003"]
     newest = latest_checkpoint(tmp_path)
     assert newest is not None and newest.name == "iteration_0000003"
-    assert read_run(newest) == {"total_timesteps": 64, "iteration": 3}
+    assert read_run_json(newest) == {"total_timesteps": 64, "iteration": 3}
     assert {p.name for p in newest.iterdir()} == {"model.zip", "replay.npz", "run.json"}
     write_checkpoint(model, tmp_path, {"total_timesteps": 64})  # cleans the partial write up
-    assert not (tmp_path / ".tmp-iteration_0000009-x").exists()
+    assert not killed.exists()
     assert latest_checkpoint(tmp_path / "missing") is None
 
 

@@ -1,5 +1,5 @@
-"""FSDP2 sharding (algorithms.common.runtime.sharding and .sharded_checkpoint) with real processes: torchrun, 2 gloo
-ranks on the CPU, the built-in tiny Llama; the one-process references run here, through the same functions.
+"""FSDP2 sharding (algorithms.common.runtime.sharding, algorithms.common.saving.sharded) with real processes: torchrun,
+2 gloo ranks on the CPU, the built-in tiny Llama; the one-process references run here, through the same functions.
 
 Two torchrun jobs (tests/sharding_job.py) serve every test of the module: ``train`` and, reading its checkpoint,
 ``resume``.
@@ -18,8 +18,8 @@ import pytest
 import torch
 from torch import nn
 
-from algorithms.common.runtime.sharded_checkpoint import load_sharded, save_sharded
 from algorithms.common.runtime.sharding import copy_weights, device_mesh, full_optimizer_state_dict
+from algorithms.common.saving.sharded import load_sharded, save_sharded
 from tests import sharding_job as job
 
 JOB = Path(__file__).with_name("sharding_job.py")

@@ -16,7 +16,8 @@ import grpo_gym
 from algorithms import GRPO
 from algorithms.common.evaluation import evaluate_problems
 from algorithms.common.generation.sampler import Completions
-from algorithms.common.rollout.rows import Rows, contexts_from_obs, rows_to_batch
+from algorithms.common.rollout.batch import rows_to_batch
+from algorithms.common.rollout.rows import Rows, contexts_from_obs
 from algorithms.grpo.update import LossSettings, minibatch_loss
 from grpo_gym.gold import answer_text, tool_call_text
 from tests.sizes import TINY

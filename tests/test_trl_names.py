@@ -13,8 +13,9 @@ import pytest
 import grpo_gym
 from algorithms import GRPO, LMPPO, TransformerPolicy
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
-from algorithms.grpo.objective import ADVANTAGE_SCALES
-from grpo_gym.trl_names import GRPO_CONFIG, REMOVED, TRAINER_ARGUMENTS, TRL_NAMES, readme_section
+from algorithms.common.trl_names import GRPO_CONFIG, REMOVED, TRAINER_ARGUMENTS, TRL_NAMES, readme_section
+from algorithms.grpo.advantages import ADVANTAGE_SCALES
+from grpo_gym.trl_names import ENV_NAMES
 
 trl = pytest.importorskip("trl")
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -29,6 +30,13 @@ def test_every_grpo_config_field_has_an_entry_and_no_entry_is_stale() -> None:
     assert sorted(GRPO_CONFIG) == sorted(fields)  # trl 1.16's 191 fields, each with ours or a reason
     assert parameters(trl.GRPOTrainer.__init__) >= set(TRAINER_ARGUMENTS)
     assert not set(REMOVED) & set(fields)  # names TRL removed are not fields any more
+
+
+def test_the_envs_names_are_the_tables_own_entries() -> None:
+    """The env's TRL names (grpo_gym.trl_names, which the env reads) are the table's entries whose equivalent is the
+    env's: one entry for each, in one place."""
+    assert {name: entry for name, entry in TRL_NAMES.items() if entry.where == "env"} == ENV_NAMES
+    assert all(TRL_NAMES[name] is entry for name, entry in ENV_NAMES.items())
 
 
 def test_every_equivalent_exists_where_the_table_says() -> None:
@@ -101,7 +109,10 @@ def test_a_typo_of_a_trl_name_gets_trls_name_and_ours() -> None:
         ({"max_completion_length": 64}, r"'max_completion_length', TRL's name: ours is max_new_tokens=\.\.\."),
         ({"processing_class": None}, r"'processing_class', TRL's name: ours is tokenizer=\.\.\."),
         ({"train_dataset": []}, r"'train_dataset', TRL's name: ours is task_kwargs=\.\.\."),
-        ({"num_generations": 4}, r"'num_generations', TRL's name: GRPO's equivalent is group_size; R1ZeroEnv has none"),
+        (
+            {"num_generations": 4},
+            r"'num_generations'; the algorithm's arguments \(n_groups, group_size, \.\.\.\) go to GRPO",
+        ),
         ({"reward_weight": {}}, r"'reward_weight'; did you mean reward_weights"),
     ],
 )
@@ -120,6 +131,6 @@ def test_the_signatures_stay_explicit() -> None:
 
 def test_the_readme_holds_the_table_as_written_here() -> None:
     text = README.read_text(encoding="utf-8")
-    assert readme_section() in text, "README's TRL table is stale: paste grpo_gym.trl_names.readme_section()"
+    assert readme_section() in text, "README's TRL table is stale: paste algorithms.common.trl_names.readme_section()"
     for name in GRPO_CONFIG:
         assert f"`{name}`" in readme_section()

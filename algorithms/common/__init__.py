@@ -1,16 +1,19 @@
 """What every language-model algorithm shares; imports nothing from an algorithm folder.
 
 At the top, the pieces an algorithm is made of, in the order an iteration uses them: ``base_class``
-(``LMBaseAlgorithm``: construction, policy, reference, run state, save/load), ``lm_algorithm`` (``LMAlgorithm``:
-the learn loop and rollout collection), ``policies`` (``TransformerPolicy``), ``cold_start`` (the SFT stage),
+(``LMBaseAlgorithm``: construction, policy, reference, run state, save/load, the public face the saving code and
+the command line read), ``lm_algorithm`` (``LMAlgorithm``: the learn loop and rollout collection; its docstring
+writes one iteration's route down), ``policies`` (``TransformerPolicy``), ``cold_start`` (the SFT stage),
 ``losses`` (the loss terms), ``evaluation`` (held-out success), ``arguments`` / ``hyperparams`` / ``schedules``
-(constructor rules, zoo presets, schedules), ``callbacks`` (the curriculum) and ``env_util`` (making and checking
-envs). The rooms below hold the rest, each named for what it holds:
+(the shared constructor arguments, declared once; zoo presets; schedules), ``trl_names`` (TRL's names and ours),
+``callbacks`` (the curriculum) and ``env_util`` (making and checking envs). The rooms below hold the rest, each
+named for what it holds:
 
-- ``rollout/``: what a rollout collects (rows, returns, the batch) and its seeds;
+- ``rollout/``: what a rollout draws, collects and hands the update (sampling, seeds, prompt pool, rows, batch);
 - ``generation/``: sampling completions (the sampler, KV-cache decoders, the packed layout);
-- ``model/``: the network (loading, LoRA, gradient checkpointing, the tokenizer check);
-- ``runtime/``: how a run uses its devices and processes (precision, distributed, determinism);
-- ``replay/``: what is kept across iterations (the trajectory buffer and its file, ring, sum tree, prompt pool);
-- ``saving/``: files (the model file, a run's contents, checkpoints, atomic writes).
+- ``model/``: the network (loading, LoRA, gradient checkpointing, the tokenizer check, the frozen reference);
+- ``runtime/``: how a run uses its devices and processes (precision, distributed, sharding, determinism);
+- ``replay/``: what is kept across iterations (the trajectory buffer, its ring and sum tree);
+- ``saving/``: files, behind the algorithm's public face (the model file, a run's contents, plain and sharded
+  checkpoints, the replay buffer's file, the one atomic-write helper).
 """

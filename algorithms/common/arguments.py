@@ -1,25 +1,38 @@
-"""Constructor arguments checked in one place: each algorithm lists a rule per argument.
+"""Constructor arguments declared once: each has its default, its one rule, its ``:param:`` text and its annotation
+here (:class:`Argument`), and an algorithm's table (:class:`Arguments`) is the shared ones
+(:data:`LM_ARGUMENTS`) with its own added (``algorithms/grpo/arguments.py``, ``algorithms/ppo/arguments.py``).
+
+The table makes the constructor's signature (:meth:`Arguments.constructor`: SB3's flat keyword API, real
+parameters with defaults for ``inspect`` and ``help``), its docstring's ``:param:`` lines (:meth:`Arguments.docstring`)
+and its checks (:meth:`Arguments.check`: each value by its rule, once, in its canonical type), and
+:meth:`~algorithms.common.base_class.LMBaseAlgorithm.save` records the arguments it lists.
 
 A rule takes the argument's name and value and returns the value in its canonical type (``4.0`` becomes ``4``
 for an integer) or raises :class:`~grpo_gym.validation.ArgumentError` (a ``ValueError``) naming the argument,
 the value and the valid range. Numbers must be finite; schedules (SB3's functions of the remaining progress,
 or :class:`~algorithms.common.schedules.UpdateDecay`) are checked at both ends of training, so that no
-non-finite value can reach the optimizer from any setting. The rules of the shared arguments are
-:data:`LM_ALGORITHM_RULES`; GRPO's are in :mod:`algorithms.grpo.arguments`.
+non-finite value can reach the optimizer from any setting.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+import dataclasses
+import functools
+import inspect
+import os
+import textwrap
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.collapse_guard import GuardSettings
+from algorithms.common.policies import TransformerPolicy
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
 from algorithms.common.runtime.precision import check_precision
 from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 from algorithms.common.schedules import UpdateDecay
+from algorithms.common.trl_names import with_trl_hints
 from grpo_gym.validation import (
     ArgumentError,
     check_bool,
@@ -66,9 +79,18 @@ def mapping(valid_keys: Iterable[str]) -> Rule:
     return lambda name, value: check_mapping(name, value, keys)
 
 
-def optional_path() -> Rule:
-    """A file path, or ``None``."""
-    return lambda name, value: None if value is None else check_path(name, value)
+def optional_path(existing_file: str = "") -> Rule:
+    """A path, or ``None``; with ``existing_file`` (what the file should hold), a path to an existing file."""
+
+    def rule(name: str, value: Any) -> Any:
+        if value is None:
+            return None
+        path = check_path(name, value)
+        if existing_file and not os.path.isfile(path):
+            raise ArgumentError(f"{name} {value!r} is not a file; pass {existing_file}")
+        return path
+
+    return rule
 
 
 def schedule(low: float | None = None, high: float | None = None, allow_none: bool = False, updates: bool = False):
@@ -97,15 +119,105 @@ def schedule(low: float | None = None, high: float | None = None, allow_none: bo
     return rule
 
 
-class ArgumentChecker:
-    """A constructor's checker: ``self.n_epochs = check("n_epochs", n_epochs)`` returns the value in its canonical
-    type, or raises naming the argument (the rule is ``rules[name]``; an argument without one is a bug)."""
+# ---------------------------------------------------------------------------------------------- the tables
+@dataclass(frozen=True)
+class Argument:
+    """One constructor argument, declared once.
 
-    def __init__(self, rules: dict[str, Rule]) -> None:
-        self.rules = rules
+    :param default: its default value
+    :param rule: checks a value and returns it in its canonical type (see the module docstring)
+    :param doc: its ``:param:`` text
+    :param annotation: its type, as the signature shows it
+    :param saved: whether a model file records it (``device`` is the loader's to give)
+    """
 
-    def __call__(self, name: str, value: Any) -> Any:
-        return self.rules[name](name, value)
+    default: Any
+    rule: Rule
+    doc: str
+    annotation: str = "Any"
+    saved: bool = True
+
+
+#: the constructor's parameters before the table's (SB3's ``policy, env``) and after it
+HEAD = {
+    "policy": ("str | type[TransformerPolicy]", '``"TransformerPolicy"`` or the class'),
+    "env": ("GymEnv | str | None", 'an env, a VecEnv or a registered id (``"R1Zero-v0"``); sequence action mode'),
+}
+LAST = ("_init_setup_model", "bool", True, "build the policy now (``load()`` passes ``False``)")
+
+
+class Arguments(Mapping[str, Argument]):
+    """An algorithm's constructor arguments after ``policy`` and ``env``, in their order: a read-only mapping of
+    name to :class:`Argument`.
+
+    :param arguments: the arguments, in the signature's order
+    """
+
+    def __init__(self, arguments: Mapping[str, Argument]) -> None:
+        self._arguments = dict(arguments)
+
+    def __getitem__(self, name: str) -> Argument:
+        return self._arguments[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arguments)
+
+    def __len__(self) -> int:
+        return len(self._arguments)
+
+    def extended(self, after: str, own: Mapping[str, Argument], **changes: Mapping[str, Any]) -> Arguments:
+        """These arguments with an algorithm's ``own`` inserted after the argument ``after``, and ``changes`` to
+        shared ones (``group_size={"default": 1, "rule": ..., "doc": ...}``: the algorithm's default, rule or doc)."""
+        if set(own) & set(self._arguments):
+            raise ValueError(f"declared twice: {sorted(set(own) & set(self._arguments))}")
+        arguments: dict[str, Argument] = {}
+        for name, argument in self._arguments.items():
+            arguments[name] = dataclasses.replace(argument, **changes.pop(name, {}))
+            if name == after:
+                arguments.update(own)
+        if changes:
+            raise ValueError(f"changes to arguments that are not shared: {sorted(changes)}")
+        return Arguments(arguments)
+
+    def check(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Every argument's value by its one rule (an argument without a value gets its default)."""
+        return {name: argument.rule(name, values.get(name, argument.default)) for name, argument in self.items()}
+
+    def signature(self) -> inspect.Signature:
+        """``(self, policy, env, <the arguments, with their defaults>, _init_setup_model=True)``."""
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        parameters = [inspect.Parameter("self", kind)]
+        parameters += [inspect.Parameter(name, kind, annotation=annotation) for name, (annotation, _) in HEAD.items()]
+        parameters += [inspect.Parameter(n, kind, default=a.default, annotation=a.annotation) for n, a in self.items()]
+        parameters.append(inspect.Parameter(LAST[0], kind, default=LAST[2], annotation=LAST[1]))
+        return inspect.Signature(parameters, return_annotation="None")
+
+    def docstring(self, indent: str = "    ") -> str:
+        """The ``:param:`` lines of the constructor, SB3's reST style, one per parameter, wrapped at 116
+        characters; every line but the first starts with ``indent`` (the class docstring's)."""
+        docs = [(name, doc) for name, (_, doc) in HEAD.items()]
+        docs += [(name, argument.doc) for name, argument in self.items()] + [(LAST[0], LAST[3])]
+        lines = []
+        for name, doc in docs:
+            lines += textwrap.wrap(f":param {name}: {doc}", 116 - len(indent), subsequent_indent="    ")
+        return f"\n{indent}".join(lines)
+
+    def constructor(self, init: Callable[..., None]) -> Callable[..., None]:
+        """Give ``init`` (``def __init__(self, policy, env, _init_setup_model=True, **arguments)``) the table's
+        signature: it is called with every argument by name, positional ones bound as the signature says, missing
+        ones at their defaults; ``inspect.signature`` (what ``help``, the presets' key check and ``from_trl`` read)
+        shows the real parameters. A name it does not take raises a ``TypeError`` naming ours for a TRL name, or
+        the close matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
+        signature = self.signature()
+
+        @functools.wraps(init)
+        def bound(self: Any, *args: Any, **kwargs: Any) -> None:
+            call = signature.bind(self, *args, **kwargs)
+            call.apply_defaults()
+            init(**call.arguments)
+
+        bound.__signature__ = signature  # type: ignore[attr-defined]
+        return with_trl_hints(bound)
 
 
 def check_collapse_guard(name: str, value: Any) -> Any:
@@ -117,35 +229,106 @@ def check_collapse_guard(name: str, value: Any) -> Any:
     return value
 
 
-def finite_learning_rate(value: float) -> float:
-    """A learning rate about to reach the optimizer: finite and >= 0, or an error naming the schedule."""
-    if not (math.isfinite(value) and value >= 0):
-        raise ArgumentError(f"learning_rate: the schedule gave {value!r}; it must stay finite and >= 0")
-    return value
+#: the keys ``policy_kwargs`` may hold: TransformerPolicy's arguments but those the algorithm passes itself
+POLICY_KEYS = tuple(
+    name
+    for name in inspect.signature(TransformerPolicy.__init__).parameters
+    if name not in ("self", "observation_space", "action_space", "lr_schedule")
+)
 
+_MIXED_PRECISION = (
+    '``"auto"`` (float32 on a CPU, bf16 on a GPU that has it, else fp16), ``"bf16"``, ``"fp16"``, ``"no"`` '
+    '(float32) or a dict of stages (``"sampling"``, ``"update"``, ``"sft"``) to those: forward passes under '
+    "autocast, weights, optimizer and loss in float32 (:mod:`~algorithms.common.runtime.precision`; the choice is "
+    "in ``model.precision``); a step with non-finite gradients is skipped and counted"
+)
+_SAMPLER_CORRECTION = (
+    'the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`): ``"tis"`` (truncated '
+    "importance sampling: the ratio taken against the update's own log-probs of the fresh rollout, each token's "
+    "loss weighted by ``min(pi_old / pi_sampler, cap)``), ``None`` (off: the ratio against the sampler's log-probs) "
+    'or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions). The mismatch is logged '
+    "every update as ``train/sampler_kl``"
+)
+_COLLAPSE_GUARD = (
+    "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
+    "defaults: a fall is the rollouts' success, averaged over 5 iterations, more than 0.1 below its best for 3 "
+    "iterations; it then restores the best weights and optimizer state and halves the learning rate), a dict of its "
+    'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"rollout"`` or '
+    '``"eval"``, an ``EvalCallback`` given to ``learn()``), or ``False``/``None`` (off)'
+)
+_SHARDING = (
+    'with several processes: ``None`` (each holds a whole replica, DDP) or ``"fsdp"`` (FSDP2: the weights, '
+    "gradients, optimizer state and reference sharded over the processes; the same weights trained, see "
+    ':mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded'
+)
 
-#: the arguments every :class:`~algorithms.common.base_class.LMBaseAlgorithm` takes
-LM_ALGORITHM_RULES: dict[str, Rule] = {
-    "learning_rate": schedule(low=0.0),
-    "n_groups": integer(low=1),
-    "group_size": integer(low=1),  # GRPO asks for >= 2 itself (a group of one has no relative advantage)
-    "max_grad_norm": number(low=0.0, low_open=True),
-    "gamma": number(low=0.0, high=1.0, low_open=True),
-    "gradient_compression": choice(*COMPRESSIONS),
-    "sharding": choice(*SHARDINGS),
-    "dist_timeout": number(low=0.0, low_open=True),
-    "mixed_precision": check_precision,
-    "sampler_correction": choice(*SAMPLER_CORRECTIONS),
-    "sampler_correction_cap": number(low=1.0),
-    "cold_start": choice(True, False, "auto"),
-    "sft_steps": integer(low=0),
-    "sft_batch_size": integer(low=1),
-    "sft_learning_rate": number(low=0.0, low_open=True),
-    "sft_data": optional_path(),
-    "curriculum": boolean(),
-    "collapse_guard": check_collapse_guard,
-    "stats_window_size": integer(low=1),
-    "tensorboard_log": optional_path(),
-    "verbose": integer(low=0, high=2),
-    "seed": integer(low=0, allow_none=True),
-}
+#: the arguments every :class:`~algorithms.common.base_class.LMBaseAlgorithm` takes; an algorithm inserts its own
+#: after ``group_size`` (:meth:`Arguments.extended`)
+LM_ARGUMENTS = Arguments(
+    {
+        "learning_rate": Argument(
+            1e-5, schedule(low=0.0), "learning rate, constant or an SB3 schedule of the remaining progress",
+            "float | Schedule",
+        ),
+        "n_groups": Argument(4, integer(low=1), "K, problems (prompts) per rollout", "int"),
+        "group_size": Argument(8, integer(low=1), "G, completions per problem", "int"),
+        "max_grad_norm": Argument(0.5, number(low=0.0, low_open=True), "global gradient-norm clip (S13: 0.5)", "float"),
+        "gamma": Argument(
+            0.99, number(low=0.0, high=1.0, low_open=True),
+            "discount over the turns of a multi-turn episode (S23: 0.99 generation, 0.95 dialogue)", "float",
+        ),
+        "gradient_compression": Argument(
+            None, choice(*COMPRESSIONS),
+            'with several processes (S17, :mod:`~algorithms.common.runtime.distributed`): ``None``, ``"fp16"``, '
+            '``"bf16"`` or ``"powersgd"`` (PyTorch\'s DDP communication hooks)', "str | None",
+        ),
+        "sharding": Argument(None, choice(*SHARDINGS), _SHARDING, "str | None"),
+        "dist_timeout": Argument(
+            300.0, number(low=0.0, low_open=True),
+            "seconds a rank waits for the others before the job fails (a hung rank ends the job)", "float",
+        ),
+        "mixed_precision": Argument("auto", check_precision, _MIXED_PRECISION, "str | dict[str, str]"),
+        "sampler_correction": Argument("auto", choice(*SAMPLER_CORRECTIONS), _SAMPLER_CORRECTION, "str | None"),
+        "sampler_correction_cap": Argument(
+            2.0, number(low=1.0), "the truncation ``cap`` of the TIS weights (TRL's and verl's 2)", "float"
+        ),
+        "cold_start": Argument(
+            "auto", choice(True, False, "auto"),
+            'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '
+            "model), ``True`` or ``False``", "bool | str",
+        ),
+        "sft_steps": Argument(300, integer(low=0), "SFT gradient steps (the seed preset: 5000)", "int"),
+        "sft_batch_size": Argument(32, integer(low=1), "examples per SFT step", "int"),
+        "sft_learning_rate": Argument(1e-3, number(low=0.0, low_open=True), "SFT learning rate", "float"),
+        "sft_data": Argument(
+            None, optional_path(existing_file="a JSONL file of prompt/response rows"),
+            'a JSONL file of ``{"prompt", "response"}`` rows to use instead of the task\'s gold solutions',
+            "str | None",
+        ),
+        "curriculum": Argument(
+            False, boolean(),
+            "S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of every env from "
+            "the rolling success rate (``curriculum/difficulty``)", "bool",
+        ),
+        "collapse_guard": Argument(False, check_collapse_guard, _COLLAPSE_GUARD, "bool | dict[str, Any] | None"),
+        "stats_window_size": Argument(
+            100, integer(low=1), "episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``", "int"
+        ),
+        "tensorboard_log": Argument(
+            None, optional_path(), "the TensorBoard folder (runs go to ``<folder>/<algorithm>_<n>``)", "str | None"
+        ),
+        "policy_kwargs": Argument(
+            None, mapping(POLICY_KEYS),
+            ":class:`TransformerPolicy` arguments (``model``, ``temperature``, ``top_p``, …)",
+            "dict[str, Any] | None",
+        ),
+        "verbose": Argument(0, integer(low=0, high=2), "0 silent, 1 progress and logs", "int"),
+        "seed": Argument(
+            None, integer(low=0, allow_none=True),
+            "seeds the model's initialisation, the sampler, the problems and the minibatch order", "int | None",
+        ),
+        "device": Argument(
+            "auto", lambda name, value: value, '``"auto"``, ``"cpu"`` or ``"cuda"``', "th.device | str", saved=False
+        ),
+    }
+)  # fmt: skip

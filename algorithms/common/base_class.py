@@ -10,14 +10,12 @@ run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_r
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
-:mod:`algorithms.common.model.lora`); :meth:`LMBaseAlgorithm._reference` gives whichever it is.
+:mod:`algorithms.common.model.reference`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import inspect
+import functools
 import io
 import json
 import os
@@ -26,133 +24,79 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-import gymnasium as gym
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
-from stable_baselines3.common.utils import check_for_correct_spaces, get_system_info
+from stable_baselines3.common.type_aliases import GymEnv
+from stable_baselines3.common.utils import get_system_info
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
-from algorithms.common.arguments import LM_ALGORITHM_RULES, ArgumentChecker
+from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.collapse_guard import CollapseGuard, GuardSettings
-from algorithms.common.env_util import MissingEnv, rollout_token_ids
+from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.model.loading import check_finite_weights
-from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer, model_tokenizer
+from algorithms.common.model.reference import frozen_copy, reference_network
+from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.sampling import RolloutSampling
 from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.distributed import Distributed
-from algorithms.common.runtime.parallel import load_checkpoint, parallelism
+from algorithms.common.runtime.parallel import parallelism
 from algorithms.common.runtime.precision import choose_precision
 from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
 from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import run_file
 from algorithms.common.saving.checkpoints import MODEL
-from algorithms.common.saving.model_file import encode, read_model_file, write_model_file
-from grpo_gym.validation import check_mapping
+from algorithms.common.saving.model_file import encode, read_model_file
+from algorithms.common.saving.sharded import load_policy
 
 SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
-#: the keys policy_kwargs may hold: TransformerPolicy's arguments but those the algorithm passes itself
-POLICY_KEYS = tuple(
-    name
-    for name in inspect.signature(TransformerPolicy.__init__).parameters
-    if name not in ("self", "observation_space", "action_space", "lr_schedule")
-)
-#: constructor arguments a file does not record (the caller supplies them at load), and attributes of other names
-NOT_SAVED = ("self", "policy", "env", "device", "_init_setup_model")
+#: the arguments SB3's ``BaseAlgorithm`` takes and stores itself (``stats_window_size`` as ``_stats_window_size``)
+SB3_ARGUMENTS = ("learning_rate", "policy_kwargs", "stats_window_size", "tensorboard_log", "verbose", "device", "seed")
 ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
 
 GUARD_PREFIX = "collapse_guard/"  # the collapse guard's snapshot among a saved run's tensors
 
 
-def _tokenizer_of(model: Any) -> dict[str, Any]:
-    """``{"tokenizer": folder}`` when the model comes from a folder or hub name that ships a tokenizer: an env
-    made from an id then speaks the model's vocabulary (the tokenizer guard's fix, applied for the caller)."""
-    return {"tokenizer": os.fspath(model)} if model_tokenizer(model) is not None else {}
-
-
 class LMBaseAlgorithm(BaseAlgorithm):
     """Base class of :class:`~algorithms.common.lm_algorithm.LMAlgorithm`: see the module docstring.
 
-    The constructor arguments are documented on the algorithms (GRPO, LMPPO), which pass them through.
+    The constructor's arguments are the table :attr:`arguments` (an algorithm's: the shared ones and its own); each
+    is checked once, by its rule, and stored under its name.
     """
 
     policy_aliases: ClassVar[dict[str, type[TransformerPolicy]]] = {"TransformerPolicy": TransformerPolicy}
     policy: TransformerPolicy
 
-    def __init__(
-        self,
-        policy: str | type[TransformerPolicy],
-        env: GymEnv | str | None,
-        learning_rate: float | Schedule,
-        n_groups: int,
-        group_size: int,
-        max_grad_norm: float,
-        gamma: float,
-        gradient_compression: str | None,
-        sharding: str | None,
-        dist_timeout: float,
-        mixed_precision: str | dict[str, str],
-        sampler_correction: str | None,
-        sampler_correction_cap: float,
-        cold_start: bool | str,
-        sft_steps: int,
-        sft_batch_size: int,
-        sft_learning_rate: float,
-        sft_data: str | None,
-        curriculum: bool,
-        collapse_guard: bool | dict[str, Any] | None,
-        stats_window_size: int,
-        tensorboard_log: str | None,
-        policy_kwargs: dict[str, Any] | None,
-        verbose: int,
-        seed: int | None,
-        device: th.device | str,
-    ) -> None:
-        check = ArgumentChecker(LM_ALGORITHM_RULES)
-        self._dist = Distributed(timeout=check("dist_timeout", dist_timeout))
-        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array", which a text env does not have
-            env = gym.make(env, **_tokenizer_of((policy_kwargs or {}).get("model")))
+    #: the constructor's arguments after ``policy`` and ``env`` (each declared once: default, rule, doc); an
+    #: algorithm's table adds its own (:mod:`algorithms.common.arguments`)
+    arguments: ClassVar[Arguments] = LM_ARGUMENTS
+
+    def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **arguments: Any) -> None:
+        values = type(self).arguments.check(arguments)  # each argument by its one rule, in its canonical type
+        self._dist = Distributed(timeout=values["dist_timeout"])
+        if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array": see make_env_for_model
+            env = make_env_for_model(env, values["policy_kwargs"].get("model"))
         main = self._dist.is_main  # S17: only rank 0 logs and prints
         super().__init__(
             policy,
             env,
-            learning_rate=check("learning_rate", learning_rate),
-            policy_kwargs=check_mapping("policy_kwargs", policy_kwargs, POLICY_KEYS),
-            stats_window_size=check("stats_window_size", stats_window_size),
-            tensorboard_log=check("tensorboard_log", tensorboard_log) if main else None,
-            verbose=check("verbose", verbose) if main else 0,
-            device=self._dist.device(device),
+            learning_rate=values["learning_rate"],
+            policy_kwargs=values["policy_kwargs"],
+            stats_window_size=values["stats_window_size"],
+            tensorboard_log=values["tensorboard_log"] if main else None,
+            verbose=values["verbose"] if main else 0,
+            device=self._dist.device(values["device"]),
             support_multi_env=True,
-            seed=check("seed", seed),
+            seed=values["seed"],
         )
-        self.n_groups = check("n_groups", n_groups)
-        self.group_size = check("group_size", group_size)
-        self.max_grad_norm = check("max_grad_norm", max_grad_norm)
-        self.gamma = check("gamma", gamma)
-        self.gradient_compression = check("gradient_compression", gradient_compression)
-        self.sharding = check("sharding", sharding)
+        for name, value in values.items():
+            if name not in SB3_ARGUMENTS:  # SB3's BaseAlgorithm stored those (stats_window_size as a private)
+                setattr(self, name, value)
         #: whole replicas (DDP) or FSDP2 shards: see :mod:`algorithms.common.runtime.parallel`
         self._parallel = parallelism(self.sharding, self._dist, self.device, self.gradient_compression)
-        self.dist_timeout = check("dist_timeout", dist_timeout)
-        self.mixed_precision = check("mixed_precision", mixed_precision)
-        self.sampler_correction = check("sampler_correction", sampler_correction)
-        self.sampler_correction_cap = check("sampler_correction_cap", sampler_correction_cap)
-        self.cold_start = check("cold_start", cold_start)
-        self.sft_steps = check("sft_steps", sft_steps)
-        self.sft_batch_size = check("sft_batch_size", sft_batch_size)
-        self.sft_learning_rate = check("sft_learning_rate", sft_learning_rate)
-        self.sft_data = check("sft_data", sft_data)
-        if self.sft_data is not None and not os.path.isfile(self.sft_data):
-            raise ValueError(f"sft_data {sft_data!r} is not a file; pass a JSONL file of prompt/response rows")
-        self.curriculum = check("curriculum", curriculum)
-        self.collapse_guard = check("collapse_guard", collapse_guard)
-        guard = GuardSettings.parse(self.collapse_guard)
-        #: the collapse guard of this run (None: off): see :mod:`algorithms.common.collapse_guard`
-        self._guard = CollapseGuard(guard) if guard is not None else None
-        self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
         self.ref_model: th.nn.Module | None = None
@@ -165,6 +109,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
         self._env_missing = ""  # why load() could not rebuild the recorded env (learn() says it)
         self._curriculum: CurriculumCallback | None = None
+        guard = GuardSettings.parse(self.collapse_guard)
+        #: the collapse guard of this run (None: off): see :mod:`algorithms.common.collapse_guard`
+        self._guard = CollapseGuard(guard) if guard is not None else None
+        self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
+        #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
+        self._sampling = RolloutSampling()
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
@@ -201,41 +151,40 @@ class LMBaseAlgorithm(BaseAlgorithm):
             **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
         }
         if self._needs_reference():
-            self.ref_model = self._frozen_copy()
+            self.ref_model = frozen_copy(self.policy)
         self._parallel.prepare(self.policy, self.ref_model, self.precision)  # FSDP2: shards them
 
     def _needs_reference(self) -> bool:
         """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
         return False
 
-    def _frozen_copy(self) -> th.nn.Module | None:
-        """A frozen copy of the policy's network; None with LoRA, whose reference is the base model (see
-        :meth:`_reference`)."""
-        if self.policy.lora is not None:
-            return None
-        reference = copy.deepcopy(self.policy.model).eval()
-        reference.requires_grad_(False)
-        return reference
-
     def _refresh_reference(self) -> None:
         """Give the frozen reference (when there is a copy) the policy's current weights, shard by shard."""
         if self.ref_model is not None:
             copy_weights(self.policy.model, self.ref_model)
 
-    @contextlib.contextmanager
-    def _reference(self):
-        """The frozen reference network for the duration of the block: ``ref_model``, or with LoRA the policy's own
-        network with its adapters disabled (the base model, no copy)."""
-        if self.policy.lora is None or self.ref_model is not None:
-            yield self.ref_model
-            return
-        with self.policy.model.disable_adapter():
-            yield self.policy.model
-
     @property
     def _local_groups(self) -> int:
         """The groups this process trains: K / world size."""
         return self.n_groups // self._dist.world_size
+
+    # ------------------------------------------------------------------ the public face (checkpoints, the CLI)
+    @property
+    def iteration(self) -> int:
+        """The iterations (rollout + update) finished so far; checkpoints are named by it."""
+        return self._iteration
+
+    @property
+    def distributed(self) -> Distributed:
+        """The job's processes (``is_main``, ``rank``, ``world_size``, ``sum``...): one process when not under
+        ``torchrun``."""
+        return self._dist
+
+    @property
+    def is_sharded(self) -> bool:
+        """Whether the weights are split over the processes (``sharding="fsdp"`` on several): saving, predicting
+        and evaluating are then collectives every rank enters, and a checkpoint is :meth:`save_sharded`'s."""
+        return self._parallel.sharded
 
     # ------------------------------------------------------------------ run state, save and load
     #: attributes that, besides the constructor's arguments, a run needs to continue exactly; subclasses add theirs
@@ -292,8 +241,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
             self._guard = CollapseGuard.from_state(state["collapse_guard"], tensors)
 
     def _constructor_arguments(self) -> dict[str, Any]:
-        """The constructor's arguments, read back from the attributes they were stored in."""
-        names = [name for name in inspect.signature(type(self).__init__).parameters if name not in NOT_SAVED]
+        """The constructor's arguments a file records, read back from the attributes they were stored in."""
+        names = [name for name, argument in type(self).arguments.items() if argument.saved]
         arguments = {name: getattr(self, ATTRIBUTE_OF.get(name, name)) for name in names}
         return {**arguments, "policy_kwargs": run_file.plain_policy_kwargs(arguments.get("policy_kwargs"))}
 
@@ -327,20 +276,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
         return self._parallel.save_checkpoint(directory, self.policy, self.ref_model, extra)
 
     def _write_model_file(self, path: str | os.PathLike, parameters: dict[str, Any], sharded_weights=False) -> None:
-        state, rng = self._boundary or self.get_run_state()
-        data = {
-            "algorithm": type(self).__name__,
-            "policy_class": self.policy_class.__name__,
-            "observation_space": encode(self.observation_space),
-            "action_space": encode(self.action_space),
-            "arguments": encode(self._constructor_arguments()),
-            "state": state,
-            "env": run_file.env_record(self.env),
-            **({"weights": run_file.SHARDED_WEIGHTS} if sharded_weights else {}),
-        }
         if not sharded_weights:
             parameters["policy"] = self.policy.file_state_dict(parameters["policy"])  # LoRA: adapters only, maybe
-        write_model_file(path, data, parameters, {"rng": rng})
+        names = (type(self).__name__, self.policy_class.__name__)
+        spaces = (self.observation_space, self.action_space)
+        state = self._boundary or self.get_run_state()
+        run_file.write_run(path, names, spaces, self._constructor_arguments(), state, self.env, parameters)
 
     @classmethod
     def load(  # type: ignore[override]
@@ -370,27 +311,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
         states back."""
         if print_system_info:
             get_system_info()
-        saved = run_file.read_run(path, custom_objects, allow_pickle)
+        saved = run_file.read_saved_run(path, custom_objects, allow_pickle)
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
-        env_missing = ""  # why the recorded env was not rebuilt, for learn()'s error
-        source = "the env given" if env is not None else "the env rebuilt from its record"
-        if env is None and rebuild_env and saved.env:
-            seed = saved.arguments.get("seed")
-            env, env_missing = run_file.rebuild_env(saved.env, dict(env_objects or {}), seed, name)
-        elif env_objects:
-            raise ValueError("env_objects rebuild the recorded env: pass them without env=")
-        if env is not None:
-            env = cls._wrap_env(env, int(saved.arguments.get("verbose", 0)))
-            try:
-                check_for_correct_spaces(env, saved.observation_space, saved.action_space)
-            except ValueError as error:
-                raise ValueError(
-                    f"{name}: {error}; {source} does not fit the model (its context_length, max_new_tokens or "
-                    "action_mode differ from the run's): make the env with the run's settings"
-                ) from None
-        taken = set(saved.arguments) | set(inspect.signature(cls.__init__).parameters) - set(NOT_SAVED)  # e.g. sharding
+        wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
+        env, env_missing = run_file.env_to_load(saved, env, env_objects, rebuild_env, name, wrap)
+        taken = set(saved.arguments) | {name for name, argument in cls.arguments.items() if argument.saved}
         arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
         if env is None:
@@ -400,7 +327,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
         model._setup_model()
         if saved.sharded_weights:  # a checkpoint of save_sharded: the weights are the shards beside the file
-            if not load_checkpoint(path, model.policy, model.ref_model):
+            if not load_policy(path, model.policy, model.ref_model):
                 model._refresh_reference()
         else:
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)
@@ -498,6 +425,6 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
         """``(N, C)`` log-probs of the batch's completions under the frozen reference."""
-        with th.no_grad(), self._reference() as reference:
+        with th.no_grad(), reference_network(self.policy, self.ref_model) as reference:
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
             return self.policy.log_probs(*args, model=reference)[0]

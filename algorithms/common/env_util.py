@@ -1,23 +1,35 @@
 """The envs a run trains on: :func:`make_env` builds them (the command line, a saved run's record and the benchmarks
-all use it), :func:`rollout_token_ids` checks one for rollouts of whole completions and reads its EOS and pad ids,
-:class:`MissingEnv` stands in for a loaded run's env that could not be rebuilt.
+all use it), :func:`make_env_for_model` one from an id for a model's vocabulary, :func:`rollout_token_ids` checks
+one for rollouts of whole completions and reads its EOS and pad ids, :class:`MissingEnv` stands in for a loaded
+run's env that could not be rebuilt.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
+import gymnasium as gym
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+from algorithms.common.model.tokenizer_check import model_tokenizer
 
 
 def make_env(env_id: str, n_envs: int = 1, env_kwargs: dict[str, Any] | None = None, seed: int | None = None) -> VecEnv:
     """``n_envs`` copies of the registered env ``env_id`` made with ``env_kwargs``, in a ``DummyVecEnv`` (each
     wrapped in SB3's ``Monitor``), seeded from ``seed``."""
     return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs or {}, vec_env_cls=DummyVecEnv)
+
+
+def make_env_for_model(env_id: str, model: Any) -> gym.Env:
+    """``gym.make(env_id)``, given the model's tokenizer when the model comes from a folder or hub name that ships
+    one: the env then speaks the model's vocabulary (the tokenizer guard's fix, applied for the caller). SB3 would
+    ask for ``render_mode="rgb_array"``, which a text env does not have."""
+    tokenizer = {"tokenizer": os.fspath(model)} if model_tokenizer(model) is not None else {}
+    return gym.make(env_id, **tokenizer)
 
 
 def rollout_token_ids(env: VecEnv, algorithm: str, n_groups: int, world_size: int, group_size: int) -> dict[str, int]:

@@ -2,21 +2,34 @@
 R1Zero-style envs shares.
 
 The role SB3's ``OnPolicyAlgorithm`` plays for PPO and A2C (what it builds on, construction, the policy, the
-reference, the run state and save/load, is :class:`~algorithms.common.base_class.LMBaseAlgorithm`). One
-iteration, in the order it runs::
+reference, the run state and save/load, is :class:`~algorithms.common.base_class.LMBaseAlgorithm`).
 
-    learn ─► collect_rollouts: K problems, G completions each, sampled in one batch (policy.generate),
-             stepped through the env(s) ─► Rows ─► _build_batch (the subclass: advantages, kept rows)
-          ─► train (the subclass: minibatches, loss, _optimizer_step) ─► dump_logs
+One iteration, top-down, in the order it runs (``self._sampling`` is the algorithm's
+:class:`~algorithms.common.rollout.sampling.RolloutSampling`, GRPO's adds its options there; the two methods a
+subclass writes are marked *subclass*)::
 
-Subclasses implement ``_build_batch(rows, generation_seconds)`` and ``train()``, and may override the hooks
-``_before_rollout(env)``, ``_problem_keys(n)``, ``_after_play(...)`` and ``_samples_from_reference()``. The cold
-start (S20.1) runs before the first rollout.
+    learn
+    ├─ collect_rollouts                       (callbacks' on_rollout_start: the checkpoint at the boundary)
+    │  ├─ _sampling.before_rollout            the env's settings for the rollout (GRPO: the reward ramp)
+    │  ├─ _draw_problems                      K problems: _sampling.problem_keys (the stream, or GRPO's pool)
+    │  ├─ _play                               sample the K x G first turns in one batch (_sample: the policy, or
+    │  │  │                                   the reference when _sampling.from_reference), score them ahead,
+    │  │  │                                   step them through the env(s) n_envs at a time
+    │  │  └─ _play_later_turns, _record_step  multi-turn episodes; every step counted, its rows kept (Rows)
+    │  ├─ _sampling.after_play                play groups again (GRPO: DAPO's refills, through _play_again)
+    │  └─ _build_batch            *subclass*  returns, advantages, the kept rows as a RolloutBatch
+    ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
+    │                                         restore the update is skipped
+    ├─ train                      *subclass*  minibatches, loss, _optimizer_step (clip, guarded step)
+    └─ dump_logs                              rollout/, time/, train/ at num_timesteps
+
+The cold start (S20.1, :meth:`LMAlgorithm.run_cold_start`) runs before the first rollout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from typing import Any, TypeVar
 
@@ -31,9 +44,10 @@ from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.generation.sampler import Completions
+from algorithms.common.model.reference import reference_network
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
-from algorithms.common.rollout.env_steps import Obs, split_obs, stack_obs, step_envs
-from algorithms.common.rollout.rows import TEXT_ONLY, Rows, contexts_from_obs
+from algorithms.common.rollout.env_steps import Obs, score_ahead, split_obs, stack_obs, step_envs
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -53,13 +67,14 @@ class LMAlgorithm(LMBaseAlgorithm):
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
         Multi-turn episodes (feedback, tool calls) answer again from the env's new context until they end: the later
         turns of a chunk's episodes still playing are sampled in one batch (:meth:`_play_later_turns`). A subclass
-        may then play more and change the rows (:meth:`_after_play`, e.g. dynamic sampling) before the batch is built.
+        may then play more and change the rows (``_sampling.after_play``, e.g. dynamic sampling) before the batch is
+        built.
         Returns False when a callback stopped training.
         """
         self._boundary = self.get_run_state()  # an iteration boundary: what a save during the rollout records
         callback.on_rollout_start()
         self.policy.set_training_mode(False)
-        self._before_rollout(env)
+        self._sampling.before_rollout(env, self.num_timesteps, self.logger)
         episode_problems = [p for p in self._draw_problems(env) for _ in range(self.group_size)]
         self._seeds.reseed_for_rollout(self._iteration)
         rows, finished = Rows(), []  # (Monitor episode, is_success) of the episodes that ended
@@ -67,12 +82,15 @@ class LMAlgorithm(LMBaseAlgorithm):
         generation_seconds = self._play(env, callback, episode_problems, rows, finished, job_steps=True, **noise)
         if generation_seconds is None:
             return False
-        extra_seconds = self._after_play(env, callback, rows, finished, episode_problems)
+        generator_state = self._seeds.generator.get_state()
+        play = functools.partial(self._play_again, env, callback, finished, episode_problems)
+        extra_seconds = self._sampling.after_play(rows, play, self.logger)  # e.g. GRPO's refill rounds
+        self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
         if extra_seconds is None:
             return False
-        self._merge_episode_infos(finished)
+        merge_episode_infos(self._dist, finished, self.ep_info_buffer, self.ep_success_buffer)
         self._rollout_successes = (sum(bool(success) for _, success in finished), len(finished))
-        self._check_reward_errors(rows)
+        check_reward_errors(self._dist, rows, self.logger)
         self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
         self._boundary = None
         callback.update_locals(locals())
@@ -103,7 +121,7 @@ class LMAlgorithm(LMBaseAlgorithm):
         timer = time.perf_counter()
         first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
         generation_seconds = time.perf_counter() - timer
-        self._score_ahead(env, episode_problems, first.tokens.cpu().numpy())
+        score_ahead(env, episode_problems, first.tokens.cpu().numpy())
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
@@ -208,32 +226,21 @@ class LMAlgorithm(LMBaseAlgorithm):
         self.num_timesteps = before + int(self._dist.sum(self.num_timesteps - before))  # every rank's completions
         return new, seconds
 
-    @staticmethod
-    def _score_ahead(env: VecEnv, problems: list[Any], actions: Any) -> None:
-        """Each env scores the first turns it will play in one batch (one call per reward function, one reward-model
-        forward); its ``step`` then returns those results. Env ``i`` plays episodes ``i, i + n_envs, ...``."""
-        n_envs = env.num_envs
-        for i in range(min(n_envs, len(problems))):
-            env.env_method("score_ahead", problems[i::n_envs], list(actions[i::n_envs]), indices=[i])
-
     def _draw_problems(self, env: VecEnv, slots: list[int] | None = None) -> list[Any]:
         """This rank's problems for the groups ``slots`` (indices among the job's K; default: all K). Every rank
-        draws the problems of all of them (:meth:`_problem_keys`) and plays its own: the same groups whatever the
-        number of processes (the sampler is reseeded per iteration for the same reason)."""
+        draws the problems of all of them (``_sampling.problem_keys``) and plays its own: the same groups whatever
+        the number of processes (the sampler is reseeded per iteration for the same reason)."""
         slots = list(range(self.n_groups)) if slots is None else slots
-        keys = self._problem_keys(len(slots))
+        keys = self._sampling.problem_keys(len(slots), self._seeds, env)
         first = self._dist.rank * self._local_groups
         local = [(slot - first, key) for slot, key in zip(slots, keys, strict=True)]
         mine = [(k, key) for k, key in local if 0 <= k < self._local_groups]
         return [env.env_method("sample_problem", **key, indices=[k % env.num_envs])[0] for k, key in mine]
 
-    def _problem_keys(self, n: int) -> list[dict[str, Any]]:
-        """The ``sample_problem`` arguments of the next ``n`` problems (the env's stream; a subclass may choose)."""
-        return self._seeds.problem_keys(n)
-
     def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
-        sampler = self._reference() if self._samples_from_reference() else contextlib.nullcontext(None)
+        from_reference = self._sampling.from_reference(self._iteration, self.logger)
+        sampler = reference_network(self.policy, self.ref_model) if from_reference else contextlib.nullcontext(None)
         with sampler as model:
             return self.policy.generate(
                 ids.to(self.device),
@@ -256,48 +263,7 @@ class LMAlgorithm(LMBaseAlgorithm):
         with self.gathered_policy():
             return super().predict(observation, state, episode_start, deterministic)
 
-    def _merge_episode_infos(self, finished: list[tuple[Any, Any]]) -> None:
-        """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``) cover every rank."""
-        if not self._dist.enabled:
-            return
-        for rank, episodes in enumerate(self._dist.gather_objects(finished)):
-            if rank == self._dist.rank:
-                continue
-            for episode, success in episodes:
-                if episode is not None:
-                    self.ep_info_buffer.extend([episode])
-                if success is not None:
-                    self.ep_success_buffer.append(success)
-
-    def _check_reward_errors(self, rows: Rows) -> None:
-        """Log ``rollout/reward_errors`` (completions whose reward raised, every rank's); when every completion of
-        the iteration erred, stop training with that error (the env has warned with each first one)."""
-        errors = [info["reward_errors"] for info in rows.infos if info.get("reward_errors")]
-        failed, total = self._dist.sum(float(len(errors))), self._dist.sum(float(len(rows.infos)))
-        self.logger.record("rollout/reward_errors", failed)
-        if total and failed == total:
-            component, message = next(iter(errors[0].items())) if errors else ("?", "on another process")
-            raise RuntimeError(
-                f"the reward of every completion of this iteration raised an error ({component}: {message}); "
-                "fix the reward function or verifier (R1ZeroEnv(on_reward_error='raise') shows the traceback)"
-            )
-
-    # ------------------------------------------------------------------ hooks of the subclasses
-    def _before_rollout(self, env: VecEnv) -> None:
-        """Called at the start of every rollout (e.g. to move a reward weight)."""
-
-    def _after_play(
-        self, env: VecEnv, callback: BaseCallback, rows: Rows, finished: list[tuple[Any, Any]], problems: list[Any]
-    ) -> float | None:
-        """Called after the rollout's episodes are played, before the batch is built: a subclass may play more
-        episodes and change ``rows`` (and the episodes' ``problems``) in place. Returns the extra generation
-        seconds, or None when a callback stopped training."""
-        return 0.0
-
-    def _samples_from_reference(self) -> bool:
-        """Whether the frozen reference (:meth:`_reference`) samples this rollout instead of the policy."""
-        return False
-
+    # ------------------------------------------------------------------ what the subclass adds
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
         """The rollout's rows as the batch the update trains on (the subclass's advantages)."""
         raise NotImplementedError
@@ -327,12 +293,13 @@ class LMAlgorithm(LMBaseAlgorithm):
             callback = CallbackList([callback, self._curriculum])
             callback.init_callback(self)
         self.logger.record("precision/choice", self._precision_text(), exclude=TEXT_ONLY)  # with the next dump
-        if self._needs_cold_start():
+        if self.needs_cold_start():
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
         assert self.env is not None
         while self.num_timesteps < total_timesteps:
-            sampling = [self.policy.model, self.ref_model if self._samples_from_reference() else None]
+            from_reference = self._sampling.from_reference(self._iteration, self.logger)
+            sampling = [self.policy.model, self.ref_model if from_reference else None]
             with self._parallel.gathered(*sampling):  # FSDP2: the whole weights for the rollout's sampler
                 collected = self.collect_rollouts(self.env, callback)
             if not collected:
@@ -374,9 +341,9 @@ class LMAlgorithm(LMBaseAlgorithm):
 
     def _guard_restored(self, callback: BaseCallback) -> bool:
         """Let the collapse guard judge this iteration; True when it put the best snapshot back (logged)."""
-        assert self._guard is not None
-        restored = self._guard.check(self._guard_figure(callback), self._iteration, self.policy, self.policy.optimizer)
         guard = self._guard
+        assert guard is not None
+        restored = guard.check(self._guard_figure(callback), self._iteration, self.policy, self.policy.optimizer)
         self.logger.record("guard/restores", guard.restores)
         self.logger.record("guard/lr_scale", guard.lr_scale)
         if guard.best is not None:
@@ -415,7 +382,17 @@ class LMAlgorithm(LMBaseAlgorithm):
             self._pending_env_states = None
         return result
 
-    def _needs_cold_start(self) -> bool:
+    def start_run(self, tb_log_name: str | None = None) -> None:
+        """Set up what :meth:`learn` sets up first (SB3's ``_setup_learn``: the counters and episode statistics, the
+        envs reset, the logger on a new TensorBoard run ``<tensorboard_log>/<tb_log_name>_<n>``) for a stage run
+        before it: the cold start called alone (:meth:`run_cold_start`), as ``grpo-gym train`` and ``sft`` do. A
+        later ``learn(..., reset_num_timesteps=False)`` continues that run and logs to the same folder."""
+        self._setup_learn(0, None, True, tb_log_name or type(self).__name__, False)
+
+    def needs_cold_start(self) -> bool:
+        """Whether the next :meth:`learn` runs the cold-start SFT stage first (``cold_start``, ``sft_steps``, and
+        for ``"auto"`` whether the policy is a freshly initialised built-in model; warns when a pretrained model
+        looks untrained)."""
         if self._cold_start_done or self.sft_steps <= 0:
             return False
         if self.cold_start == "auto" and not self.policy.is_builtin and self.env is not None and self._dist.is_main:

@@ -17,13 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from grpo_gym.validation import check_choice
+
 AGGREGATION_MODES = ("sequence", "token", "constant")
 IMPORTANCE_LEVELS = ("token", "sequence")
-
-
-def check_choice(name: str, value: str, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ValueError(f"Unknown {name} {value!r}; valid values are {', '.join(map(repr, valid))}.")
 
 
 def check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:

@@ -1,34 +1,114 @@
-"""GRPO's advantages: group-relative (or value-relative) scores, and which groups an update leaves out. Pure
-functions over tensors (the seed's competition and diversity guard, which change them, are in
-:mod:`algorithms.grpo.controls`).
+"""GRPO's advantages, every formula of them: group-relative (:func:`group_advantages`, scaled per group, per
+batch or not at all), leave-one-out (:func:`leave_one_out_advantages`, RLOO) or against S9's value baseline
+(:func:`value_baseline`), the choice among them (:func:`relative_advantages`), the groups with no signal
+(:func:`uniform_group_mask`) and which groups an update leaves out (:func:`left_out_groups`). Pure functions over
+tensors, but for :func:`value_baseline` (the value head's estimate); the seed's competition and diversity guard,
+which change the advantages, are in :mod:`algorithms.grpo.controls`.
 
 Where it sits in the data flow: after the rollout, the episodes' returns ``(K, G)`` (all ranks' groups) come
 here; :class:`~algorithms.grpo.grpo.GRPO` keeps the rows of the groups that are not left out, with their
-advantages, in the :class:`~algorithms.common.rollout.batch.RolloutBatch` the update trains on.
+advantages, in the :class:`~algorithms.common.rollout.batch.RolloutBatch` the update trains on
+(loss: :mod:`algorithms.grpo.objective`).
+
+Sources: GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), §4.1.2; Dr. GRPO, Liu et al. 2025 (arXiv
+2503.20783), no std scaling; RLOO, Ahmadian et al. 2024 (arXiv 2402.14740).
 """
 
 from __future__ import annotations
 
+import torch
 import torch as th
 from torch import Tensor
 
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import left_pad
 from algorithms.common.rollout.rows import Rows
-from algorithms.grpo import controls, objective
+from grpo_gym.validation import check_choice
+
+ADVANTAGE_SCALES = ("group", "batch", "none")
+
+
+def _check_rewards(rewards: Tensor) -> None:
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must have shape (K, G), got {tuple(rewards.shape)}.")
+    if not torch.isfinite(rewards).all():
+        raise ValueError("rewards contain NaN or inf; score unscorable completions explicitly (e.g. 0).")
+
+
+def uniform_group_mask(rewards: Tensor, atol: float = 0.0) -> Tensor:
+    """Groups whose rewards are all equal (within ``atol``): their advantages are zero, no signal.
+
+    Used for DAPO's dynamic sampling (drop such groups) and to log ``rollout/frac_uniform_groups``.
+    A group of one completion is uniform.
+
+    :param rewards: rewards, shape ``(K, G)``
+    :param atol: largest ``max - min`` spread still counted as uniform
+    :return: boolean mask, shape ``(K,)``
+    """
+    _check_rewards(rewards)
+    spread = rewards.amax(dim=1) - rewards.amin(dim=1)  # (K,)
+    return spread <= atol
+
+
+def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -> Tensor:
+    """Group-relative advantages ``A = (r - mean_group(r)) / (std + eps)`` (DeepSeekMath §4.1.2).
+
+    ``scale="group"`` divides by each group's std (GRPO); ``"batch"`` by the std of all ``K*G`` rewards
+    (Lite PPO, TRL ``scale_rewards="batch"``); ``"none"`` does not divide (Dr. GRPO). The std is the
+    unbiased (Bessel-corrected) one, as in TRL. A group whose rewards are all equal, including a group of
+    one (G=1), gets exactly zero advantages, never NaN.
+
+    :param rewards: rewards, shape ``(K, G)``: row k holds the G completions of prompt k
+    :param scale: ``"group"``, ``"batch"`` or ``"none"``
+    :param eps: added to the std before dividing
+    :return: advantages, shape ``(K, G)``
+    """
+    check_choice("scale", scale, ADVANTAGE_SCALES)
+    _check_rewards(rewards)
+    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+    if rewards.shape[1] < 2 or rewards.numel() == 0:  # the std of one value is NaN: no signal anyway
+        return torch.zeros_like(rewards)
+    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (K, G)
+    if scale == "group":
+        advantages = centred / (rewards.std(dim=1, keepdim=True) + eps)  # (K, G) / (K, 1)
+    elif scale == "batch":
+        advantages = centred / (rewards.std() + eps)  # (K, G) / ()
+    else:
+        advantages = centred  # (K, G): Dr. GRPO
+    uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1): the mean can be 1 ulp off r, force 0
+    return torch.where(uniform, 0.0, advantages)  # (K, G)
+
+
+def leave_one_out_advantages(rewards: Tensor) -> Tensor:
+    """RLOO's advantages ``A_i = r_i - mean_{j != i} r_j`` (Kool et al. 2019; Ahmadian et al. 2024, arXiv
+    2402.14740): each completion's baseline is the mean reward of the other ``G - 1`` of its group, so the
+    baseline does not depend on the completion it scores. Equal to ``G / (G - 1) * (r_i - mean_group(r))``; not
+    divided by a std. A group whose rewards are all equal gets exactly zero advantages.
+
+    :param rewards: rewards, shape ``(K, G)`` with ``G >= 2``
+    :return: advantages, shape ``(K, G)``
+    """
+    _check_rewards(rewards)
+    group = rewards.shape[1]
+    if group < 2:
+        raise ValueError(f"leave-one-out advantages need at least 2 completions per group, got G={group}.")
+    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group - 1)  # (K, G)
+    uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1)
+    return torch.where(uniform, 0.0, rewards - others_mean)  # (K, G)
 
 
 def relative_advantages(
     returns: Tensor, scale: str = "group", baseline: Tensor | None = None, leave_one_out: bool = False
 ) -> Tensor:
     """``(K, G)`` advantages: ``returns - baseline`` (S9's value baseline, ``(K, G)``) when a baseline is given,
-    RLOO's when ``leave_one_out`` (:func:`~algorithms.grpo.objective.leave_one_out_advantages`, not scaled), else
-    GRPO's group-relative ones (:func:`~algorithms.grpo.objective.group_advantages`, scaled by ``scale``)."""
+    RLOO's when ``leave_one_out`` (:func:`leave_one_out_advantages`, not scaled), else
+    GRPO's group-relative ones (:func:`group_advantages`, scaled by ``scale``)."""
     if leave_one_out:
-        return objective.leave_one_out_advantages(returns)  # (K, G)
+        return leave_one_out_advantages(returns)  # (K, G)
     if baseline is not None:
         return returns - baseline  # (K, G)
-    return objective.group_advantages(returns, scale=scale)  # (K, G)
+    return group_advantages(returns, scale=scale)  # (K, G)
 
 
 def value_baseline(policy: TransformerPolicy, rows: Rows, group_size: int) -> Tensor:
@@ -39,14 +119,6 @@ def value_baseline(policy: TransformerPolicy, rows: Rows, group_size: int) -> Te
         values = policy.predict_values(ids.to(policy.device), mask.to(policy.device)).cpu()  # (E,)
     episodes = th.as_tensor([rows.episodes[i] for i in first])
     return th.zeros(len(episodes)).index_copy_(0, episodes, values).view(-1, group_size)  # (K_local, G)
-
-
-def group_entropies(rows: Rows, group_size: int, n_groups: int) -> Tensor:
-    """S12: ``(K_local,)`` each group's mean policy entropy, estimated from its first turns' sampled tokens."""
-    first = rows.first_turns()
-    log_probs, masks = th.stack([rows.log_probs[i] for i in first]), th.stack([rows.masks[i] for i in first])
-    groups = th.as_tensor([rows.episodes[i] // group_size for i in first])
-    return controls.group_entropies(log_probs, masks, groups, n_groups)
 
 
 def left_out_groups(uniform: Tensor, drop_uniform: bool, diversity: Tensor | None = None) -> Tensor:

@@ -1,13 +1,25 @@
-"""GRPO's own constructor arguments and their rules (the shared ones are in :mod:`algorithms.common.arguments`)."""
+"""GRPO's constructor arguments: the shared ones (:data:`~algorithms.common.arguments.LM_ARGUMENTS`) with GRPO's own
+inserted after ``group_size``, each declared once (default, rule, ``:param:`` text, annotation). ``GRPO``'s
+signature and the ``:param:`` lines of its docstring are made from :data:`GRPO_ARGUMENTS`."""
 
 from __future__ import annotations
 
 import inspect
 
-from algorithms.common.arguments import Rule, boolean, choice, integer, mapping, number, schedule
+from algorithms.common.arguments import (
+    LM_ARGUMENTS,
+    Argument,
+    boolean,
+    choice,
+    integer,
+    mapping,
+    number,
+    schedule,
+)
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
-from algorithms.grpo import objective
+from algorithms.common.schedules import UpdateDecay
+from algorithms.grpo import advantages, controls
 
 #: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)
 REPLAY_BUFFER_KEYS = tuple(
@@ -16,37 +28,151 @@ REPLAY_BUFFER_KEYS = tuple(
     if name not in ("self", "pad_id", "seed")
 )
 
-GRPO_RULES: dict[str, Rule] = {
-    "group_size": integer(low=2),  # a group of one has no group-relative advantage (LMPPO allows 1)
-    "n_epochs": integer(low=1),
-    "batch_size": integer(low=1, allow_none=True),
-    "clip_range": schedule(low=0.0),
-    "clip_range_high": schedule(low=0.0, allow_none=True),
-    "beta": number(low=0.0),
-    "ent_coef": schedule(updates=True),
-    "vf_coef": number(low=0.0),
-    "advantage_scale": choice(*objective.ADVANTAGE_SCALES),
-    "loss_aggregation": choice(*AGGREGATION_MODES),
-    "drop_uniform_groups": boolean(),
-    "importance_level": choice(*IMPORTANCE_LEVELS),
-    "sequence_clip_range": number(low=0.0),
-    "sequence_clip_range_high": number(low=0.0),
-    "dynamic_sampling": boolean(),
-    "max_resample_rounds": integer(low=0),
-    "mask_truncated": boolean(),
-    "prompt_sampling": choice("uniform", "learnability"),
-    "prompt_pool_size": integer(low=1),
-    "fresh_prompt_fraction": number(low=0.0, high=1.0),
-    "competition": choice(None, "fixed", "adaptive"),
-    "competition_coef": number(low=0.0, low_open=True),
-    "diversity_guard": boolean(),
-    "diversity_threshold": number(low=0.0),
-    "update_mode": choice("joint", "sequential"),
-    "advantage_baseline": choice("group", "value", "leave_one_out"),
-    "reward_ramp": boolean(),
-    "protected_rollouts": integer(low=0),
-    "diagnostics": boolean(),
-    "replay_ratio": number(low=0.0, high=1.0, high_open=True),
-    "max_replay_age": integer(low=0),
-    "replay_buffer_kwargs": mapping(REPLAY_BUFFER_KEYS),
-}
+GRPO_OWN = {
+    "n_epochs": Argument(
+        1, integer(low=1), "passes over each rollout (1: every update on-policy, as the published GRPO default)", "int"
+    ),
+    "batch_size": Argument(
+        None, integer(low=1, allow_none=True),
+        "completions per minibatch (``None``: the whole rollout, one update per epoch)", "int | None",
+    ),
+    "clip_range": Argument(
+        0.2, schedule(low=0.0), "the lower clip epsilon of the importance ratio (0.2), constant or schedule",
+        "float | Schedule",
+    ),
+    "clip_range_high": Argument(
+        None, schedule(low=0.0, allow_none=True),
+        "the upper clip epsilon (``None``: same as ``clip_range``; DAPO's clip-higher: 0.28)",
+        "float | Schedule | None",
+    ),
+    "beta": Argument(
+        0.04, number(low=0.0),
+        "weight of the k3 KL penalty to the reference (DeepSeekMath: 0.04; TRL: 0): a frozen copy of the policy "
+        "after the cold start, built only when ``beta > 0``; with LoRA the base model (adapters disabled)", "float",
+    ),
+    "ent_coef": Argument(
+        UpdateDecay(0.01, 0.001, 10_000), schedule(updates=True),
+        "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default S23: 0.01 decaying to "
+        "0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
+    ),
+    "vf_coef": Argument(
+        0.5, number(low=0.0),
+        "weight of the value head's MSE to the episode return, when the policy has one "
+        '(``policy_kwargs={"value_head": True}``, S9\'s FP32 value network)', "float",
+    ),
+    "advantage_scale": Argument(
+        "group", choice(*advantages.ADVANTAGE_SCALES),
+        '``"group"`` (divide by the group std: GRPO), ``"batch"`` (by the rollout std) or ``"none"`` (Dr. GRPO)',
+        "str",
+    ),
+    "loss_aggregation": Argument(
+        "sequence", choice(*AGGREGATION_MODES),
+        '``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)', "str",
+    ),
+    "drop_uniform_groups": Argument(
+        False, boolean(), "leave groups whose rewards are all equal out of the update (S29)", "bool"
+    ),
+    "importance_level": Argument(
+        "token", choice(*IMPORTANCE_LEVELS),
+        '``"token"`` (GRPO: a ratio per token) or ``"sequence"`` (GSPO, Zheng et al. 2025: the length-normalised '
+        "sequence ratio ``exp(mean_t(log pi - log pi_old))`` at every token, clipped by the "
+        "``sequence_clip_range*`` arguments)", "str",
+    ),
+    "sequence_clip_range": Argument(
+        3e-4, number(low=0.0), "GSPO's lower clip epsilon of the sequence ratio (the paper's 3e-4)", "float"
+    ),
+    "sequence_clip_range_high": Argument(
+        4e-4, number(low=0.0), "GSPO's upper clip epsilon of the sequence ratio (the paper's 4e-4)", "float"
+    ),
+    "dynamic_sampling": Argument(
+        False, boolean(),
+        "DAPO's dynamic sampling, refilling: groups whose rewards are all equal are replaced by groups of new "
+        "problems until none is or ``max_resample_rounds`` rounds are spent (the rest are left out); needs "
+        "``group_size`` to be a multiple of the number of envs (:mod:`~algorithms.grpo.sampling`)", "bool",
+    ),
+    "max_resample_rounds": Argument(
+        3, integer(low=0), "the most refill rounds per rollout (their completions count in ``num_timesteps``)", "int"
+    ),
+    "mask_truncated": Argument(
+        False, boolean(),
+        "leave completions cut at ``max_new_tokens`` without EOS out of the loss (DAPO's overlong filtering); they "
+        "still count in their group's advantages", "bool",
+    ),
+    "prompt_sampling": Argument(
+        "uniform", choice("uniform", "learnability"),
+        '``"uniform"`` (the env\'s stream) or ``"learnability"``: ``fresh_prompt_fraction`` of each rollout\'s '
+        "problems fresh, the rest from a pool of recent ones with probability ``p (1 - p) + 0.01`` "
+        "(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`)", "str",
+    ),
+    "prompt_pool_size": Argument(256, integer(low=1), "the problems the learnability pool holds", "int"),
+    "fresh_prompt_fraction": Argument(
+        0.25, number(low=0.0, high=1.0),
+        'the share of each rollout\'s problems drawn fresh under ``"learnability"``', "float",
+    ),
+    "competition": Argument(
+        None, choice(None, "fixed", "adaptive"),
+        'competition between groups: ``None`` (off), ``"fixed"`` (S10: the winning group\'s advantages x '
+        '``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or ``"adaptive"`` (S11: the '
+        "coefficient follows the between-group reward variance, in [0.8, 1.5])", "str | None",
+    ),
+    "competition_coef": Argument(
+        controls.COMPETITION_COEF, number(low=0.0, low_open=True), "S10's coefficient (1.2)", "float"
+    ),
+    "diversity_guard": Argument(
+        False, boolean(),
+        "S12: when the spread of per-group mean entropies exceeds ``diversity_threshold``, leave out the groups "
+        "whose rewards carry no signal (all equal); logged as ``diversity/*``", "bool",
+    ),
+    "diversity_threshold": Argument(controls.DIVERSITY_SPREAD, number(low=0.0), "S12's spread (0.15)", "float"),
+    "update_mode": Argument(
+        "joint", choice("joint", "sequential"),
+        '``"joint"`` (one step on all groups, as published) or ``"sequential"`` (S14: one step per group, in turn)',
+        "str",
+    ),
+    "advantage_baseline": Argument(
+        "group", choice("group", "value", "leave_one_out"),
+        '``"group"`` (the group\'s mean reward, GRPO), ``"value"`` (S9: the value head\'s estimate for the prompt; '
+        'needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"`` (RLOO)', "str",
+    ),
+    "reward_ramp": Argument(
+        False, boolean(),
+        "S20.2: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000 timesteps up to the "
+        "env's configured weight", "bool",
+    ),
+    "protected_rollouts": Argument(
+        0, integer(low=0),
+        "S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed's \"first 3 groups\" read "
+        "as the first 3 rollouts); the importance ratio corrects for it", "int",
+    ),
+    "diagnostics": Argument(
+        False, boolean(),
+        'S24: per-group reward histograms, gradient norms and their spread, "group stability" (S18) and warnings; '
+        "the update is then accumulated group by group (the same gradient)", "bool",
+    ),
+    "replay_ratio": Argument(
+        0.0, number(low=0.0, high=1.0, high_open=True),
+        "fraction of each update's completions replayed from a prioritized trajectory buffer (S3, S5; "
+        ":mod:`~algorithms.grpo.replay`): their sampling log-probs, their group's advantage times an importance "
+        "weight; 0 (default) is published GRPO", "float",
+    ),
+    "max_replay_age": Argument(
+        10, integer(low=0), "completions collected more than this many iterations ago are evicted before sampling",
+        "int",
+    ),
+    "replay_buffer_kwargs": Argument(
+        None, mapping(REPLAY_BUFFER_KEYS), "arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)",
+        "dict[str, Any] | None",
+    ),
+}  # fmt: skip
+
+#: GRPO's constructor arguments, in the signature's order
+GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
+    "group_size",
+    GRPO_OWN,
+    n_groups={"doc": "K, problems per rollout (S7: 4)"},
+    group_size={
+        "rule": integer(low=2),
+        "doc": "G, completions per problem (8; at least 2: a group of one has no group-relative advantage)",
+    },
+    tensorboard_log={"doc": "the TensorBoard folder (runs go to ``<folder>/GRPO_<n>``)"},
+)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from algorithms.common.rollout.rows import Rows
+
 #: S10: the winning group's advantages are scaled by this, the others by 1
 COMPETITION_COEF = 1.2
 #: S11: the adaptive coefficient's range
@@ -67,6 +69,15 @@ def group_entropies(log_probs: Tensor, mask: Tensor, groups: Tensor, n_groups: i
     total = torch.zeros(n_groups).index_add_(0, groups.cpu(), per_row_sum.cpu().float())
     count = torch.zeros(n_groups).index_add_(0, groups.cpu(), tokens.cpu())
     return total / count.clamp(min=1)
+
+
+def first_turn_entropies(rows: Rows, group_size: int, n_groups: int) -> Tensor:
+    """S12: ``(K_local,)`` each group's mean policy entropy (:func:`group_entropies`), estimated from its episodes'
+    first turns' sampled tokens."""
+    first = rows.first_turns()
+    log_probs, masks = torch.stack([rows.log_probs[i] for i in first]), torch.stack([rows.masks[i] for i in first])
+    groups = torch.as_tensor([rows.episodes[i] // group_size for i in first])
+    return group_entropies(log_probs, masks, groups, n_groups)
 
 
 def diversity_spread(entropies: Tensor) -> float:

@@ -1,17 +1,17 @@
-"""GRPO's objective as pure tensor functions: tensors in, tensors out, no state, no I/O.
+"""GRPO's loss as a pure tensor function: tensors in, tensors out, no state, no I/O.
 
 Shapes: ``K`` groups (prompts) of ``G`` completions each; ``B`` sequences (``K*G`` or a minibatch of them)
 of ``T`` completion tokens. Masks are ``True`` on valid completion tokens and ``False`` on padding and after
 EOS; masked positions never contribute to a value or a gradient, even when they hold NaN or inf. The terms
 every policy-gradient method shares (surrogate, k3 KL, aggregation) are in :mod:`algorithms.common.losses`.
 
-Where it sits in the data flow: the rollout's rewards ``(K, G)`` become advantages here
-(:func:`group_advantages`, used by :mod:`algorithms.grpo.advantages`); the update assembles its loss with
-:func:`grpo_loss` (:mod:`algorithms.grpo.update`).
+Where it sits in the data flow: the rollout's rewards ``(K, G)`` became advantages before
+(:mod:`algorithms.grpo.advantages`, every formula of them); the update assembles its loss with :func:`grpo_loss`
+(:mod:`algorithms.grpo.update`).
 
-Sources: GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), Eq. 3–4; DAPO, Yu et al. 2025
-(arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRPO, Liu et al. 2025 (arXiv 2503.20783),
-no std scaling and a constant normaliser.
+Sources: GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), Eq. 3; DAPO, Yu et al. 2025
+(arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRPO, Liu et al. 2025 (arXiv 2503.20783), a constant
+normaliser.
 """
 
 from __future__ import annotations
@@ -22,84 +22,12 @@ from torch import Tensor
 from algorithms.common.losses import (
     IMPORTANCE_LEVELS,
     aggregate,
-    check_choice,
     check_shape,
     clipped_surrogate,
     gspo_token_log_ratio,
     kl_k3,
 )
-
-ADVANTAGE_SCALES = ("group", "batch", "none")
-
-
-def _check_rewards(rewards: Tensor) -> None:
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must have shape (K, G), got {tuple(rewards.shape)}.")
-    if not torch.isfinite(rewards).all():
-        raise ValueError("rewards contain NaN or inf; score unscorable completions explicitly (e.g. 0).")
-
-
-def uniform_group_mask(rewards: Tensor, atol: float = 0.0) -> Tensor:
-    """Groups whose rewards are all equal (within ``atol``): their advantages are zero, no signal.
-
-    Used for DAPO's dynamic sampling (drop such groups) and to log ``rollout/frac_uniform_groups``.
-    A group of one completion is uniform.
-
-    :param rewards: rewards, shape ``(K, G)``
-    :param atol: largest ``max - min`` spread still counted as uniform
-    :return: boolean mask, shape ``(K,)``
-    """
-    _check_rewards(rewards)
-    spread = rewards.amax(dim=1) - rewards.amin(dim=1)  # (K,)
-    return spread <= atol
-
-
-def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -> Tensor:
-    """Group-relative advantages ``A = (r - mean_group(r)) / (std + eps)`` (DeepSeekMath §4.1.2).
-
-    ``scale="group"`` divides by each group's std (GRPO); ``"batch"`` by the std of all ``K*G`` rewards
-    (Lite PPO, TRL ``scale_rewards="batch"``); ``"none"`` does not divide (Dr. GRPO). The std is the
-    unbiased (Bessel-corrected) one, as in TRL. A group whose rewards are all equal, including a group of
-    one (G=1), gets exactly zero advantages, never NaN.
-
-    :param rewards: rewards, shape ``(K, G)``: row k holds the G completions of prompt k
-    :param scale: ``"group"``, ``"batch"`` or ``"none"``
-    :param eps: added to the std before dividing
-    :return: advantages, shape ``(K, G)``
-    """
-    check_choice("scale", scale, ADVANTAGE_SCALES)
-    _check_rewards(rewards)
-    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
-    if rewards.shape[1] < 2 or rewards.numel() == 0:  # the std of one value is NaN: no signal anyway
-        return torch.zeros_like(rewards)
-    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (K, G)
-    if scale == "group":
-        advantages = centred / (rewards.std(dim=1, keepdim=True) + eps)  # (K, G) / (K, 1)
-    elif scale == "batch":
-        advantages = centred / (rewards.std() + eps)  # (K, G) / ()
-    else:
-        advantages = centred  # (K, G): Dr. GRPO
-    uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1): the mean can be 1 ulp off r, force 0
-    return torch.where(uniform, 0.0, advantages)  # (K, G)
-
-
-def leave_one_out_advantages(rewards: Tensor) -> Tensor:
-    """RLOO's advantages ``A_i = r_i - mean_{j != i} r_j`` (Kool et al. 2019; Ahmadian et al. 2024, arXiv
-    2402.14740): each completion's baseline is the mean reward of the other ``G - 1`` of its group, so the
-    baseline does not depend on the completion it scores. Equal to ``G / (G - 1) * (r_i - mean_group(r))``; not
-    divided by a std. A group whose rewards are all equal gets exactly zero advantages.
-
-    :param rewards: rewards, shape ``(K, G)`` with ``G >= 2``
-    :return: advantages, shape ``(K, G)``
-    """
-    _check_rewards(rewards)
-    group = rewards.shape[1]
-    if group < 2:
-        raise ValueError(f"leave-one-out advantages need at least 2 completions per group, got G={group}.")
-    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group - 1)  # (K, G)
-    uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1)
-    return torch.where(uniform, 0.0, rewards - others_mean)  # (K, G)
+from grpo_gym.validation import check_choice
 
 
 def grpo_loss(

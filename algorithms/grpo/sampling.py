@@ -1,12 +1,13 @@
-"""What GRPO's rollout samples: DAPO's dynamic sampling that refills, and the completions ``mask_truncated``
-leaves out (the learnability-prioritised prompts are :class:`~algorithms.common.replay.prompt_pool.LearnabilityPool`,
-which GRPO owns).
+"""What GRPO's rollout samples (:class:`GRPOSampling`, the object the rollout calls at its fixed points, see
+:mod:`algorithms.common.rollout.sampling`): the reward ramp (S20.2), the learnability-prioritised prompts
+(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`), the protected rollouts (S20.3) and DAPO's dynamic
+sampling that refills; and the completions ``mask_truncated`` leaves out.
 
-Where it sits in the data flow: after the rollout's episodes are played, GRPO's :class:`RolloutSampling` runs
+Where it sits in the data flow: after the rollout's episodes are played, :meth:`GRPOSampling.after_play` runs
 :func:`dynamic_sampling`: new problems for the groups whose rewards are all equal, until none is (or
 ``max_resample_rounds`` rounds are spent), replacing those groups' rows (:func:`replace_groups`) before the
 advantages are computed, then tells the prompt pool how each drawn problem went. The decision is the pure function
-:func:`refill_slots`; what the rounds played accumulates in :class:`Refills`; GRPO plays the episodes.
+:func:`refill_slots`; what the rounds played accumulates in :class:`Refills`; the algorithm plays the episodes.
 
 Several processes: every rank sees every group's outcome (all-gathered), so every rank decides the same rounds and
 the same slots; each rank plays the new groups that fall in its own share of the K, with the sampling noise of
@@ -18,15 +19,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 import torch as th
 from stable_baselines3.common.logger import Logger
+from stable_baselines3.common.vec_env import VecEnv
 
-from algorithms.common.replay.prompt_pool import LearnabilityPool
+from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows, episode_returns
+from algorithms.common.rollout.sampling import PlayRefill, RolloutSampling
+from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.distributed import Distributed
-from algorithms.grpo import objective
+from algorithms.grpo import controls
+from algorithms.grpo.advantages import uniform_group_mask
 
 
 def refill_slots(uniform: Sequence[bool], rounds_done: int, max_rounds: int) -> list[int]:
@@ -84,7 +90,7 @@ def group_outcomes(rows: Rows, n_groups: int, group_size: int, gamma: float) -> 
     success = th.zeros(n_groups * group_size)
     for episode, info in zip(rows.episodes, rows.infos, strict=True):
         success[episode] = max(float(success[episode]), float(bool(info.get("is_success"))))
-    return objective.uniform_group_mask(returns), success.view(n_groups, group_size).mean(dim=1)  # (K,), (K,)
+    return uniform_group_mask(returns), success.view(n_groups, group_size).mean(dim=1)  # (K,), (K,)
 
 
 def replace_groups(rows: Rows, new: Rows, slots: list[int], group_size: int) -> None:
@@ -99,23 +105,18 @@ def replace_groups(rows: Rows, new: Rows, slots: list[int], group_size: int) -> 
     rows.episodes = [episode for episode, _, _ in entries]
 
 
-#: GRPO's side of a refill round: ``play(slots, mine, refill_round)`` draws new problems for the job's groups
-#: ``slots``, plays this rank's (``mine``: local group indices) and returns their rows and generation seconds, or
-#: None when a callback stopped training
-PlayRefill = Callable[[list[int], list[int], int], "tuple[Rows, float] | None"]
-
-
-class RolloutSampling:
-    """What GRPO does with a rollout once its episodes are played: DAPO's refill rounds (``dynamic``) and the
-    prompt pool's update with every drawn problem's success rate. An object GRPO owns; GRPO plays the episodes.
+class GRPOSampling(RolloutSampling):
+    """What GRPO's rollouts sample: see the module docstring. GRPO owns it; the algorithm plays the episodes.
 
     :param dynamic: run refill rounds (``GRPO(dynamic_sampling=True)``)
     :param max_rounds: the most refill rounds per rollout
-    :param pool: the learnability pool the rollout's problems were drawn from, or None
+    :param pool: the learnability pool the rollout's problems are drawn from, or None (the env's stream)
     :param group_size: G
     :param local_groups: the groups this process plays (K / processes)
     :param gamma: the discount of multi-turn returns
     :param dist: the job's processes (outcomes are all-gathered: every rank decides the same rounds)
+    :param reward_ramp: S20.2: raise the env's reward-model (consistency) weight with the timesteps
+    :param protected_rollouts: S20.3: the first rollouts the frozen reference samples
     """
 
     def __init__(
@@ -127,9 +128,44 @@ class RolloutSampling:
         local_groups: int,
         gamma: float,
         dist: Distributed,
+        reward_ramp: bool = False,
+        protected_rollouts: int = 0,
     ) -> None:
         self.dynamic, self.max_rounds, self.pool = dynamic, max_rounds, pool
         self.group_size, self.local_groups, self.gamma, self.dist = group_size, local_groups, gamma, dist
+        self.reward_ramp, self.protected_rollouts = reward_ramp, protected_rollouts
+        #: the configured weight the reward ramp rises to (read from the env at the first rollout; run state)
+        self.reward_model_target: float | None = None
+
+    def before_rollout(self, env: VecEnv, num_timesteps: int, logger: Logger) -> None:
+        """S20.2: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
+        if not self.reward_ramp:
+            return
+        if self.reward_model_target is None:
+            self.reward_model_target = env.get_attr("reward_fn", indices=[0])[0].weights["consistency"]
+        weight = controls.reward_model_weight(self.reward_model_target, num_timesteps)
+        env.env_method("set_reward_weights", {"consistency": weight})
+        logger.record("train/reward_model_weight", weight)
+
+    def problem_keys(self, n: int, seeds: RolloutSeeds, env: VecEnv) -> list[dict[str, Any]]:
+        """The env's stream (``"uniform"``), or the prompt pool's choice plus fresh problems at the current level."""
+        if self.pool is None:
+            return seeds.problem_keys(n)
+        level = float(env.get_attr("difficulty", indices=[0])[0])
+
+        def fresh(m: int) -> list[dict[str, Any]]:
+            return [{**key, "difficulty": level} for key in seeds.problem_keys(m)]
+
+        return [key for _, key in self.pool.draw(n, fresh)]
+
+    def from_reference(self, iteration: int, logger: Logger) -> bool:
+        """S20.3: the frozen cold-start policy (the reference; with LoRA the base model) samples the first
+        ``protected_rollouts`` rollouts."""
+        if not self.protected_rollouts:
+            return False
+        protected = iteration < self.protected_rollouts
+        logger.record("rollout/protected", float(protected))
+        return protected
 
     def after_play(self, rows: Rows, play: PlayRefill, logger: Logger) -> float | None:
         """Refill ``rows`` in place (when dynamic), update the pool; the refills' generation seconds, or None when a

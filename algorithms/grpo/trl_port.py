@@ -1,6 +1,6 @@
 """``GRPO.from_trl``: a TRL ``GRPOTrainer(model, reward_funcs, args, train_dataset)`` call as a GRPO model.
 
-It builds what a TRL script describes in this project's terms, by the table of :mod:`grpo_gym.trl_names`:
+It builds what a TRL script describes in this project's terms, by the table of :mod:`algorithms.common.trl_names`:
 
 - the env: ``gym.make("R1Zero-v0", task="dataset", ...)`` over ``train_dataset`` (its ``prompt`` column, string or
   conversational; ``eval_dataset`` as the held-out split), with ``reward_funcs`` (a list, named after the functions
@@ -32,7 +32,8 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from grpo_gym.trl_names import GRPO_CONFIG, TrlName, spelled
+from algorithms.common.trl_names import GRPO_CONFIG
+from grpo_gym.trl_names import TrlName, spelled
 
 if TYPE_CHECKING:
     from algorithms.common.lm_algorithm import LMAlgorithm

@@ -7,26 +7,22 @@ functions (token rewards, GAE, whitening, the clipped value loss, the loss) are 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch as th
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
-from algorithms.common.arguments import ArgumentChecker
 from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch, minibatches
-from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout, rows_to_batch
+from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
+from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout
 from algorithms.ppo import objective
-from algorithms.ppo.arguments import PPO_RULES
-from grpo_gym.trl_names import with_trl_hints
+from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
 
 class LMPPO(LMAlgorithm):
-    """PPO with a per-token value head for language models on ``R1Zero-v0``-style envs.
+    __doc__ = f"""PPO with a per-token value head for language models on ``R1Zero-v0``-style envs.
 
     One iteration: ``n_groups`` (K) prompts, ``group_size`` completions each (1 by default: PPO needs no group),
     sampled in one batch; the env's reward of each completion sits on its last token, and the KL to the frozen
@@ -40,148 +36,29 @@ class LMPPO(LMAlgorithm):
     What it shares with :class:`~algorithms.grpo.GRPO` (:class:`~algorithms.common.lm_algorithm.LMAlgorithm`): the
     cold start, rollouts, sampler, mixed precision, several processes, save/load and exact resume, callbacks and
     the ``rollout/``, ``time/``, ``train/`` TensorBoard tags; PPO adds ``train/value_loss``,
-    ``train/explained_variance``, ``train/clip_fraction_vf``, ``rollout/kl`` and ``rollout/values``.
+    ``train/explained_variance``, ``train/clip_fraction_vf``, ``rollout/kl`` and ``rollout/values``. Under
+    ``mixed_precision`` the value head and the losses stay float32; with ``sampler_correction`` the update's own
+    log-probs of the rollout come from the forward pass that computes its values, at no extra cost.
 
-    :param policy: ``"TransformerPolicy"`` or the class
-    :param env: an env, a VecEnv or a registered id (``"R1Zero-v0"``); sequence action mode
-    :param learning_rate: learning rate, constant or an SB3 schedule of the remaining progress
-    :param n_groups: K, prompts per rollout
-    :param group_size: completions per prompt (1: one per prompt, the usual PPO; more samples a prompt several times)
-    :param n_epochs: passes over each rollout (TRL's ``ppo_epochs``: 4)
-    :param batch_size: completions per minibatch (``None``: the whole rollout, one step per epoch)
-    :param clip_range: the importance ratio's clip epsilon (0.2), constant or schedule
-    :param clip_range_vf: the value clip around the sampling-time estimate (TRL's ``cliprange_value``: 0.2), constant
-        or schedule; ``None`` (SB3's default) for an unclipped value loss
-    :param ent_coef: entropy bonus weight, constant or schedule (0: none, as TRL's PPO)
-    :param vf_coef: weight of the value loss ``0.5 * mean max((V - R)^2, (V_clip - R)^2)`` (TRL: 0.1; the value
-        head shares the policy's network, so a large weight pulls the policy with it)
-    :param max_grad_norm: global gradient-norm clip
-    :param gamma: discount per token and per turn of a multi-turn episode (1.0: the usual for LMs)
-    :param gae_lambda: GAE's lambda (TRL: 0.95)
-    :param normalize_advantage: whiten the advantages over the rollout's tokens (SB3's name; TRL whitens too)
-    :param kl_coef: weight of the KL to the frozen reference (TRL: 0.05); the reference (a copy of the policy after
-        the cold start; with LoRA the base model) is only kept when ``kl_coef > 0``
-    :param kl_placement: ``"reward"`` (a per-token reward penalty with the k1 estimate, InstructGPT) or ``"loss"``
-        (GRPO's k3 term in the loss, weighted by ``kl_coef``)
-    :param target_kl: stop the rollout's update when a minibatch's approximate KL to the sampling policy exceeds
-        ``1.5 * target_kl`` (SB3's rule); ``None``: never
-    :param gradient_compression: with several processes: ``None``, ``"fp16"``, ``"bf16"`` or ``"powersgd"``
-    :param sharding: with several processes: ``None`` (each holds a whole replica, DDP) or ``"fsdp"`` (FSDP2: the
-        weights, gradients, optimizer state and reference sharded over the processes; the same weights trained,
-        see :mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded
-    :param dist_timeout: seconds a rank waits for the others before the job fails
-    :param mixed_precision: ``"auto"``, ``"bf16"``, ``"fp16"``, ``"no"`` or per stage (see
-        :class:`~algorithms.grpo.GRPO`); the value head and the losses stay float32
-    :param sampler_correction: ``"auto"``, ``"tis"`` or ``None`` (see :class:`~algorithms.grpo.GRPO`); the update's own
-        log-probs of the rollout come from the forward pass that computes its values, at no extra cost
-    :param sampler_correction_cap: the truncation cap of the TIS weights
-    :param cold_start: run the SFT stage before the first iteration: ``"auto"`` (a fresh built-in model), ``True``,
-        ``False``
-    :param sft_steps: SFT gradient steps
-    :param sft_batch_size: examples per SFT step
-    :param sft_learning_rate: SFT learning rate
-    :param sft_data: a JSONL file of ``{"prompt", "response"}`` rows instead of the task's gold solutions
-    :param curriculum: S21's :class:`~algorithms.common.callbacks.CurriculumCallback`
-    :param collapse_guard: the collapse guard (see :class:`~algorithms.grpo.GRPO`)
-    :param stats_window_size: episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``
-    :param tensorboard_log: the TensorBoard folder (runs go to ``<folder>/LMPPO_<n>``)
-    :param policy_kwargs: :class:`TransformerPolicy` arguments (``model``, ``temperature``, …); ``value_head`` is
-        always on
-    :param verbose: 0 silent, 1 progress and logs
-    :param seed: seeds the model's initialisation, the sampler, the problems and the minibatch order
-    :param device: ``"auto"``, ``"cpu"`` or ``"cuda"``
-    :param _init_setup_model: build the policy now (``load()`` passes ``False``)
+    The arguments (declared once, with their defaults and rules: :mod:`algorithms.ppo.arguments`):
+
+    {LMPPO_ARGUMENTS.docstring()}
     """
 
     policy: TransformerPolicy
 
-    @with_trl_hints  # a TRL name (num_generations=...) raises a TypeError naming ours
+    arguments = LMPPO_ARGUMENTS
+
+    @LMPPO_ARGUMENTS.constructor  # the signature: policy, env, LMPPO_ARGUMENTS; beta=... names ours (kl_coef)
     def __init__(
-        self,
-        policy: str | type[TransformerPolicy],
-        env: GymEnv | str | None,
-        learning_rate: float | Schedule = 1e-5,
-        n_groups: int = 32,
-        group_size: int = 1,
-        n_epochs: int = 4,
-        batch_size: int | None = None,
-        clip_range: float | Schedule = 0.2,
-        clip_range_vf: float | Schedule | None = 0.2,
-        ent_coef: float | Schedule = 0.0,
-        vf_coef: float = 0.1,
-        max_grad_norm: float = 0.5,
-        gamma: float = 1.0,
-        gae_lambda: float = 0.95,
-        normalize_advantage: bool = True,
-        kl_coef: float = 0.05,
-        kl_placement: str = "reward",
-        target_kl: float | None = None,
-        gradient_compression: str | None = None,
-        sharding: str | None = None,
-        dist_timeout: float = 300.0,
-        mixed_precision: str | dict[str, str] = "auto",
-        sampler_correction: str | None = "auto",
-        sampler_correction_cap: float = 2.0,
-        cold_start: bool | str = "auto",
-        sft_steps: int = 300,
-        sft_batch_size: int = 32,
-        sft_learning_rate: float = 1e-3,
-        sft_data: str | None = None,
-        curriculum: bool = False,
-        collapse_guard: bool | dict[str, Any] | None = False,
-        stats_window_size: int = 100,
-        tensorboard_log: str | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        verbose: int = 0,
-        seed: int | None = None,
-        device: th.device | str = "auto",
-        _init_setup_model: bool = True,
+        self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, _init_setup_model: bool = True, **kwargs
     ) -> None:
-        policy_kwargs = {} if policy_kwargs is None else policy_kwargs
-        if isinstance(policy_kwargs, dict):  # anything else: LMAlgorithm's check names the fix
+        policy_kwargs = {} if kwargs["policy_kwargs"] is None else kwargs["policy_kwargs"]
+        if isinstance(policy_kwargs, dict):  # anything else: the argument's rule names the fix
             if policy_kwargs.get("value_head", True) is not True:
                 raise ValueError("LMPPO trains a value head: leave policy_kwargs['value_head'] out (or set it True)")
-            policy_kwargs = {**policy_kwargs, "value_head": True}
-        super().__init__(
-            policy,
-            env,
-            learning_rate,
-            n_groups=n_groups,
-            group_size=group_size,
-            max_grad_norm=max_grad_norm,
-            gamma=gamma,
-            gradient_compression=gradient_compression,
-            sharding=sharding,
-            dist_timeout=dist_timeout,
-            mixed_precision=mixed_precision,
-            sampler_correction=sampler_correction,
-            sampler_correction_cap=sampler_correction_cap,
-            cold_start=cold_start,
-            sft_steps=sft_steps,
-            sft_batch_size=sft_batch_size,
-            sft_learning_rate=sft_learning_rate,
-            sft_data=sft_data,
-            curriculum=curriculum,
-            collapse_guard=collapse_guard,
-            stats_window_size=stats_window_size,
-            tensorboard_log=tensorboard_log,
-            policy_kwargs=policy_kwargs,
-            verbose=verbose,
-            seed=seed,
-            device=device,
-        )
-        check = ArgumentChecker(PPO_RULES)  # LMPPO's own arguments; the shared ones are checked by LMAlgorithm
-        self.n_epochs = check("n_epochs", n_epochs)
-        self.batch_size = check("batch_size", batch_size)
-        self.clip_range = check("clip_range", clip_range)
-        self.clip_range_vf = check("clip_range_vf", clip_range_vf)
-        self.ent_coef = check("ent_coef", ent_coef)
-        self.vf_coef = check("vf_coef", vf_coef)
-        self.gae_lambda = check("gae_lambda", gae_lambda)
-        self.normalize_advantage = check("normalize_advantage", normalize_advantage)
-        self.kl_coef = check("kl_coef", kl_coef)
-        self.kl_placement = check("kl_placement", kl_placement)
-        self.target_kl = check("target_kl", target_kl)
+            kwargs["policy_kwargs"] = {**policy_kwargs, "value_head": True}
+        super().__init__(policy, env, **kwargs)  # every argument checked once, by its rule, and stored by name
         self._explained_variance = float("nan")
         self._sampler_kl = float("nan")  # train/sampler_kl of the last rollout
         if _init_setup_model:

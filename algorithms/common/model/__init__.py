@@ -1,4 +1,5 @@
 """The network a policy wraps: ``loading`` (built-in sizes, ``load_model``), ``lora`` (peft adapters, the
-decoder's effective weights), ``gradient_checkpointing`` (every N decoder layers) and ``tokenizer_check`` (the env's
-tokenizer and the model must speak one vocabulary). In the data flow: used once, when an algorithm builds its
-``TransformerPolicy``."""
+decoder's effective weights), ``gradient_checkpointing`` (the decoder's layers, checkpointed every N),
+``tokenizer_check`` (the env's tokenizer and the model must speak one vocabulary) and ``reference`` (the frozen
+reference: a copy, or with LoRA the base model). In the data flow: used when an algorithm builds its
+``TransformerPolicy`` and its reference."""

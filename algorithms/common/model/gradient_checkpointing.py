@@ -24,13 +24,19 @@ from torch.utils.checkpoint import checkpoint
 DEFAULT_EVERY = 4
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
+def decoder_layers(model: nn.Module, required: bool = True) -> nn.ModuleList:
     """The decoder's list of layers: the ``ModuleList`` with ``config.num_hidden_layers`` entries (Llama's
-    ``model.layers``, GPT-2's ``transformer.h``, ...)."""
+    ``model.layers``, GPT-2's ``transformer.h``, ...); the unit gradient checkpointing chunks and FSDP2 shards.
+
+    :param model: a Hugging Face causal LM (or any module)
+    :param required: raise when there is none (else an empty list: a module that is no decoder, e.g. a value head)
+    """
     count = getattr(getattr(model, "config", None), "num_hidden_layers", None)
     for module in model.modules():
         if isinstance(module, nn.ModuleList) and len(module) == count:
             return module
+    if not required:
+        return nn.ModuleList()
     raise ValueError(
         f"cannot find the decoder's layer list in {type(model).__name__} (a ModuleList of config.num_hidden_layers "
         "layers); turn gradient_checkpointing off for this model"

@@ -80,7 +80,7 @@ class RingBuffer:
 
     def load_state_arrays(self, pointers: Mapping[str, int], arrays: Mapping[str, np.ndarray]) -> None:
         """Put back what :meth:`state_arrays` gave (checked by the caller: see
-        :mod:`algorithms.common.replay.buffer_file`)."""
+        :mod:`algorithms.common.saving.buffer_file`)."""
         written = min(int(pointers["n_added"]), self.capacity)
         self._arena[: int(pointers["_high"])] = arrays["arena"]
         self._offset[:written], self._plen[:written], self._clen[:written] = (

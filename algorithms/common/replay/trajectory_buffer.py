@@ -18,9 +18,9 @@ from typing import IO, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from algorithms.common.replay import buffer_file
 from algorithms.common.replay.ring_buffer import RingBuffer
 from algorithms.common.replay.sum_tree import PrioritySampler
+from algorithms.common.saving import buffer_file
 from grpo_gym.validation import check_int
 
 __all__ = ["PrioritizedTrajectoryBuffer", "PrioritySampler", "RingBuffer", "TrajectoryBatch"]
@@ -127,7 +127,7 @@ class PrioritizedTrajectoryBuffer:
     every array and a JSON header of the settings, the ring's pointers and the RNG state; :meth:`load` checks every
     array and pointer (shapes, dtypes, finite non-negative priorities and masses, token ids in the vocabulary,
     consistent counts) and rebuilds the trees from their leaves, so a loaded buffer samples exactly what the saved
-    one would have (see :mod:`algorithms.common.replay.buffer_file`).
+    one would have (see :mod:`algorithms.common.saving.buffer_file`).
 
     Indices returned by :meth:`sample_batch` name slots: update their priorities before adding more trajectories,
     which may overwrite them.
@@ -308,7 +308,7 @@ class PrioritizedTrajectoryBuffer:
 
     def load_state_arrays(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         """Put back what :meth:`state_arrays` gave, once checked
-        (:func:`~algorithms.common.replay.buffer_file.check_buffer_state`)."""
+        (:func:`~algorithms.common.saving.buffer_file.check_buffer_state`)."""
         self.ring.load_state_arrays(meta["ring"], arrays)
         self.sampler.load_state_arrays(meta["sampler"], arrays["priority"], arrays["mass"])
         self.reward_min, self.reward_max = float(meta["reward_min"]), float(meta["reward_max"])
@@ -316,7 +316,7 @@ class PrioritizedTrajectoryBuffer:
 
     def save(self, path: str | os.PathLike[str] | IO[bytes]) -> None:
         """Write the buffer to ``path``: one ``.npz`` file, written exactly there, atomically (a kill mid-save leaves
-        the previous file); see :mod:`algorithms.common.replay.buffer_file`."""
+        the previous file); see :mod:`algorithms.common.saving.buffer_file`."""
         buffer_file.write_buffer_file(path, *self.state_arrays())
 
     @classmethod
@@ -324,7 +324,7 @@ class PrioritizedTrajectoryBuffer:
         cls, path: str | os.PathLike[str] | IO[bytes], vocab_size: int | None = None
     ) -> PrioritizedTrajectoryBuffer:
         """Read a buffer written by :meth:`save`, checking everything first
-        (:mod:`algorithms.common.replay.buffer_file`).
+        (:mod:`algorithms.common.saving.buffer_file`).
 
         :param path: the file (or an open binary file)
         :param vocab_size: the policy's vocabulary size: stored token ids must lie in ``[0, vocab_size)``

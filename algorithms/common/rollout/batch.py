@@ -1,8 +1,11 @@
-"""Padding and the rollout batch: the tensors of one rollout, one row per completion, ready for an update.
+"""What an update trains on: the tensors of the rows a rollout keeps (:class:`RolloutBatch`, one row per
+completion), made from the rollout's :class:`~algorithms.common.rollout.rows.Rows` by :func:`rows_to_batch`, and
+cut into :func:`minibatches`.
 
-Where it sits in the data flow: the rollout collection (:mod:`~algorithms.common.rollout.rows`) pads the contexts and
-completions it gathered into a :class:`RolloutBatch`; the update selects minibatches from it; replay concatenates
-replayed rows to it. The cold start and the evaluation pad their prompts with the same :func:`left_pad`.
+Where it sits in the data flow: after the rollout collection (:mod:`~algorithms.common.rollout.rows`) the
+algorithm's ``_build_batch`` pads the contexts and completions it keeps into a :class:`RolloutBatch`; the update
+selects minibatches from it; replay concatenates replayed rows to it. The cold start and the evaluation pad their
+prompts with the same :func:`left_pad`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass, fields
 
 import torch as th
 
+from algorithms.common.rollout.rows import Rows
 from algorithms.common.runtime.distributed import Distributed
 
 
@@ -116,6 +120,30 @@ class RolloutBatch:
                 mine, theirs = _pad(mine, completion_width), _pad(theirs, completion_width)
             rows[f.name] = th.cat([mine, theirs.to(mine.dtype)])
         return RolloutBatch(**rows)
+
+
+def rows_to_batch(
+    rows: Rows,
+    keep: list[int],
+    advantages: th.Tensor,
+    returns: th.Tensor,
+    groups: th.Tensor,
+    pad_id: int,
+    device: th.device,
+) -> RolloutBatch:
+    """The rows at ``keep`` as a batch; ``advantages``, ``returns`` and ``groups`` are per episode ``(E,)``."""
+    prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], pad_id)
+    episodes = [rows.episodes[i] for i in keep]
+    return RolloutBatch(
+        prompt_ids=prompt_ids.to(device),
+        prompt_mask=prompt_mask.to(device),
+        completion_ids=th.stack([rows.tokens[i] for i in keep]),
+        completion_mask=th.stack([rows.masks[i] for i in keep]),
+        old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
+        advantages=advantages[episodes].to(device),
+        returns=returns[episodes].to(device),
+        groups=groups[episodes].to(device),
+    )
 
 
 def _take(value: th.Tensor | None, index: th.Tensor) -> th.Tensor | None:

@@ -4,6 +4,7 @@
 only the envs whose episodes still play, each alone through its wrappers (``env_method("step")``, so SB3's
 ``Monitor`` sees the whole episode), and an env whose episode ended is never reset: its last observation and info
 stay as the episode left them. :func:`step_envs` returns what ``VecEnv.step`` would, for those envs.
+:func:`score_ahead` lets each env score the first turns it will play in one batch, before they are stepped.
 """
 
 from __future__ import annotations
@@ -38,3 +39,11 @@ def step_envs(
     dones = np.array([step[2] or step[3] for step in steps], dtype=bool)
     infos = [{**step[4], "TimeLimit.truncated": bool(step[3] and not step[2])} for step in steps]
     return obs, rewards, dones, infos
+
+
+def score_ahead(env: VecEnv, problems: list[Any], actions: Any) -> None:
+    """Each env scores the first turns it will play in one batch (one call per reward function, one reward-model
+    forward); its ``step`` then returns those results. Env ``i`` plays episodes ``i, i + n_envs, ...``."""
+    n_envs = env.num_envs
+    for i in range(min(n_envs, len(problems))):
+        env.env_method("score_ahead", problems[i::n_envs], list(actions[i::n_envs]), indices=[i])

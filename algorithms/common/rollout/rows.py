@@ -1,14 +1,17 @@
-"""What a rollout collects, and how it becomes tensors: rows per completion, episode returns, the batch.
+"""What a rollout collects: one row per completion the env scored, the episodes' returns, the rollout's logs and
+checks (reward errors, every rank's episode statistics).
 
 Where it sits in the data flow: :meth:`LMAlgorithm.collect_rollouts <algorithms.common.lm_algorithm.LMAlgorithm>`
 samples K problems x G completions in one batch and steps them through the env(s); every completion the env
 scored is recorded in :class:`Rows` (one row per completion, one per turn in multi-turn episodes). The
-algorithm then turns the rows into per-episode returns (:func:`episode_returns`), its own advantages, and a
-:class:`~algorithms.common.rollout.batch.RolloutBatch` of the rows it keeps (:func:`rows_to_batch`).
+algorithm then turns the rows into per-episode returns (:func:`episode_returns`) and its own advantages, and
+:func:`~algorithms.common.rollout.batch.rows_to_batch` makes the tensors of the rows it keeps (the next room,
+:mod:`~algorithms.common.rollout.batch`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +21,6 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import safe_mean
 
 from algorithms.common.losses import discounted_returns
-from algorithms.common.rollout.batch import RolloutBatch, left_pad
 from algorithms.common.runtime.distributed import Distributed
 
 #: the outputs a histogram or a text is kept out of (TensorBoard only)
@@ -71,28 +73,34 @@ def episode_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
     return discounted_returns(turn_rewards, gamma, played)  # (episodes,)
 
 
-def rows_to_batch(
-    rows: Rows,
-    keep: list[int],
-    advantages: th.Tensor,
-    returns: th.Tensor,
-    groups: th.Tensor,
-    pad_id: int,
-    device: th.device,
-) -> RolloutBatch:
-    """The rows at ``keep`` as a batch; ``advantages``, ``returns`` and ``groups`` are per episode ``(E,)``."""
-    prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], pad_id)
-    episodes = [rows.episodes[i] for i in keep]
-    return RolloutBatch(
-        prompt_ids=prompt_ids.to(device),
-        prompt_mask=prompt_mask.to(device),
-        completion_ids=th.stack([rows.tokens[i] for i in keep]),
-        completion_mask=th.stack([rows.masks[i] for i in keep]),
-        old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
-        advantages=advantages[episodes].to(device),
-        returns=returns[episodes].to(device),
-        groups=groups[episodes].to(device),
-    )
+def merge_episode_infos(dist: Distributed, finished: list[tuple[Any, Any]], infos: deque, successes: deque) -> None:
+    """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``: SB3's ``ep_info_buffer`` and
+    ``ep_success_buffer``, ``infos`` and ``successes`` here) cover every rank's ``finished`` episodes (Monitor
+    episode, is_success)."""
+    if not dist.enabled:
+        return
+    for rank, episodes in enumerate(dist.gather_objects(finished)):
+        if rank == dist.rank:
+            continue
+        for episode, success in episodes:
+            if episode is not None:
+                infos.extend([episode])
+            if success is not None:
+                successes.append(success)
+
+
+def check_reward_errors(dist: Distributed, rows: Rows, logger: Logger) -> None:
+    """Log ``rollout/reward_errors`` (completions whose reward raised, every rank's); when every completion of
+    the iteration erred, stop training with that error (the env has warned with each first one)."""
+    errors = [info["reward_errors"] for info in rows.infos if info.get("reward_errors")]
+    failed, total = dist.sum(float(len(errors))), dist.sum(float(len(rows.infos)))
+    logger.record("rollout/reward_errors", failed)
+    if total and failed == total:
+        component, message = next(iter(errors[0].items())) if errors else ("?", "on another process")
+        raise RuntimeError(
+            f"the reward of every completion of this iteration raised an error ({component}: {message}); "
+            "fix the reward function or verifier (R1ZeroEnv(on_reward_error='raise') shows the traceback)"
+        )
 
 
 def _gathered(dist: Distributed, infos: list[dict[str, Any]], key: str) -> dict[str, list[float]]:

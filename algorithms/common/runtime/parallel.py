@@ -17,8 +17,8 @@ first update (:meth:`~Sharded.start`), after each backward (:meth:`~Sharded.redu
   decide to skip a step from this rank's shards alone). A rollout samples from the whole weights, gathered once
   for it (:meth:`Sharded.gathered`: the memory of the full weights in the compute dtype for the rollout's duration;
   ``benchmarks/sharding.py`` measures it). Saving gathers whole tensors to rank 0 (:meth:`Sharded.whole_parameters`,
-  a collective) or writes a sharded checkpoint (:meth:`Sharded.save_checkpoint`), which :func:`load_checkpoint`
-  reads back on any number of processes.
+  a collective) or writes a sharded checkpoint (:meth:`Sharded.save_checkpoint`), which
+  :func:`~algorithms.common.saving.sharded.load_policy` reads back on any number of processes.
 
 With sharding, whatever needs the weights is a collective: every rank trains, saves, predicts and enters
 ``gathered``; one rank may then sample alone inside the block (e.g. rank 0 evaluating).
@@ -37,7 +37,6 @@ from torch import nn
 
 from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY
 from algorithms.common.runtime.distributed import Distributed, GradientSync
-from algorithms.common.runtime.sharded_checkpoint import METADATA, MODEL, load_sharded, save_sharded, saved_keys
 from algorithms.common.runtime.sharding import (
     device_mesh,
     full_optimizer_state_dict,
@@ -46,11 +45,12 @@ from algorithms.common.runtime.sharding import (
     regather,
     shard_model,
 )
+from algorithms.common.saving.sharded import save_policy
 
 #: the ``sharding`` argument's values
 SHARDINGS = (None, "fsdp")
 
-__all__ = ["SHARDINGS", "Replicated", "Sharded", "load_checkpoint", "parallelism"]
+__all__ = ["SHARDINGS", "Replicated", "Sharded", "parallelism"]
 
 
 def parallelism(sharding: str | None, dist: Distributed, device: torch.device, compression: str | None):
@@ -107,7 +107,7 @@ class Replicated:
     def save_checkpoint(self, directory: str | os.PathLike, policy: nn.Module, reference: nn.Module | None,
                         write_extra: Callable[[Path], None]) -> Path:  # fmt: skip
         """:meth:`Sharded.save_checkpoint` of whole replicas (rank 0 writes the tensors every rank holds)."""
-        return save_sharded(directory, _Checkpointed(policy, reference), policy.optimizer, write_extra)
+        return save_policy(directory, policy, reference, write_extra)
 
 
 class Sharded:
@@ -195,8 +195,9 @@ class Sharded:
         write_extra: Callable[[Path], None],
     ) -> Path:
         """A sharded checkpoint folder of the policy, its optimizer and the reference (each rank its shards),
-        with ``write_extra``'s files from rank 0, atomically (:func:`save_sharded`). Collective."""
-        saved = save_sharded(directory, _Checkpointed(policy, reference), policy.optimizer, write_extra)
+        with ``write_extra``'s files from rank 0, atomically
+        (:func:`~algorithms.common.saving.sharded.save_policy`). Collective."""
+        saved = save_policy(directory, policy, reference, write_extra)
         self._regather()
         return saved
 
@@ -204,32 +205,3 @@ class Sharded:
         """Gather the open blocks' models again: reading a sharded module's state dict reshards it."""
         for model in self._open:
             regather(model)
-
-
-class _Checkpointed(nn.Module):
-    """What a sharded checkpoint holds, under one root: ``policy`` and, when there is one, ``ref_model``."""
-
-    def __init__(self, policy: nn.Module, reference: nn.Module | None) -> None:
-        super().__init__()
-        self.policy = policy
-        if reference is not None:
-            self.ref_model = reference
-
-
-def load_checkpoint(model_file: Any, policy: nn.Module, reference: nn.Module | None) -> bool:
-    """Read the checkpoint folder of :meth:`Sharded.save_checkpoint` (written by any number of processes) that holds
-    ``model_file`` into the policy, its optimizer and the reference, sharded or whole; whether it held a reference
-    (a run saved at ``beta=0`` has none: the caller makes one). Collective."""
-    if not isinstance(model_file, (str, os.PathLike)):
-        raise ValueError("this model file's weights are in the sharded checkpoint folder around it: pass its path")
-    folder = Path(model_file).parent
-    if not (folder / METADATA).is_file():
-        raise ValueError(
-            f"{os.fspath(model_file)!r} holds no weights: it is the model file of a sharded checkpoint, whose weights "
-            f"are the shard files saved beside it ({METADATA}, __<rank>_0.distcp); load it inside its checkpoint "
-            "folder (copy the folder whole), or make a whole model file from it there: "
-            "GRPO.load('<folder>/model.zip').save('whole.zip')"
-        )
-    held = reference is not None and any(key.startswith(f"{MODEL}.ref_model.") for key in saved_keys(folder))
-    load_sharded(folder, _Checkpointed(policy, reference if held else None), policy.optimizer)
-    return held

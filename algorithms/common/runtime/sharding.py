@@ -30,7 +30,7 @@ freed after it, gathered again for its backward). What an algorithm calls:
   layout of an unsharded model: the model zip and ``save_pretrained`` write ordinary files) and
   :func:`load_full_state` (such a file into a sharded model).
 
-Sharded checkpoints (each rank writes its own shard): :mod:`~algorithms.common.runtime.sharded_checkpoint`.
+Sharded checkpoints (each rank writes its own shard): :mod:`~algorithms.common.saving.sharded`.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from algorithms.common.model.gradient_checkpointing import decoder_layers
 from algorithms.common.model.lora import base_network
 
 #: the name of the mesh's one dimension (peft reads it to tell FSDP sharding from tensor parallelism)
@@ -98,13 +99,6 @@ def is_sharded(module: nn.Module) -> bool:
     return bool(fsdp_modules(module))
 
 
-def decoder_layers(network: nn.Module) -> list[nn.Module]:
-    """A Hugging Face model's decoder layers: the modules of the classes its ``_no_split_modules`` names (the unit
-    Accelerate, verl and prime-rl shard by); none for another module."""
-    names = set(getattr(network, "_no_split_modules", None) or ())
-    return [m for m in network.modules() if type(m).__name__ in names]
-
-
 def shard_model(
     model: nn.Module, mesh: DeviceMesh, compute_dtype: torch.dtype | None = None, layers_per_group: int = 1
 ) -> nn.Module:
@@ -129,7 +123,7 @@ def shard_model(
     policy = MixedPrecisionPolicy(
         param_dtype=compute_dtype, reduce_dtype=torch.float32 if compute_dtype is not None else None
     )
-    layers = decoder_layers(network)
+    layers = list(decoder_layers(network, required=False))  # gradient checkpointing's chunks are groups of these
     for start in range(0, len(layers), layers_per_group):
         group = layers[start : start + layers_per_group]
         fully_shard(group if len(group) > 1 else group[0], mesh=mesh, mp_policy=policy, reshard_after_forward=True)

@@ -1,5 +1,9 @@
 """Atomic writes: a kill at any instant leaves the old complete file (or folder) or the new one, never a mix.
 
+The one place that writes through a temporary name: every file the project writes to stay (model files, replay
+buffers, checkpoints, exported folders, the precision probe's cache) goes through :func:`atomic_write` or
+:func:`atomic_directory` (``tests/test_layout.py`` fails on a temporary file or a rename anywhere else).
+
 Two context managers::
 
     with atomic_write("model.zip") as f:          # f: a file opened for writing ("wb" or "w")
@@ -37,11 +41,19 @@ import secrets
 import shutil
 import stat
 import sys
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["atomic_directory", "atomic_write", "disk_full", "recover_directory"]
+__all__ = [
+    "atomic_directory",
+    "atomic_write",
+    "check_writable",
+    "disk_full",
+    "recover_directory",
+    "remove_stale_temporaries",
+]
 
 _WRITE_MODES = ("wb", "w", "wt")
 #: the errors of a full disk (or quota, or file-size limit)
@@ -74,7 +86,7 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", encoding: str |
     target = Path(os.fspath(path))
     if target.is_dir():
         raise ValueError(f"cannot write the file {os.fspath(target)!r}: it is an existing folder")
-    _remove_stale_temporaries(target)
+    remove_stale_temporaries(target.parent, target.name)
     temporary = _temporary_name(target)
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -108,7 +120,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     if target.exists() and not target.is_dir():
         raise ValueError(f"cannot write the folder {os.fspath(target)!r}: a file is in the way")
     recover_directory(target)
-    _remove_stale_temporaries(target)
+    remove_stale_temporaries(target.parent, target.name)
     temporary = _temporary_name(target)
     os.mkdir(temporary)
     try:
@@ -145,22 +157,33 @@ def _backup_name(target: Path) -> Path:
     return target.parent / f".{target.name}.old"
 
 
-def _remove_stale_temporaries(target: Path) -> None:
-    """Delete ``.<name>.<pid>.<random>.tmp`` entries of processes that no longer run (killed mid-write)."""
-    prefix = f".{target.name}."
-    with contextlib.suppress(OSError), os.scandir(target.parent) as entries:
+def remove_stale_temporaries(folder: str | os.PathLike[str], targets: str | Callable[[str], bool]) -> None:
+    """Delete the temporaries ``.<target>.<pid>.<random>.tmp`` that writes killed half-way left in ``folder``, for
+    the target name ``targets`` (or the names it accepts), of processes that no longer run.
+
+    :param folder: the folder the targets are written in
+    :param targets: a target's name, or a test of a target's name (e.g. every checkpoint folder)
+    """
+    accept = targets if callable(targets) else targets.__eq__
+    with contextlib.suppress(OSError), os.scandir(folder) as entries:
         for entry in entries:
             name = entry.name
-            if not (name.startswith(prefix) and name.endswith(".tmp")):
+            if not (name.startswith(".") and name.endswith(".tmp")):
                 continue
-            parts = name[len(prefix) : -len(".tmp")].split(".")
-            if len(parts) != 2 or not parts[0].isdigit() or _process_exists(int(parts[0])):
+            parts = name[1 : -len(".tmp")].rsplit(".", 2)  # target, pid, random
+            if len(parts) != 3 or not accept(parts[0]) or not parts[1].isdigit() or _process_exists(int(parts[1])):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
+
+
+def check_writable(folder: str | os.PathLike[str]) -> None:
+    """Create and delete a temporary file in ``folder``: raises the ``OSError`` a write there would meet."""
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+        pass
 
 
 def _process_exists(pid: int) -> bool:

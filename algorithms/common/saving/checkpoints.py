@@ -1,13 +1,18 @@
 """Crash-safe runs: checkpoints at iteration boundaries (the newest two kept) and resuming from the newest.
 
 A checkpoint is a folder ``<checkpoint dir>/iteration_<n>/`` holding ``model.zip`` (see
-:mod:`algorithms.common.saving.run_file`: weights, optimizer, RNG states, counters, env and curriculum state; with
-``sharding="fsdp"`` the weights and optimizer state are the folder's shards instead, one file per rank written by
-``torch.distributed.checkpoint``, which ``--resume`` reads on any number of processes),
+:mod:`algorithms.common.saving.run_file`: weights, optimizer, RNG states, counters, env and curriculum state),
 ``replay.npz`` when the model has a replay buffer, and ``run.json`` (what the command line needs to finish the
-run: its total, the held-out results measured before training). The folder is written under a temporary name
-and renamed into place, so a kill at any instant leaves the previous checkpoints complete and at most a
-temporary folder, which :func:`latest_checkpoint` ignores and the next write removes.
+run: its total, the held-out results measured before training; :func:`read_run_json`). Plain and sharded
+checkpoints are the same folder: with ``sharding="fsdp"`` on several processes the weights and optimizer state are
+the folder's shards instead of ``model.zip``'s (one file per rank, :mod:`algorithms.common.saving.sharded`, which
+``--resume`` reads on any number of processes). Either is written whole under a temporary name and swapped into
+place (:func:`~algorithms.common.saving.atomic.atomic_directory`, with ``fsync``), so a kill at any instant leaves
+the previous checkpoints complete and at most a temporary folder, which :func:`latest_checkpoint` ignores and the
+next write removes.
+
+The model is read only through its public face: ``iteration``, ``distributed``, ``is_sharded``, ``save``,
+``save_sharded``, ``replay_buffer`` / ``save_replay_buffer``.
 
 :class:`IterationCheckpoint` writes one every ``every`` iterations, and once more when :meth:`request_stop` was
 called (by a signal handler): at the next environment step it saves (the state of the last finished iteration,
@@ -19,12 +24,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 
+from algorithms.common.saving.atomic import atomic_directory, check_writable, remove_stale_temporaries
 from algorithms.common.saving.model_file import CHECKPOINT_MODEL as MODEL
 from algorithms.common.saving.model_file import model_file_path
 
@@ -48,8 +53,7 @@ def check_writable_dir(path: str | os.PathLike, what: str = "--checkpoint-dir") 
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
-            pass
+        check_writable(path)
     except OSError as error:
         raise ValueError(f"{what}: cannot write in {os.fspath(path)!r} ({error.strerror or error})") from None
     return path
@@ -70,52 +74,43 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
-def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, Any], keep: int = 2) -> Path:
-    """Write ``model`` (and its replay buffer) with ``run`` as a new checkpoint folder; keep the newest ``keep``."""
+def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, Any], keep: int = 2) -> Path | None:
+    """Write ``model`` (and its replay buffer) with ``run`` as a new checkpoint folder, atomically; keep the newest
+    ``keep``. Every process calls it: a sharded model writes its shards on every rank (``save_sharded``, a
+    collective), a whole one on rank 0 alone; the folder, or None on a rank that wrote nothing."""
     directory = Path(directory)
-    target = directory / f"{PREFIX}{model._iteration:07d}"
-    for stale in directory.glob(f".tmp-{PREFIX}*"):  # a kill during an earlier write
-        shutil.rmtree(stale, ignore_errors=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".tmp-{target.name}-", dir=directory))
-    try:
-        model.save(temporary / MODEL)
+    target = directory / f"{PREFIX}{model.iteration:07d}"
+    main = model.distributed.is_main
+
+    def extra(folder: Path) -> None:  # rank 0, into the temporary folder
         if getattr(model, "replay_buffer", None) is not None:
-            model.save_replay_buffer(temporary / REPLAY)
-        run = {**run, "iteration": model._iteration}
-        (temporary / RUN).write_text(json.dumps(run, indent=1), encoding="utf-8")
+            model.save_replay_buffer(folder / REPLAY)
+        (folder / RUN).write_text(json.dumps({**run, "iteration": model.iteration}, indent=1), encoding="utf-8")
+
+    if not (main or model.is_sharded):
+        return None
+    if main:  # writes killed half-way (of any iteration): their temporary folders go
+        remove_stale_temporaries(directory, lambda name: name.startswith(PREFIX))
+    try:
+        if model.is_sharded:
+            model.save_sharded(target, write_extra=extra)
+        else:
+            with atomic_directory(target) as folder:
+                model.save(folder / MODEL)
+                extra(folder)
     except OSError as error:
-        shutil.rmtree(temporary, ignore_errors=True)
         previous = latest_checkpoint(directory)
         kept = f"the previous checkpoint {os.fspath(previous)!r} is intact" if previous else "no earlier checkpoint"
         raise OSError(error.errno, f"checkpoint {os.fspath(target)!r} was not written ({error}); {kept}") from None
-    if target.exists():  # the same boundary written twice (a periodic save, then a stop): keep the new one
-        shutil.rmtree(target)
-    os.rename(temporary, target)
-    for old in checkpoints(directory)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return target
-
-
-def write_sharded_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, Any], keep: int = 2) -> Path:
-    """:func:`write_checkpoint` of a sharded model, called by every rank: the folder is the model's sharded
-    checkpoint (``save_sharded``: each rank its shards, rank 0 ``model.zip`` with the run state and no weights),
-    with ``replay.npz`` and ``run.json`` from rank 0, written atomically as a whole."""
-    directory = Path(directory)
-
-    def extra(folder: Path) -> None:
-        if getattr(model, "replay_buffer", None) is not None:
-            model.save_replay_buffer(folder / REPLAY)
-        (folder / RUN).write_text(json.dumps({**run, "iteration": model._iteration}, indent=1), encoding="utf-8")
-
-    target = model.save_sharded(directory / f"{PREFIX}{model._iteration:07d}", write_extra=extra)
-    if model._dist.is_main:
+    if main:
         for old in checkpoints(directory)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
     return target
 
 
-def read_run(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``run.json`` of a checkpoint folder."""
+def read_run_json(folder: str | os.PathLike) -> dict[str, Any]:
+    """The ``run.json`` of a checkpoint folder (the command line's total and held-out results; the model's own
+    run state is its ``model.zip``, :func:`~algorithms.common.saving.run_file.read_saved_run`)."""
     path = Path(folder) / RUN
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -145,15 +140,15 @@ class IterationCheckpoint(BaseCallback):
         self.stop_requested = True
 
     def _on_rollout_start(self) -> None:
-        dist = self.model._dist
+        dist = self.model.distributed
         if dist.enabled:  # every rank stops at the same step, or none does
             self._agreed_stop = dist.sum(float(self.stop_requested)) > 0
-        iteration = self.model._iteration
+        iteration = self.model.iteration
         if self.every and iteration and iteration % self.every == 0:
             self.save()
 
     def _on_step(self) -> bool:
-        if not (self._agreed_stop if self.model._dist.enabled else self.stop_requested):
+        if not (self._agreed_stop if self.model.distributed.enabled else self.stop_requested):
             return True
         self.save()  # during a rollout: the state of the last finished iteration
         return False
@@ -161,10 +156,8 @@ class IterationCheckpoint(BaseCallback):
     def save(self) -> Path | None:
         """Write a checkpoint of the last finished iteration, unless it is written already (rank 0; with sharding
         every rank, each writing its shards)."""
-        if self.written is not None and self.written.name == f"{PREFIX}{self.model._iteration:07d}":
+        if self.written is not None and self.written.name == f"{PREFIX}{self.model.iteration:07d}":
             return self.written
-        if self.model._parallel.sharded:
-            self.written = write_sharded_checkpoint(self.model, self.directory, self.run, self.keep)
-        elif self.model._dist.is_main:
-            self.written = write_checkpoint(self.model, self.directory, self.run, self.keep)
+        written = write_checkpoint(self.model, self.directory, self.run, self.keep)
+        self.written = written if written is not None else self.written
         return self.written

@@ -35,14 +35,16 @@ import io
 import os
 import random
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch as th
+from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.env_util import make_env
-from algorithms.common.saving.model_file import decode, read_model_file
+from algorithms.common.saving.model_file import decode, encode, read_model_file, write_model_file
 from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
 from grpo_gym.env import R1ZeroEnv
 
@@ -68,7 +70,7 @@ class SavedRun:
 SHARDED_WEIGHTS = "sharded checkpoint"
 
 
-def read_run(
+def read_saved_run(
     path: str | os.PathLike | io.BufferedIOBase,
     custom_objects: dict[str, Any] | None = None,
     allow_pickle: bool = False,
@@ -95,6 +97,34 @@ def read_run(
         env=data.get("env"),
         sharded_weights=data.get("weights") == SHARDED_WEIGHTS,
     )
+
+
+def write_run(
+    path: str | os.PathLike,
+    names: tuple[str, str],
+    spaces: tuple[Any, Any],
+    arguments: dict[str, Any],
+    state: tuple[dict[str, Any], dict[str, th.Tensor]],
+    env: Any,
+    parameters: dict[str, Any],
+) -> None:
+    """Write a model file (atomically, :func:`~algorithms.common.saving.model_file.write_model_file`) from what the
+    algorithm hands over: its class and policy class ``names``, its observation and action ``spaces``, its
+    constructor's ``arguments``, its run ``state`` (JSON-able dict, torch RNG tensors), its ``env`` (recorded when
+    it can describe itself) and the state dicts ``parameters``; none (``{}``) for a sharded checkpoint's file, whose
+    weights are the shards beside it."""
+    run_state, rng = state
+    data = {
+        "algorithm": names[0],
+        "policy_class": names[1],
+        "observation_space": encode(spaces[0]),
+        "action_space": encode(spaces[1]),
+        "arguments": encode(arguments),
+        "state": run_state,
+        "env": env_record(env),
+        **({"weights": SHARDED_WEIGHTS} if not parameters else {}),
+    }
+    write_model_file(path, data, parameters, {"rng": rng})
 
 
 #: what a model file's ``data`` holds, by key, and the type of each (``env`` may also be None)
@@ -244,5 +274,30 @@ def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None
             "load(path, env=...), or call model.set_env(env) later. Until then the model has no env (model.get_env() "
             "is false like None, and says this when used): it predicts and exports but cannot learn"
         )
-        warnings.warn(reason, stacklevel=3)
+        warnings.warn(reason, stacklevel=4)  # the caller of load()
         return None, reason
+
+
+def env_to_load(
+    saved: SavedRun, env: Any, env_objects: dict[str, Any] | None, rebuild: bool, name: str, wrap: Callable[[Any], Any]
+) -> tuple[Any, str]:
+    """The env a loaded model gets, wrapped (``wrap``: SB3's ``_wrap_env``) and checked against the saved spaces:
+    ``env`` when given, else the one the file records rebuilt (unless ``rebuild`` is False), else None; and why the
+    recorded env was not rebuilt (``""`` when it was, or was not asked for), for ``learn()``'s error."""
+    missing = ""
+    source = "the env given" if env is not None else "the env rebuilt from its record"
+    if env is None and rebuild and saved.env:
+        env, missing = rebuild_env(saved.env, dict(env_objects or {}), saved.arguments.get("seed"), name)
+    elif env_objects:
+        raise ValueError("env_objects rebuild the recorded env: pass them without env=")
+    if env is None:
+        return None, missing
+    env = wrap(env)
+    try:
+        check_for_correct_spaces(env, saved.observation_space, saved.action_space)
+    except ValueError as error:
+        raise ValueError(
+            f"{name}: {error}; {source} does not fit the model (its context_length, max_new_tokens or "
+            "action_mode differ from the run's): make the env with the run's settings"
+        ) from None
+    return env, missing

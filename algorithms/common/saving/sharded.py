@@ -1,5 +1,7 @@
 """Sharded checkpoints with ``torch.distributed.checkpoint`` (DCP): each rank writes its own shard of the model's and
 the optimizer's state, and any number of processes reads them back (DCP reshards at load), one process included.
+The plain checkpoints (one ``model.zip`` with the weights) are :mod:`~algorithms.common.saving.checkpoints`'; an
+algorithm's sharded checkpoint (``save_sharded``) is :func:`save_policy` here, read back by :func:`load_policy`.
 
 A checkpoint is a folder: DCP's ``.metadata``, one ``__<rank>_0.distcp`` file per rank, and whatever the caller's
 ``write_extra`` adds (on rank 0, e.g. the run state). The folder is written atomically as a whole: rank 0 makes a
@@ -22,6 +24,7 @@ import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,7 +45,7 @@ MODEL, OPTIMIZER = "model", "optimizer"
 #: the file DCP writes last, once every rank's shard is written
 METADATA = ".metadata"
 
-__all__ = ["check_complete", "load_sharded", "save_sharded", "saved_keys"]
+__all__ = ["check_complete", "load_policy", "load_sharded", "save_policy", "save_sharded", "saved_keys"]
 
 
 def _distributed() -> bool:
@@ -140,3 +143,45 @@ def load_sharded(
     set_model_state_dict(model, state[MODEL])
     if OPTIMIZER in state:
         set_optimizer_state_dict(model, optimizer, state[OPTIMIZER])
+
+
+# ---------------------------------------------------------------------------------------------- a policy's checkpoint
+class _Checkpointed(nn.Module):
+    """What a policy's sharded checkpoint holds, under one root: ``policy`` and, when there is one, ``ref_model``."""
+
+    def __init__(self, policy: nn.Module, reference: nn.Module | None) -> None:
+        super().__init__()
+        self.policy = policy
+        if reference is not None:
+            self.ref_model = reference
+
+
+def save_policy(
+    directory: str | os.PathLike,
+    policy: nn.Module,
+    reference: nn.Module | None,
+    write_extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """The checkpoint folder of a policy, its optimizer (``policy.optimizer``) and the frozen reference, sharded or
+    whole (rank 0 writes the tensors whole replicas hold), with ``write_extra``'s files from rank 0, atomically
+    (:func:`save_sharded`). Collective."""
+    return save_sharded(directory, _Checkpointed(policy, reference), policy.optimizer, write_extra)
+
+
+def load_policy(model_file: Any, policy: nn.Module, reference: nn.Module | None) -> bool:
+    """Read the checkpoint folder of :func:`save_policy` (written by any number of processes) that holds
+    ``model_file`` into the policy, its optimizer and the reference, sharded or whole; whether it held a reference
+    (a run saved at ``beta=0`` has none: the caller makes one). Collective."""
+    if not isinstance(model_file, (str, os.PathLike)):
+        raise ValueError("this model file's weights are in the sharded checkpoint folder around it: pass its path")
+    folder = Path(model_file).parent
+    if not (folder / METADATA).is_file():
+        raise ValueError(
+            f"{os.fspath(model_file)!r} holds no weights: it is the model file of a sharded checkpoint, whose weights "
+            f"are the shard files saved beside it ({METADATA}, __<rank>_0.distcp); load it inside its checkpoint "
+            "folder (copy the folder whole), or make a whole model file from it there: "
+            "GRPO.load('<folder>/model.zip').save('whole.zip')"
+        )
+    held = reference is not None and any(key.startswith(f"{MODEL}.ref_model.") for key in saved_keys(folder))
+    load_sharded(folder, _Checkpointed(policy, reference if held else None), policy.optimizer)
+    return held
