@@ -226,6 +226,22 @@ def test_bad_arguments_name_the_fix(url: str) -> None:
         openenv_env(f"http://127.0.0.1:{free_port()}", timeout=2)
 
 
+def test_the_commands_env_arguments_come_from_a_preset_json_and_flags() -> None:
+    from algorithms.cli import build_parser
+    from algorithms.interop_commands import env_kwargs_of
+
+    parser = build_parser()
+    args = parser.parse_args(["openenv-serve", "--preset", "tools", "--env-kwargs", '{"max_turns": 2}', "--task",
+                              "countdown", "--reward-funcs", "mymodule:score"])  # fmt: skip
+    kwargs = env_kwargs_of(args)
+    assert kwargs["tools"] == ["calculator"] and kwargs["max_new_tokens"] == 112  # the preset's env
+    assert (kwargs["max_turns"], kwargs["task"], kwargs["reward_funcs"]) == (2, "countdown", ["mymodule:score"])
+    assert env_kwargs_of(parser.parse_args(["openenv-serve"])) == {}  # R1Zero-v0 with the text budgets
+    for bad in ("[1]", "{nope"):
+        with pytest.raises(ValueError, match="--env-kwargs"):
+            env_kwargs_of(parser.parse_args(["openenv-serve", "--env-kwargs", bad]))
+
+
 def _start_cli_server(port: int) -> subprocess.Popen:
     """``grpo-gym openenv-serve`` (the command's fixed name) on 127.0.0.1:port, waited for until it answers."""
     command = [sys.executable, "-m", "algorithms.cli", "openenv-serve", "--host", "127.0.0.1", "--port", str(port),
