@@ -178,8 +178,10 @@ def echo_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     folder.mkdir()
     _copy_template_directory("openenv.cli.templates.openenv_env", "", folder, _create_template_replacements("echo_env"),
                              "echo_env")  # fmt: skip
-    monkeypatch.syspath_prepend(str(folder))
-    names = ("server", "server.app", "server.echo_env_environment", "models")
+    monkeypatch.syspath_prepend(str(folder))  # as its server runs: python -m server.app from the folder
+    monkeypatch.syspath_prepend(str(tmp_path))  # its client package: echo_env
+    names = ("server", "server.app", "server.echo_env_environment", "models", "echo_env", "echo_env.client",
+             "echo_env.models")  # fmt: skip
     for name in names:
         monkeypatch.delitem(sys.modules, name, raising=False)
     yield importlib.import_module("server.app").app
@@ -206,6 +208,21 @@ def test_grpo_trains_on_openenv_cores_example_env(echo_app: Any) -> None:
                 openenv_env(address, max_new_tokens=8, context_length=128).reset()
         finally:
             venv.close()
+        package = importlib.import_module("echo_env")  # its typed client and action, through action_parser
+        typed = None
+        for _ in range(50):  # the closed session's slot is freed as the server sees the close
+            with contextlib.suppress(OpenEnvError):
+                typed = openenv_env(package.EchoEnv(base_url=address), lambda text: package.EchoAction(message=text),
+                                    max_new_tokens=8, context_length=128)  # fmt: skip
+                break
+            time.sleep(0.1)
+        assert typed is not None and typed.tools is None  # its client sends no MCP action: no tools
+        typed.reset(seed=0)
+        _, reward, _, _, _ = typed.step(typed.encode_action("hi"))
+        assert reward == pytest.approx(0.2) and typed.codec.decode(typed.window.tokens()).endswith(
+            "hi\nUser: hi\nAssistant: "
+        )
+        typed.close()
 
 
 def test_bad_arguments_name_the_fix(url: str) -> None:
