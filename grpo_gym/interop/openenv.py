@@ -89,7 +89,7 @@ class OpenEnvTextEnv(gym.Env):
     :param client: the server's base URL (``"http://127.0.0.1:8000"``: a ``GenericEnvClient`` is made), or an
         openenv-core client (async ``EnvClient`` or its ``.sync()`` wrapper), used as is
     :param timeout: seconds to connect and to wait for each answer (given to the client made from a URL; a client
-        you pass keeps its own ``message_timeout_s``)
+        you pass keeps its own ``message_timeout_s``, and :attr:`timeout` is then that one)
     :param reset_kwargs: more arguments of every reset (e.g. ``{"difficulty": 0.5}`` for ours)
     """
 
@@ -110,6 +110,7 @@ class OpenEnvTextEnv(gym.Env):
             )
         self.client = client
         self.url = getattr(client.async_client, "_ws_url", "the server")
+        self.timeout = float(getattr(client.async_client, "_message_timeout", self.timeout))  # the one it applies
         self.reset_kwargs = dict(reset_kwargs or {})
         self._closed: str | None = None
         self._tool_reward = 0.0
