@@ -1,5 +1,5 @@
 """The grpo-gym command line: train, sft, eval, env-demo, tasks, zoo (rl-baselines3-zoo with GRPO registered),
-distill, quantize and serve."""
+distill, quantize, serve and openenv-serve."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ from algorithms.common.hyperparams import (
     preset_key,
 )
 from algorithms.deploy.commands import add_deploy_commands
+from algorithms.interop_commands import add_interop_commands
 
 #: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
 ALGOS = {"grpo": ("GRPO", "grpo.yml"), "ppo": ("LMPPO", "lmppo.yml")}
@@ -385,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
     add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve (S25-S27)
+    add_interop_commands(commands)  # openenv-serve
     return parser
 
 

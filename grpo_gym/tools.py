@@ -24,7 +24,11 @@ fails), cut to ``max_result_chars`` characters.
 **Errors are messages, never exceptions:** malformed JSON, an unknown tool, missing, unknown or mistyped arguments,
 an oversized or too deeply nested call, too many calls, a tool that raises, one that times out: each becomes the
 text ``"Error: <reason>"``, which the model reads in place of a result, and an ``"error"`` entry in
-``info["tool_calls"]``.
+``info["tool_calls"]``. The one exception is :class:`ToolsUnavailable`: a tool that raises it says the tools
+themselves are gone (the server that runs them stopped answering), and it propagates from the env's ``step``.
+
+**Tools that run elsewhere** (an OpenEnv server's MCP tools, :mod:`grpo_gym.interop.mcp`) come with their schemas
+(``Toolbox(functions, schemas=...)``); parsing, checking and limits are the same.
 """
 
 from __future__ import annotations
@@ -94,6 +98,11 @@ class ToolTurn:
     messages: list[str]
     calls: int
     errors: int
+
+
+class ToolsUnavailable(RuntimeError):
+    """Raised by a tool when no call can run any more (the server that runs the tools is gone): it ends the episode
+    with this error instead of becoming a message the model reads."""
 
 
 def error_text(exc: BaseException) -> str:
@@ -245,6 +254,8 @@ def run_call(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float, 
             if inspect.isawaitable(value):
                 value = asyncio.run(_awaited(value))
             outcome["result"] = result_text(value, max_chars)
+        except ToolsUnavailable as exc:  # not the call's failure: the tools are gone
+            outcome["unavailable"] = exc
         except BaseException as exc:  # a tool's failure is the model's information, whatever it is
             outcome["error"] = error_text(exc)
 
@@ -255,6 +266,8 @@ def run_call(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float, 
     seconds = time.perf_counter() - started
     if thread.is_alive():  # abandoned: the thread finishes (or not) on its own, its result is dropped
         return {"error": f"timed out after {timeout:g} s (the call was abandoned)", "seconds": seconds}
+    if "unavailable" in outcome:
+        raise outcome["unavailable"]
     return {**outcome, "seconds": seconds}
 
 
@@ -310,13 +323,24 @@ class Toolbox:
     :param tools: a list of functions and built-in tool names, or a dict ``{name: function}``
     :param timeout: seconds a call may run before it is abandoned (``tool_timeout``)
     :param limits: the parsing and size limits
+    :param schemas: the tools' schemas (OpenAI's function format), one per tool in order; default: derived from each
+        function's type hints and docstring (tools that run elsewhere bring theirs)
     """
 
-    def __init__(self, tools: Any, timeout: float = DEFAULT_TIMEOUT, limits: ToolLimits | None = None) -> None:
+    def __init__(
+        self,
+        tools: Any,
+        timeout: float = DEFAULT_TIMEOUT,
+        limits: ToolLimits | None = None,
+        schemas: Sequence[dict[str, Any]] | None = None,
+    ) -> None:
         self.functions = resolve_tools(tools)
         if not self.functions:
             raise ArgumentError("tools is empty: pass at least one function, or tools=None for no tools")
-        self.schemas = [_function_schema(name, fn) for name, fn in self.functions.items()]
+        if schemas is None:
+            self.schemas = [_function_schema(name, fn) for name, fn in self.functions.items()]
+        else:
+            self.schemas = [dict(schema) for schema in schemas]
         self.timeout: float = check_float("tool_timeout", timeout, low=0.0, low_open=True)  # type: ignore[assignment]
         self.limits = limits or ToolLimits()
         check_int("max_calls_per_turn", self.limits.max_calls_per_turn, low=1)

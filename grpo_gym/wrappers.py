@@ -13,7 +13,12 @@ named as in verifiers' ``GymEnv``. It gives the env R1ZeroEnv's spaces and the m
   ``invalid_action_reward``, ``info["action_error"]`` says why, and the model reads ``Invalid action: <reason>``
   and tries again; ``max_turns`` model turns end the episode (``truncated``), as does a full window;
 - a "problem" is the seed of an episode: :meth:`sample_problem` draws one, ``reset(options={"problem": p})``
-  resets the wrapped env with ``seed=p.seed``; held-out problems are fixed seeds (:meth:`eval_problems`).
+  resets the wrapped env with ``seed=p.seed``; held-out problems are fixed seeds (:meth:`eval_problems`);
+- ``tools`` (:mod:`grpo_gym.tools`: functions, built-in names, or a :class:`~grpo_gym.tools.Toolbox` such as an
+  OpenEnv server's MCP tools): the prompt shows them as R1ZeroEnv's does, and a completion holding ``<tool_call>``
+  is a tool turn run here, as in R1ZeroEnv: its calls run, their results are appended, the wrapped env is not
+  stepped, the turn scores 0 and ``info["tool_calls"]`` lists the calls; ``max_turns`` counts the other turns, and
+  a tool turn after ``max_tool_calls`` calls ends the episode (``truncated``).
 
 There are no gold solutions for a cold start: train with ``sft_steps=0`` (or ``cold_start=False``), or give
 ``sft_data``.
@@ -32,7 +37,8 @@ from grpo_gym.context import ContextWindow
 from grpo_gym.tasks.base import Problem, Task, Verdict, check_difficulty
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
-from grpo_gym.tools import error_text
+from grpo_gym.tools import DEFAULT_TIMEOUT, Toolbox, error_text
+from grpo_gym.turns import ToolSession
 from grpo_gym.validation import check_float, check_int
 
 
@@ -74,6 +80,10 @@ class LMEnvWrapper(gym.Wrapper):
     :param use_chat_template: use the tokenizer's chat template when it has one (``"auto"``)
     :param invalid_action_reward: the reward of a turn whose completion ``action_parser`` refused
     :param difficulty: the level recorded on problems (the wrapped env does not read it)
+    :param tools: tools the model may call (see the module docstring): a list of functions and built-in names, a dict
+        ``{name: fn}``, or a :class:`~grpo_gym.tools.Toolbox`; ``None`` for none
+    :param max_tool_calls: the calls an episode may make
+    :param tool_timeout: seconds a call may run before it is abandoned (a ``Toolbox`` keeps its own)
     """
 
     def __init__(
@@ -89,6 +99,9 @@ class LMEnvWrapper(gym.Wrapper):
         use_chat_template: bool | str = "auto",
         invalid_action_reward: float = 0.0,
         difficulty: float = 0.5,
+        tools: Any = None,
+        max_tool_calls: int = 4,
+        tool_timeout: float = DEFAULT_TIMEOUT,
     ) -> None:
         super().__init__(env)
         self.context_length: int = check_int("context_length", context_length, low=2)  # type: ignore[assignment]
@@ -101,7 +114,12 @@ class LMEnvWrapper(gym.Wrapper):
         self.obs_to_text, self.action_parser = obs_to_text, action_parser
         self.tokenizer = load_tokenizer(tokenizer)
         self.codec = TokenCodec(self.tokenizer)
-        self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template)
+        self.tools = tools if isinstance(tools, Toolbox) or tools is None else Toolbox(tools, tool_timeout)
+        schemas = None if self.tools is None else self.tools.schemas
+        self.formatter = PromptFormatter(template, self.tokenizer, use_chat_template, schemas)
+        max_tool_calls = check_int("max_tool_calls", max_tool_calls, low=1)  # type: ignore[assignment]
+        #: the tool calls of the episode in progress
+        self.tool_session = ToolSession(self.tools, self.formatter, max_tool_calls)
         self.task = EpisodeSeeds(f"gym:{env.spec.id if env.spec is not None else type(env.unwrapped).__name__}")
         self.observation_space = observation_space(self.codec.vocab_size, self.context_length)
         self.action_space = action_space(self.codec.vocab_size, self.max_new_tokens, "sequence")
@@ -145,6 +163,7 @@ class LMEnvWrapper(gym.Wrapper):
         text = self.formatter.prompt(self.obs_to_text(obs))
         self.window.reset(self.codec.encode(text)[-self.context_length :])
         self._turn = 0
+        self.tool_session.reset()
         return self.window.observation(), {**info, "prompt": text, "problem": self.problem}
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
@@ -154,6 +173,8 @@ class LMEnvWrapper(gym.Wrapper):
         body, length = split_completion(completion_ids(action, self.max_new_tokens, self.codec.vocab_size), self.codec)
         completion = self.codec.decode(body)
         self._turn += 1
+        if self.tool_session.is_tool_turn(completion):
+            return self._tool_turn(body, length, completion)
         try:
             parsed = self.action_parser(completion)
         except Exception as exc:  # model output is data: a refused action is information, not a crash
@@ -172,5 +193,18 @@ class LMEnvWrapper(gym.Wrapper):
         fits = self.window.append(body)
         if not (terminated or truncated):
             fits = self.window.append(self.codec.encode(self.formatter.feedback(message))) and fits
-            truncated = not fits or self.window.free <= self.max_new_tokens or self._turn >= self.max_turns
+            answers = self._turn - self.tool_session.turns
+            truncated = not fits or self.window.free <= self.max_new_tokens or answers >= self.max_turns
         return self.window.observation(), float(reward), bool(terminated), bool(truncated), info
+
+    def _tool_turn(
+        self, body: np.ndarray, length: int, completion: str
+    ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """Run a tool turn's calls and append their results; the wrapped env is not stepped."""
+        turn, text = self.tool_session.play(completion)
+        fits = self.window.append(body)
+        if text is not None:
+            fits = self.window.append(self.codec.encode(text)) and fits
+        truncated = text is None or not fits or self.window.free <= self.max_new_tokens
+        info = {"tool_calls": turn.records, "completion": completion, "completion_length": length, "turn": self._turn}
+        return self.window.observation(), 0.0, False, bool(truncated), {**info, "is_success": False}

@@ -463,3 +463,29 @@ def test_describe_records_built_in_tools_and_asks_for_functions() -> None:
     with pytest.raises(ValueError, match="tools="):
         R1ZeroEnv.from_description(record)
     assert R1ZeroEnv.from_description(record, tools=[add]).tools.names == ["add"]
+
+
+def test_tools_unavailable_ends_the_turn_with_the_error_and_remote_tools_keep_their_schemas() -> None:
+    from grpo_gym.interop.mcp import mcp_schemas, remote_toolbox
+    from grpo_gym.tools import ToolsUnavailable
+
+    listed = [{"name": "echo", "description": "Echo.", "input_schema": {"type": "object",
+               "properties": {"text": {"type": "string"}}, "required": ["text"]}}]  # fmt: skip
+    calls = []
+
+    def call(name: str, arguments: dict) -> str:
+        calls.append((name, arguments))
+        if arguments["text"] == "gone":
+            raise ToolsUnavailable("the server is gone")
+        return arguments["text"]
+
+    box = remote_toolbox(mcp_schemas(listed), call)
+    assert box.names == ["echo"] and box.schemas[0]["function"]["parameters"]["required"] == ["text"]
+    turn = box.play('<tool_call>{"name": "echo", "arguments": {"text": "hi"}}</tool_call>', calls_left=4)
+    assert turn.messages == ["hi"] and calls == [("echo", {"text": "hi"})]
+    turn = box.play('<tool_call>{"name": "echo", "arguments": {"text": 3}}</tool_call>', calls_left=4)
+    assert turn.errors == 1 and "must be string" in turn.messages[0] and len(calls) == 1  # checked before the call
+    with pytest.raises(ToolsUnavailable, match="the server is gone"):
+        box.play('<tool_call>{"name": "echo", "arguments": {"text": "gone"}}</tool_call>', calls_left=4)
+    with pytest.raises(ValueError, match="distinct"):
+        remote_toolbox(mcp_schemas(listed * 2), call)

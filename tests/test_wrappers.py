@@ -137,3 +137,27 @@ def test_grpo_trains_and_evaluation_plays_the_wrapped_game(n_envs: int) -> None:
     assert perfect.success_rate == 1.0 and perfect.mean_reward == 1.0 and perfect.source == "new seeds"
     untrained = evaluate_problems(model.policy, vec, problems)
     assert 0.0 <= untrained.success_rate <= 1.0
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def test_tool_turns_run_in_the_wrapper_and_do_not_step_the_wrapped_env() -> None:
+    env = wrapped(tools=[add], max_new_tokens=80, context_length=512, max_tool_calls=1, max_turns=2)
+    _, info = env.reset(options={"problem": env.sample_problem(seed=7)})
+    assert info["prompt"].startswith("Tools: add(a, b)\nUser: Guess a digit")
+    call = '<tool_call>{"name": "add", "arguments": {"a": 2, "b": 3}}</tool_call>'
+    _, reward, terminated, truncated, info = env.step(env.encode_action(call))
+    assert (reward, terminated, truncated) == (0.0, False, False) and env.unwrapped.tries == 0
+    assert info["tool_calls"][0]["result"] == "5" and context_text(env).endswith("</tool_call>\nTool: 5\nAssistant: ")
+    _, _, _, truncated, info = env.step(env.encode_action("x"))  # an answer: refused by the parser, a turn of 2
+    assert not truncated and info["action_error"]
+    _, _, terminated, truncated, info = env.step(env.encode_action(call))  # the budget was spent: the episode ends
+    assert truncated and not terminated and "too many tool calls" in info["tool_calls"][0]["error"]
