@@ -14,7 +14,7 @@ the adapters to a new folder under a new LoRA id, which the next requests name i
 On the CPU build: float32, ``enforce_eager``, a fixed KV-cache size (``kv_cache_memory_bytes``); set
 ``OMP_NUM_THREADS=1`` before the process starts when training and sampling share 1-2 cores (else vLLM's OpenMP
 threads and torch's contend: about 6x slower). vLLM replaces ``torch.set_num_threads`` with a no-op once its worker
-binds its threads: set the thread count before building the engine.
+binds its threads (until :meth:`close` puts it back): set the thread count before building the engine.
 """
 
 from __future__ import annotations
@@ -135,6 +135,8 @@ class VLLMColocateEngine(RolloutEngine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: weights pass as tensors
         from vllm import LLM
 
+        self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker makes it a no-op; close() puts it back
+
         try:
             return LLM(
                 model=str(self.folder / "model"),
@@ -234,6 +236,7 @@ class VLLMColocateEngine(RolloutEngine):
         if llm is not None:
             self.llm = None
             _shutdown(llm)
+            torch.set_num_threads = self._set_num_threads
         if self._temporary is not None:
             self._temporary.cleanup()
             self._temporary = None
