@@ -69,7 +69,7 @@ class HFGenerateEngine(RolloutEngine):
             do_sample=not greedy,
             max_new_tokens=max_new_tokens,
             min_new_tokens=0,
-            eos_token_id=list(s.eos_ids),
+            eos_token_id=list(s.eos_ids) or None,
             pad_token_id=s.pad_token_id,
             repetition_penalty=1.0,
             output_logits=True,
