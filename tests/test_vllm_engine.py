@@ -116,6 +116,8 @@ class TestColocatedPlain:
         assert torch.equal(from_lists.tokens, draw(engine, max_new_tokens=5).tokens)
         greedy = draw(engine, max_new_tokens=5, greedy=True)
         assert torch.equal(greedy.tokens[0], greedy.tokens[2])  # the argmax of the same prompt
+        with pytest.raises(EngineError, match=r"exceed the engine's max_model_len \(128\)"):
+            engine.generate([[5] * 120], max_new_tokens=10)  # vLLM would cut the completion at 128 tokens
 
 
 class TestColocatedFolded:

@@ -195,10 +195,24 @@ def completions_from_lists(
     return Completions(ids, logp, mask, mask.sum(-1))
 
 
+def check_fits(rows: Sequence[Sequence[int]], max_new_tokens: int, max_model_len: int | None) -> None:
+    """An :class:`EngineError` when a prompt and its completion exceed the engine's ``max_model_len`` (vLLM would
+    cut the completion short) or a prompt is empty (vLLM samples nothing from it)."""
+    if any(not row for row in rows):
+        raise ValueError("every prompt needs at least one token (vLLM samples nothing from an empty prompt)")
+    longest = max(len(row) for row in rows)
+    if max_model_len is not None and longest + max_new_tokens > max_model_len:
+        raise EngineError(
+            f"a prompt of {longest} tokens and {max_new_tokens} new ones exceed the engine's max_model_len "
+            f"({max_model_len}): raise max_model_len (vLLM's), or keep fewer prompt tokens"
+        )
+
+
 def row_seeds(generator: torch.Generator | None, batch: int, noise_offset: int, noise_rows: int | None) -> list[int]:
     """One seed per row from ``generator`` (the global stream when None): ``noise_rows`` seeds are drawn and rows
     ``noise_offset`` onwards used, so a row's seed does not depend on the split of the job's batch."""
-    drawn = torch.randint(0, 2**31 - 1, ((noise_rows or batch),), generator=generator)
+    device = generator.device if generator is not None else None  # a CUDA generator draws on its device
+    drawn = torch.randint(0, 2**31 - 1, ((noise_rows or batch),), generator=generator, device=device).cpu()
     return [int(s) for s in drawn[noise_offset : noise_offset + batch]]
 
 

@@ -20,6 +20,7 @@ from algorithms.common.generation.engines.base import (
     SamplingSettings,
     Weights,
     padded_prompts,
+    row_seeds,
 )
 from algorithms.common.generation.engines.builtin import load_into
 from algorithms.common.generation.sampler import Completions
@@ -99,7 +100,7 @@ class HFGenerateEngine(RolloutEngine):
         if max_new_tokens == 0:
             empty = torch.zeros((batch, 0), dtype=torch.long, device=device)
             return Completions(empty, empty.float(), empty.bool(), torch.zeros(batch, dtype=torch.long, device=device))
-        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator)) if generator is not None else None
+        seed = row_seeds(generator, 1, 0, None)[0] if generator is not None else None
         forked = [device] if device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=forked, enabled=seed is not None):
             if seed is not None:

@@ -34,6 +34,7 @@ from algorithms.common.generation.engines.base import (
     RolloutEngine,
     SamplingSettings,
     Weights,
+    check_fits,
     completions_from_lists,
     prompt_lists,
     row_seeds,
@@ -177,8 +178,7 @@ class VLLMColocateEngine(RolloutEngine):
             return completions_from_lists(
                 [[]] * len(rows), [[]] * len(rows), max_new_tokens, self.settings.pad_token_id
             )
-        if any(not row for row in rows):
-            raise ValueError("every prompt needs at least one token (vLLM samples nothing from an empty prompt)")
+        check_fits(rows, max_new_tokens, self.llm.model_config.max_model_len)
         common = sampling_kwargs(self.settings, self.format, max_new_tokens, greedy)
         seeds = row_seeds(generator, len(rows), noise_offset, noise_rows)
         params = [SamplingParams(seed=seed, detokenize=False, **common) for seed in seeds]

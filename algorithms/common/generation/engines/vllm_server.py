@@ -22,6 +22,7 @@ the model raises :class:`~.base.EngineError` naming the fix; nothing waits forev
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -45,11 +46,12 @@ from algorithms.common.generation.engines.base import (
     RolloutEngine,
     SamplingSettings,
     Weights,
+    check_fits,
     completions_from_lists,
     prompt_lists,
     row_seeds,
 )
-from algorithms.common.generation.engines.vllm_colocate import sampling_kwargs
+from algorithms.common.generation.engines.vllm_colocate import LORA_MODES, sampling_kwargs
 from algorithms.common.generation.engines.vllm_folder import (
     WeightFormat,
     adapter_weights,
@@ -82,7 +84,7 @@ def _http_error(error: urllib.error.HTTPError) -> str:
 
 
 def _raise_unreachable(base_url: str, error: Exception, what: str) -> None:
-    if isinstance(error, urllib.error.HTTPError) or not isinstance(error, (OSError, urllib.error.URLError)):
+    if isinstance(error, urllib.error.HTTPError) or not isinstance(error, (OSError, http.client.HTTPException)):
         return  # the caller reports the server's own answer; anything else is raised as it is
     if isinstance(error, TimeoutError) or "timed out" in str(error):
         raise EngineError(
@@ -126,6 +128,8 @@ class VLLMServerEngine(RolloutEngine):
         push_on_connect: bool = True,
     ) -> None:
         super().__init__(settings)
+        if lora not in LORA_MODES:
+            raise ValueError(f"lora must be one of {LORA_MODES}, got {lora!r}")
         self.base_url = base_url.rstrip("/")
         self.request_timeout, self.max_workers = float(request_timeout), int(max_workers)
         self.adapters = lora == "adapters" and is_peft_model(model)
@@ -140,6 +144,7 @@ class VLLMServerEngine(RolloutEngine):
             raise EngineError(f"the vLLM server at {self.base_url} is not healthy: {error}") from error
         served = listed["data"][0]
         self._model_name = self._base_name = served["id"]
+        self.max_model_len: int | None = served.get("max_model_len")
         self.format = self._server_format(served.get("root") or served["id"], model)
         if self.adapters:
             if push_on_connect:
@@ -189,6 +194,7 @@ class VLLMServerEngine(RolloutEngine):
             return completions_from_lists(
                 [[]] * len(rows), [[]] * len(rows), max_new_tokens, self.settings.pad_token_id
             )
+        check_fits(rows, max_new_tokens, self.max_model_len)
         common = sampling_kwargs(self.settings, self.format, max_new_tokens, greedy)
         common["logit_bias"] = {str(k): v for k, v in common.get("logit_bias", {}).items()}
         common.update(model=self._model_name, return_token_ids=True, return_tokens_as_token_ids=True)
