@@ -28,6 +28,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import time
@@ -69,7 +70,7 @@ def kv_bytes(model, rows: int, columns: int) -> int:
 
 
 def build_engine(name: str, model, sampling, columns: int, rows: int):
-    """The engine ``name`` on ``model``; also what to stop afterwards (the server)."""
+    """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server)."""
     from algorithms.common.generation.engines.builtin import BuiltinEngine
     from algorithms.common.generation.engines.hf import HFGenerateEngine
 
@@ -88,12 +89,18 @@ def build_engine(name: str, model, sampling, columns: int, rows: int):
     from algorithms.common.generation.engines.vllm_folder import export_folder
     from algorithms.common.generation.engines.vllm_server import VLLMServerEngine, start_vllm_server
 
-    folder, _ = export_folder(model, sampling, Path(tempfile.mkdtemp(prefix="engines-bench-")) / "model")
+    scratch = Path(tempfile.mkdtemp(prefix="engines-bench-"))
+    folder, _ = export_folder(model, sampling, scratch / "model")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = start_vllm_server(folder, port=port, startup_timeout=600, **options)
-    return VLLMServerEngine(server.base_url, model, sampling, push_on_connect=False), server
+    server = start_vllm_server(folder, port=port, startup_timeout=600, log_path=scratch / "server.log", **options)
+
+    def stop() -> None:
+        server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    return VLLMServerEngine(server.base_url, model, sampling, push_on_connect=False), stop
 
 
 def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +116,7 @@ def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     sampling = SamplingSettings(eos_token_id=(), pad_token_id=pad_id, top_p=0.92, vocab_size=vocab)
     new_tokens = settings["new_tokens"]
     start = time.perf_counter()
-    engine, server = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0])
+    engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0])
     started = time.perf_counter() - start
     generator = torch.Generator().manual_seed(settings["seed"])
     speeds, seconds, syncs = [], [], []
@@ -125,8 +132,8 @@ def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
                 syncs.append(engine.update_weights(model))
     finally:
         engine.close()
-        if server is not None:
-            server.stop()
+        if stop is not None:
+            stop()
     return {
         "tokens_per_s": statistics.median(speeds),
         "seconds": statistics.median(seconds),
