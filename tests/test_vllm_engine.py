@@ -215,4 +215,5 @@ def test_served_faults_name_the_fix(server, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
     with pytest.raises(EngineError, match="exited with code"):
-        start_vllm_server(folder, port=free_port(), kv_cache_memory_bytes=KV_BYTES, startup_timeout=180)
+        start_vllm_server(folder, port=free_port(), kv_cache_memory_bytes=KV_BYTES, startup_timeout=180,
+                          log_path=tmp_path / "broken.log")  # fmt: skip
