@@ -152,6 +152,7 @@ def record_optimizer_steps(history: list[dict[str, float]]) -> Callable[[], None
     gradient's norm, the size of the step ``||theta_new - theta_old||``, and Adam's state after it (the norm of the
     first moment, the mean of the second) to ``history``; returns a function that removes the hooks."""
     import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
     before: dict[int, list[Any]] = {}
 
@@ -180,7 +181,7 @@ def record_optimizer_steps(history: list[dict[str, float]]) -> Callable[[], None
         )
 
     handles = [
-        torch.optim.optimizer.register_optimizer_step_pre_hook(pre),
-        torch.optim.optimizer.register_optimizer_step_post_hook(post),
+        register_optimizer_step_pre_hook(pre),
+        register_optimizer_step_post_hook(post),
     ]
     return lambda: [handle.remove() for handle in handles]

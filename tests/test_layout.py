@@ -218,19 +218,23 @@ def private_model_reads(source: str) -> list[str]:
 
 def atomic_write_copies(source: str) -> list[str]:
     """A second way to write atomically: a rename into place (``os.replace``, ``os.rename``, ``shutil.move``,
-    ``Path.rename``) or a temporary file or folder (``tempfile``), as ``"<line>: <expression>"``."""
-    found = []
+    ``Path.rename``), with the temporary files or folders (``tempfile``) of a module that renames, as ``"<line>:
+    <expression>"``. A scratch folder or a log file from ``tempfile`` alone is no atomic write."""
+    renames, temporaries = [], []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [alias.name for alias in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
             if "tempfile" in names:
-                found.append(f"{node.lineno}: import tempfile")
+                temporaries.append(f"{node.lineno}: import tempfile")
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if (node.value.id, node.attr) in RENAMES or node.value.id == "tempfile":
-                found.append(f"{node.lineno}: {ast.unparse(node)}")
+            if (node.value.id, node.attr) in RENAMES:
+                renames.append(f"{node.lineno}: {ast.unparse(node)}")
+            elif node.value.id == "tempfile":
+                temporaries.append(f"{node.lineno}: {ast.unparse(node)}")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "rename":
             if not (isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):  # os.rename: above
-                found.append(f"{node.lineno}: {ast.unparse(node.func)}")
+                renames.append(f"{node.lineno}: {ast.unparse(node.func)}")
+    found = renames + temporaries if renames else []
     return sorted(found, key=lambda entry: int(entry.split(":")[0]))
 
 
@@ -247,6 +251,7 @@ def test_the_door_checks_find_what_they_look_for() -> None:
     assert atomic_write_copies(source) == [
         "1: import tempfile", "4: tempfile.mkstemp", "5: os.replace", "6: Path(name).rename"
     ]  # fmt: skip
+    assert atomic_write_copies("import tempfile\nfolder = tempfile.mkdtemp()\n") == []  # a scratch folder
 
 
 def test_nothing_outside_the_algorithm_classes_reads_a_models_private_attribute() -> None:

@@ -12,6 +12,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from algorithms.common.generation.engines.base import RolloutEngine
 from algorithms.common.generation.sampler import MIN_TEMPERATURE, Completions, completion_log_probs, sample
 from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.model.loading import is_builtin_model, load_model
@@ -132,6 +133,9 @@ class TransformerPolicy(BasePolicy):
         #: the autocast dtype of the model's forward passes per stage ("sampling", "update", "sft"; None or
         #: missing: float32); the algorithm sets it from its mixed_precision (S15, algorithms.common.runtime.precision)
         self.autocast_dtypes: dict[str, th.dtype | None] = {}
+        #: the engine the policy's rollouts sample on (:mod:`~algorithms.common.generation.engines`); None: the
+        #: built-in sampler directly. Set by the algorithm, which pushes new weights to it after each update.
+        self.rollout_engine: RolloutEngine | None = None
         self.model.eval()
         self._freeze(frozen_parameters or [])
         self.make_optimizer(lr_schedule(1))
@@ -280,8 +284,21 @@ class TransformerPolicy(BasePolicy):
 
         ``model`` samples instead of the policy's own (e.g. a frozen copy), with the policy's settings;
         ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sampler.sample`; ``temperature``
-        and ``top_p`` replace the policy's for this call (the server's per-request settings)."""
+        and ``top_p`` replace the policy's for this call (the server's per-request settings). With a
+        :attr:`rollout_engine` set, the policy's own sampling (no ``model``, ``temperature`` or ``top_p`` given) runs
+        on that engine."""
         with th.no_grad(), self.autocast("sampling"):
+            engine = self.rollout_engine
+            if engine is not None and model is None and temperature is None and top_p is None:
+                return engine.generate(
+                    input_ids,
+                    attention_mask,
+                    max_new_tokens=max_new_tokens or self.max_new_tokens,
+                    generator=generator,
+                    greedy=greedy,
+                    noise_offset=noise_offset,
+                    noise_rows=noise_rows,
+                )
             return sample(
                 model if model is not None else self.model,
                 input_ids,

@@ -1,0 +1,225 @@
+"""Rollout engines: tokens/s of our sampler vs Hugging Face ``generate`` vs vLLM (CPU build), colocated and served.
+
+One batch is a GRPO rollout: K=8 prompts x G=8 completions (each prompt repeated G times), the prompts of
+``R1Zero-v0`` (arithmetic, ``template="compact"``) encoded with the built-in tokenizer and left-padded; the model
+is a randomly initialised built-in Llama-style model (``tiny``, ``medium`` as the mid size, ``base``). Every engine
+samples through the engine seam (:mod:`algorithms.common.generation.engines`) with temperature 1 and top-p 0.92,
+and with no EOS, so every row generates ``--new-tokens`` tokens and the engines do the same work. Tokens/s is the
+generated tokens of one call over its wall time, the median of ``--repeats`` calls after a warm-up call. Each engine
+runs in a fresh process (its own memory, threads and imports); ``OMP_NUM_THREADS`` is ``--threads`` in each.
+``weight sync`` is the median seconds of ``update_weights`` with the model's own weights (vLLM: the in-place reload,
+or the file written and read by the server); ``start`` is the engine's construction (vLLM: its start, the server's
+included for ``vllm-server``).
+
+Engines: ``builtin`` (this project's KV-cache sampler), ``hf`` (``model.generate``), ``vllm`` (``vllm.LLM`` in the
+process), ``vllm-server`` (a vLLM OpenAI server on 127.0.0.1 and its client). The vLLM ones need vLLM
+(``bash .ci/install_vllm.sh``; run this script with that venv's python) and are left out without it.
+
+Commands (what ``benchmarks/RESULTS.md`` records; run on a quiet machine)::
+
+    python benchmarks/engines.py --results benchmarks/RESULTS.md
+    python benchmarks/engines.py --smoke            # tiny only, 16 tokens, 1 timed call: checks the script runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
+from common import cpu_flags, cpu_name, others_share, run_worker, update_results, usage
+
+SECTION = "## Rollout engines: our sampler vs HF generate vs vLLM (CPU)"
+N_GROUPS, GROUP_SIZE = 8, 8
+ENGINES = ("builtin", "hf", "vllm", "vllm-server")
+MODELS = ("tiny", "medium", "base")
+
+
+def prompts(seed: int):
+    """K distinct env prompts, each repeated G times, left-padded: ``(ids, mask, pad_id, vocab_size)``."""
+    import torch
+
+    import grpo_gym
+    from algorithms.common.rollout.batch import left_pad
+
+    env = grpo_gym.R1ZeroEnv(template="compact", difficulty=0.5)
+    rows = []
+    for k in range(N_GROUPS):
+        observation, _ = env.reset(seed=seed + k)
+        rows.extend([torch.as_tensor(observation["input_ids"][observation["attention_mask"] == 1])] * GROUP_SIZE)
+    ids, mask = left_pad(rows, env.codec.pad_id)
+    return ids, mask, env.codec.pad_id, env.codec.vocab_size
+
+
+def kv_bytes(model, rows: int, columns: int) -> int:
+    """Room in vLLM's KV cache for ``rows`` sequences of ``columns`` tokens (float32, keys and values), plus a half."""
+    config = model.config
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * head * 4
+    return int(1.5 * rows * (columns + 64) * per_token) + (16 << 20)
+
+
+def build_engine(name: str, model, sampling, columns: int, rows: int):
+    """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server)."""
+    from algorithms.common.generation.engines.builtin import BuiltinEngine
+    from algorithms.common.generation.engines.hf import HFGenerateEngine
+
+    if name == "builtin":
+        return BuiltinEngine(model, sampling), None
+    if name == "hf":
+        return HFGenerateEngine(model, sampling), None
+    options = {"kv_cache_memory_bytes": kv_bytes(model, rows, columns), "max_model_len": columns + 16}
+    if name == "vllm":
+        from algorithms.common.generation.engines.vllm_colocate import VLLMColocateEngine
+
+        return VLLMColocateEngine(model, sampling, **options), None
+    import socket
+    import tempfile
+
+    from algorithms.common.generation.engines.vllm_folder import export_folder
+    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine, start_vllm_server
+
+    scratch = Path(tempfile.mkdtemp(prefix="engines-bench-"))
+    folder, _ = export_folder(model, sampling, scratch / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = start_vllm_server(folder, port=port, startup_timeout=600, log_path=scratch / "server.log", **options)
+
+    def stop() -> None:
+        server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    return VLLMServerEngine(server.base_url, model, sampling, push_on_connect=False), stop
+
+
+def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Time one engine on one model (in this fresh process)."""
+    import torch
+
+    from algorithms.common.generation.engines.base import SamplingSettings
+    from algorithms.common.model.loading import count_parameters, load_model
+
+    torch.set_num_threads(settings["threads"])
+    ids, mask, pad_id, vocab = prompts(settings["seed"])
+    model = load_model(settings["model"], vocab_size=vocab, seed=settings["seed"]).eval()
+    sampling = SamplingSettings(eos_token_id=(), pad_token_id=pad_id, top_p=0.92, vocab_size=vocab)
+    new_tokens = settings["new_tokens"]
+    start = time.perf_counter()
+    engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0])
+    started = time.perf_counter() - start
+    generator = torch.Generator().manual_seed(settings["seed"])
+    speeds, seconds, syncs = [], [], []
+    try:
+        with torch.no_grad():
+            engine.generate(ids, mask, max_new_tokens=new_tokens, generator=generator)  # warm-up
+            for _ in range(settings["repeats"]):
+                begin = time.perf_counter()
+                out = engine.generate(ids, mask, max_new_tokens=new_tokens, generator=generator)
+                took = time.perf_counter() - begin
+                speeds.append(int(out.lengths.sum()) / took)
+                seconds.append(took)
+                syncs.append(engine.update_weights(model))
+    finally:
+        engine.close()
+        if stop is not None:
+            stop()
+    return {
+        "tokens_per_s": statistics.median(speeds),
+        "seconds": statistics.median(seconds),
+        "sync_seconds": statistics.median(syncs),
+        "start_seconds": started,
+        "parameters": count_parameters(model),
+        "prompt_width": int(ids.shape[1]),
+    }
+
+
+def vllm_available() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def table(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]], others: float) -> str:
+    import torch
+
+    versions = f"torch {torch.__version__}, Python {platform.python_version()}"
+    if vllm_available():
+        import vllm
+
+        versions += f", vLLM {vllm.__version__}"
+    lines = [
+        f"Command: `python benchmarks/engines.py {' '.join(sys.argv[1:])}` ({datetime.date.today().isoformat()}).",
+        "",
+        f"{versions}; {os.cpu_count()}-core {cpu_name()} ({cpu_flags()}), no GPU; OMP_NUM_THREADS={args.threads}. "
+        f"K={N_GROUPS} x G={GROUP_SIZE} rows, {args.new_tokens} new tokens each (no EOS), {args.repeats} timed "
+        f"calls per engine, each engine in its own process. Other processes used {others:.0%} of the CPUs meanwhile.",
+        "",
+        "| model | engine | tokens/s (median) | s/call | vs builtin | weight sync (s) | start (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for model in args.models:
+        base = results.get((model, "builtin"), {}).get("tokens_per_s")
+        for engine in args.engines:
+            r = results.get((model, engine))
+            if r is None:
+                continue
+            ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
+            size = f"{model} ({r['parameters'] / 1e6:.1f}M)"
+            lines.append(
+                f"| {size} | {engine} | {r['tokens_per_s']:,.0f} | {r['seconds']:.3f} | {ratio} | "
+                f"{r['sync_seconds']:.3f} | {r['start_seconds']:.1f} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--smoke", action="store_true", help="tiny only, 16 tokens, 1 timed call")
+    parser.add_argument("--results", type=Path, help="write the table into this RESULTS.md")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, json.loads(args.settings))), flush=True)
+        return
+    if args.smoke:
+        args.models, args.new_tokens, args.repeats = ["tiny"], 16, 1
+    if not vllm_available():
+        print("vLLM cannot be imported: the vllm engines are left out (bash .ci/install_vllm.sh)")
+        args.engines = [e for e in args.engines if not e.startswith("vllm")]
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the workers' (vLLM's worker binds its own)
+    begin, results = usage(), {}
+    for model in args.models:
+        for engine in args.engines:
+            settings = {"model": model, "new_tokens": args.new_tokens, "repeats": args.repeats,
+                        "threads": args.threads, "seed": args.seed}  # fmt: skip
+            results[(model, engine)] = run_worker(__file__, engine, settings)
+            print(model, engine, results[(model, engine)], flush=True)
+    body = table(args, results, others_share(begin, usage()))
+    print(body)
+    if args.results and not args.smoke:
+        update_results(args.results, SECTION, f"`--new-tokens {args.new_tokens}`", body)
+        print(f"written to {args.results}")
+
+
+if __name__ == "__main__":
+    main()
