@@ -16,6 +16,7 @@ from learning_report import MODES
 START_NAMES = {
     "a": "start a: built-in tiny after its cold start on arithmetic",
     "b": "start b: pretrained Llama (own character tokenizer) tuned on scratchpad addition",
+    "c": "start c: issue 30's pretrained Llama (word-level character tokenizer) tuned 300 steps on carry addition",
 }
 
 
@@ -133,10 +134,11 @@ def _variant_lines(variants: list[dict[str, Any]]) -> list[str]:
     """What each ``--variant`` arm is: ours with GRPO's defaults but for the shared settings and its own."""
     if not variants:
         return []
-    lines = ["", "Variants (ours, GRPO's defaults but for the shared settings above and these):", ""]
+    lines = ["", "Variants (each trainer's defaults but for the shared settings above and these):", ""]
     for variant in variants:
         where = f"start {', '.join(variant['starts'])}, lr {', '.join(f'{lr:g}' for lr in variant['learning_rates'])}"
-        lines.append(f"- `{variant['label']}`: {variant['ours'] or 'nothing else'} ({where})")
+        who = "ours" if variant["trainer"] == "ours" else "TRL"
+        lines.append(f"- `{variant['label']}` ({who}): {variant['settings'] or 'nothing else'} ({where})")
     return lines
 
 
