@@ -142,9 +142,9 @@ def arms(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def run_key(run: dict[str, Any]) -> str:
-    """The run's name in ``--work``: start, label, learning rate, seed and a hash of its settings (so a changed
-    setting is a new run, never a stale result)."""
-    settings = json.dumps({"ours": run["ours"], "trl": run["trl"], "trainer": run["trainer"]}, sort_keys=True)
+    """The run's name in ``--work``: start, label, learning rate, seed and a hash of its trainer's settings (so a
+    changed setting is a new run, never a stale result; the other trainer's settings play no part)."""
+    settings = json.dumps({"settings": run[run["trainer"]], "trainer": run["trainer"]}, sort_keys=True)
     digest = hashlib.sha256(settings.encode()).hexdigest()[:8]
     return f"{run['start']}_{run['label']}_lr{run['lr']:g}_seed{run['seed']}_{digest}"
 
