@@ -43,6 +43,8 @@ from stable_baselines3.common.vec_env import VecEnv
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
+from algorithms.common.collapse_guard import HELD_OUT_SEED
+from algorithms.common.evaluation import evaluate_problems, held_out_problems
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.reference import reference_network
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
@@ -318,10 +320,19 @@ class LMAlgorithm(LMBaseAlgorithm):
 
     # ------------------------------------------------------------------ collapse guard
     def _guard_figure(self, callback: BaseCallback) -> float | None:
-        """What the collapse guard judges this iteration: the rollout's success rate (every process's episodes), or
-        the newest figure of an ``EvalCallback`` among ``callback`` (None when it has not evaluated since)."""
+        """What the collapse guard judges this iteration (None: nothing new): the greedy success on its held-out
+        problems every ``eval_every`` iterations, the rollout's success rate (every process's episodes), or the newest
+        figure of an ``EvalCallback`` among ``callback``."""
         assert self._guard is not None
-        if self._guard.settings.monitor == "rollout":
+        settings = self._guard.settings
+        if settings.monitor == "held_out":
+            if self._iteration % settings.eval_every:
+                return None
+            if self._guard_problems is None:  # drawn once: the same problems at every check
+                difficulty = self.env.get_attr("difficulty", indices=[0])[0]
+                self._guard_problems = held_out_problems(self.env, settings.eval_problems, difficulty, HELD_OUT_SEED)
+            return evaluate_problems(self.policy, self.env, self._guard_problems, seed=0, greedy=True).success_rate
+        if settings.monitor == "rollout":
             successes, count = self._rollout_successes
             if self._dist.enabled:
                 successes, count = self._dist.sum(float(successes)), self._dist.sum(float(count))
