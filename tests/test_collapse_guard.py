@@ -174,7 +174,7 @@ def test_the_default_signal_is_greedy_success_on_fixed_held_out_problems(monkeyp
         seen.append((model._iteration, [p.prompt for p in problems], greedy))
         return evaluate(policy, env, problems, seed, greedy)
 
-    monkeypatch.setattr("algorithms.common.lm_algorithm.evaluate_problems", watched)
+    monkeypatch.setattr("algorithms.common.collapse_guard.evaluate_problems", watched)
     model.learn(8 * 5)
     assert [iteration for iteration, _, _ in seen] == [2, 4] and all(greedy for *_, greedy in seen)
     assert seen[0][1] == seen[1][1] and len(seen[0][1]) == 4

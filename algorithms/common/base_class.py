@@ -113,7 +113,6 @@ class LMBaseAlgorithm(BaseAlgorithm):
         #: the collapse guard of this run (None: off): see :mod:`algorithms.common.collapse_guard`
         self._guard = CollapseGuard(guard) if guard is not None else None
         self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
-        self._guard_problems: list[Any] | None = None  # the collapse guard's held-out problems, once drawn
         #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
         self._sampling = RolloutSampling()
 

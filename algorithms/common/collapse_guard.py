@@ -37,6 +37,9 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
+
+from algorithms.common.evaluation import evaluate_problems, held_out_problems
 
 MONITORS = ("held_out", "rollout", "eval")
 #: the seed of the guard's held-out problems (``monitor="held_out"``): the final evaluation's are seed 0's
@@ -152,6 +155,41 @@ class CollapseGuard:
     evaluations_seen: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
     snapshot: Snapshot | None = None
+    difficulty: float | None = None  # the level the held-out problems of monitor="held_out" are drawn at, once
+    problems: list[Any] | None = None  # those problems (drawn again from their seed after a resume)
+
+    def figure(
+        self, iteration: int, env: Any, policy: Any, successes: tuple[int, int], callback: BaseCallback, dist: Any
+    ) -> float | None:
+        """What the guard judges at ``iteration`` (None: nothing new): the greedy success on its held-out problems
+        every ``eval_every`` iterations, the rollout's success rate (``successes``: this process's ``(successes,
+        episodes)``, summed over ``dist``'s processes), or the newest figure of an ``EvalCallback`` in ``callback``."""
+        settings = self.settings
+        if settings.monitor == "held_out":
+            if iteration % settings.eval_every:
+                return None
+            if self.problems is None:  # the same problems at every check, also after a resume
+                if self.difficulty is None:
+                    self.difficulty = float(env.get_attr("difficulty", indices=[0])[0])
+                self.problems = held_out_problems(env, settings.eval_problems, self.difficulty, HELD_OUT_SEED)
+            return evaluate_problems(policy, env, self.problems, seed=0, greedy=True).success_rate
+        if settings.monitor == "rollout":
+            won, count = successes
+            if dist.enabled:
+                won, count = dist.sum(float(won)), dist.sum(float(count))
+            return won / count if count else None
+        evaluator = find_eval_callback(callback)
+        if evaluator is None:
+            raise ValueError(
+                "collapse_guard={'monitor': 'eval'} watches an EvalCallback: pass one to learn(callback=...), or use "
+                "monitor='held_out'"
+            )
+        evaluations = evaluator.n_calls // evaluator.eval_freq if evaluator.eval_freq > 0 else 0
+        if evaluations <= self.evaluations_seen:
+            return None
+        self.evaluations_seen = evaluations
+        won = evaluator._is_success_buffer  # the last evaluation's, as SB3 logs eval/success_rate from it
+        return float(np.mean(won)) if won else float(evaluator.last_mean_reward)
 
     def signal(self, success: float | None) -> float | None:
         """Add this check's figure (``None``: nothing new to judge) and return the signal, or ``None`` while the
@@ -218,6 +256,7 @@ class CollapseGuard:
             "lr_scale": self.lr_scale,
             "evaluations_seen": self.evaluations_seen,
             "events": [dict(event) for event in self.events],
+            "difficulty": self.difficulty,
         }
         tensors: dict[str, th.Tensor] = {}
         if self.snapshot is not None:
@@ -232,8 +271,9 @@ class CollapseGuard:
         if "snapshot_optimizer" in state:
             weights = {key[len("weights/") :]: value for key, value in tensors.items() if key.startswith("weights/")}
             snapshot = Snapshot(weights, _unflatten(state["snapshot_optimizer"], tensors))
-        names = ("recent", "best", "best_iteration", "below", "restores", "lr_scale", "evaluations_seen", "events")
-        return cls(GuardSettings(**state["settings"]), **{name: state[name] for name in names}, snapshot=snapshot)
+        names = ("recent", "best", "best_iteration", "below", "restores", "lr_scale", "evaluations_seen", "events",
+                 "difficulty")  # fmt: skip
+        return cls(GuardSettings(**state["settings"]), **{n: state[n] for n in names if n in state}, snapshot=snapshot)
 
 
 def _flatten(value: Any, key: str, tensors: dict[str, th.Tensor]) -> Any:
@@ -257,3 +297,14 @@ def _unflatten(value: Any, tensors: dict[str, th.Tensor]) -> Any:
     if isinstance(value, dict) and "list" in value:
         return [_unflatten(v, tensors) for v in value["list"]]
     return value
+
+
+def find_eval_callback(callback: BaseCallback | None) -> EvalCallback | None:
+    """The first SB3 ``EvalCallback`` in ``callback`` (a ``CallbackList`` is searched through), or None."""
+    if isinstance(callback, EvalCallback):
+        return callback
+    for inner in getattr(callback, "callbacks", []):
+        found = find_eval_callback(inner)
+        if found is not None:
+            return found
+    return None
