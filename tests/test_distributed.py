@@ -69,6 +69,16 @@ def test_two_processes_refill_and_sample_prompts_as_one(tmp_path: Path):
     assert_same_weights(tmp_path, single.policy.state_dict(), atol=2e-5, rtol=1e-4)
 
 
+def test_two_processes_overlap_sampling_and_updates_as_one(tmp_path: Path):
+    """max_staleness=1 under torchrun: each rank's producer samples its own group with the scheduled version; the
+    job's weights are those of one process with the same schedule."""
+    done = torchrun(tmp_path, "train", "max_staleness=1", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (tmp_path / "one").mkdir()
+    single = run(tmp_path / "one", max_staleness=1)
+    assert_same_weights(tmp_path, single.policy.state_dict(), atol=2e-5, rtol=1e-4)
+
+
 def assert_same_weights(folder: Path, single: dict[str, torch.Tensor], atol: float, rtol: float) -> None:
     for rank in (0, 1):
         weights = torch.load(folder / f"params_{rank}.pt")

@@ -246,8 +246,17 @@ _SAMPLER_CORRECTION = (
     'the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`): ``"tis"`` (truncated '
     "importance sampling: the ratio taken against the update's own log-probs of the fresh rollout, each token's "
     "loss weighted by ``min(pi_old / pi_sampler, cap)``), ``None`` (off: the ratio against the sampler's log-probs) "
-    'or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions). The mismatch is logged '
-    "every update as ``train/sampler_kl``"
+    'or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions, or with ``max_staleness`` '
+    ">= 1, when older weights sample). The mismatch is logged every update as ``train/sampler_kl``, the share of "
+    "tokens whose weight the cap truncated as ``train/sampler_clipped_fraction``"
+)
+_MAX_STALENESS = (
+    "TRL's name: 0 (the default) samples each rollout, then updates on it; ``k >= 1`` samples the first turns of "
+    "rollout ``i`` on a producer thread with the weights of version ``max(0, i - k)`` (a fixed schedule: "
+    "reproducible, resumed exactly) while the update runs on rollout ``i - 1``, each side on half of torch's threads "
+    "(:mod:`~algorithms.common.rollout.staleness`); ``sampler_correction`` corrects the staleness, logged as "
+    "``rollout/staleness`` and ``rollout/staleness_max``. A producer that fails or gives no answer within "
+    "``dist_timeout`` seconds ends ``learn()`` with an error naming it"
 )
 _COLLAPSE_GUARD = (
     "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
@@ -286,13 +295,15 @@ LM_ARGUMENTS = Arguments(
         "sharding": Argument(None, choice(*SHARDINGS), _SHARDING, "str | None"),
         "dist_timeout": Argument(
             300.0, number(low=0.0, low_open=True),
-            "seconds a rank waits for the others before the job fails (a hung rank ends the job)", "float",
+            "seconds a rank waits for the others (and, with ``max_staleness``, the update for the rollout producer) "
+            "before the job fails: a hung rank or producer ends the job", "float",
         ),
         "mixed_precision": Argument("auto", check_precision, _MIXED_PRECISION, "str | dict[str, str]"),
         "sampler_correction": Argument("auto", choice(*SAMPLER_CORRECTIONS), _SAMPLER_CORRECTION, "str | None"),
         "sampler_correction_cap": Argument(
             2.0, number(low=1.0), "the truncation ``cap`` of the TIS weights (TRL's and verl's 2)", "float"
         ),
+        "max_staleness": Argument(0, integer(low=0), _MAX_STALENESS, "int"),
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '

@@ -42,6 +42,7 @@ from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.sampling import RolloutSampling
 from algorithms.common.rollout.seeds import RolloutSeeds
+from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, WeightVersions
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.parallel import parallelism
 from algorithms.common.runtime.precision import choose_precision
@@ -115,6 +116,10 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
         #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
         self._sampling = RolloutSampling()
+        #: max_staleness >= 1: the weights later rollouts sample with, and learn()'s producer while it runs
+        self._weight_versions = WeightVersions(self.max_staleness) if self.max_staleness > 0 else None
+        self._overlap: RolloutProducer | None = None
+        self._staleness_max = 0  # rollout/staleness_max since the last dump
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
@@ -135,7 +140,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self.policy = self.policy.to(self.device)
         self.precision = choose_precision(self.mixed_precision, self.device)
         #: "tis" or None: see algorithms.common.sampler_correction
-        self._sampler_correction = resolve_sampler_correction(self.sampler_correction, self.precision)
+        self._sampler_correction = resolve_sampler_correction(
+            self.sampler_correction, self.precision, self.max_staleness
+        )
         self.policy.autocast_dtypes = self.precision.dtypes
         self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         if self.verbose >= 1:
@@ -199,6 +206,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         "_token_info",
     )
 
+    #: the state attributes the update changes (with ``max_staleness`` a save during a rollout takes them after it)
+    learner_attributes: ClassVar[tuple[str, ...]] = ("_n_updates", "_skipped_steps")
+
     def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
         """The run state now (see :mod:`algorithms.common.saving.run_file`): a JSON-able dict and the torch RNG
         states (tensors)."""
@@ -219,6 +229,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if self._guard is not None:
             state["collapse_guard"], guard_tensors = self._guard.get_state()
             tensors.update({f"{GUARD_PREFIX}{key}": value for key, value in guard_tensors.items()})
+        if self._weight_versions is not None:  # the weights the next rollouts sample with
+            state["weight_versions"], version_tensors = self._weight_versions.get_state()
+            tensors.update(version_tensors)
         return encode(state), tensors
 
     def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
@@ -239,6 +252,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if "collapse_guard" in state and self._guard is not None:
             tensors = {key[len(GUARD_PREFIX) :]: value for key, value in rng.items() if key.startswith(GUARD_PREFIX)}
             self._guard = CollapseGuard.from_state(state["collapse_guard"], tensors)
+        if "weight_versions" in state and self._weight_versions is not None:
+            versions = {key: value for key, value in rng.items() if key.startswith(VERSIONS_PREFIX)}
+            self._weight_versions.set_state(state["weight_versions"], versions, self.device)
 
     def _constructor_arguments(self) -> dict[str, Any]:
         """The constructor's arguments a file records, read back from the attributes they were stored in."""

@@ -23,7 +23,9 @@ subclass writes are marked *subclass*)::
     ├─ train                      *subclass*  minibatches, loss, _optimizer_step (clip, guarded step)
     └─ dump_logs                              rollout/, time/, train/ at num_timesteps
 
-The cold start (S20.1, :meth:`LMAlgorithm.run_cold_start`) runs before the first rollout.
+The cold start (S20.1, :meth:`LMAlgorithm.run_cold_start`) runs before the first rollout. With ``max_staleness >= 1``
+the loop is :class:`~algorithms.common.overlapped_learning.OverlappedLearning`'s: the same steps, the first turns
+sampled on a producer thread while the update runs on the rollout before.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
@@ -40,11 +44,11 @@ from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import configure_logger, safe_mean, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
-from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.reference import reference_network
+from algorithms.common.overlapped_learning import OverlappedLearning
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
 from algorithms.common.rollout.env_steps import Obs, score_ahead, split_obs, stack_obs, step_envs
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
@@ -53,7 +57,17 @@ from algorithms.common.runtime.determinism import deterministic_on_cpu
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
 
 
-class LMAlgorithm(LMBaseAlgorithm):
+@dataclass(frozen=True)
+class RolloutStart:
+    """A rollout before its first turn is sampled: each episode's problem and prompt, and the sampler's noise
+    placement (``noise_offset``, ``noise_rows``)."""
+
+    problems: list[Any]
+    prompts: list[th.Tensor]
+    noise: dict[str, int]
+
+
+class LMAlgorithm(OverlappedLearning):
     """Base class of the language-model algorithms (GRPO, the PPO baseline): see the module docstring.
 
     The constructor arguments are documented on the subclasses, which pass them through.
@@ -73,17 +87,34 @@ class LMAlgorithm(LMBaseAlgorithm):
         """
         self._boundary = self.get_run_state()  # an iteration boundary: what a save during the rollout records
         callback.on_rollout_start()
+        start = self._start_rollout(env)
+        timer = time.perf_counter()
+        first = self._sample(start.prompts, **start.noise)
+        return self._finish_rollout(env, callback, start, first, time.perf_counter() - timer)
+
+    def _start_rollout(self, env: VecEnv) -> RolloutStart:
+        """What a rollout does before its first turn is sampled: the env's settings, the K problems (each played
+        by G episodes), the sampler reseeded for the iteration, the episodes' prompts."""
         self.policy.set_training_mode(False)
         self._sampling.before_rollout(env, self.num_timesteps, self.logger)
         episode_problems = [p for p in self._draw_problems(env) for _ in range(self.group_size)]
         self._seeds.reseed_for_rollout(self._iteration)
-        rows, finished = Rows(), []  # (Monitor episode, is_success) of the episodes that ended
         noise = {"noise_offset": self._dist.rank * len(episode_problems), "noise_rows": self.n_groups * self.group_size}
-        generation_seconds = self._play(env, callback, episode_problems, rows, finished, job_steps=True, **noise)
-        if generation_seconds is None:
+        return RolloutStart(episode_problems, self._prompts(env, episode_problems), noise)
+
+    def _finish_rollout(
+        self, env: VecEnv, callback: BaseCallback, start: RolloutStart, first: Completions, first_seconds: float
+    ) -> bool:
+        """The rest of :meth:`collect_rollouts` once the first turns ``first`` are sampled (in ``first_seconds``):
+        the episodes played, groups played again, the batch built. False when a callback stopped training."""
+        self.policy.set_training_mode(False)
+        rows, finished = Rows(), []  # (Monitor episode, is_success) of the episodes that ended
+        later = self._play_sampled(env, callback, start.problems, start.prompts, first, rows, finished, True)
+        if later is None:
             return False
+        generation_seconds = first_seconds + later
         generator_state = self._seeds.generator.get_state()
-        play = functools.partial(self._play_again, env, callback, finished, episode_problems)
+        play = functools.partial(self._play_again, env, callback, finished, start.problems)
         extra_seconds = self._sampling.after_play(rows, play, self.logger)  # e.g. GRPO's refill rounds
         self._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
         if extra_seconds is None:
@@ -93,9 +124,19 @@ class LMAlgorithm(LMBaseAlgorithm):
         check_reward_errors(self._dist, rows, self.logger)
         self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
         self._boundary = None
+        if self._overlap is not None:  # the producer samples the next rollout while the update shuffles
+            self._overlap.update_generator.set_state(generator_state)
         callback.update_locals(locals())
         callback.on_rollout_end()
         return True
+
+    def _prompts(self, env: VecEnv, episode_problems: list[Any]) -> list[th.Tensor]:
+        """The first prompt of each episode of ``episode_problems``: the envs reset with them, ``n_envs`` at a time."""
+        prompts: list[th.Tensor] = []
+        for start in range(0, len(episode_problems), env.num_envs):
+            env.set_options([{"problem": problem} for problem in episode_problems[start : start + env.num_envs]])
+            prompts.extend(contexts_from_obs(env.reset(), self.policy.context_limit))
+        return prompts
 
     def _play(
         self,
@@ -112,15 +153,29 @@ class LMAlgorithm(LMBaseAlgorithm):
         adding their rows (episodes numbered from 0) to ``rows``; the generation seconds, or None when a callback
         stopped training. ``job_steps``: every rank plays as many episodes, so a step counts ``n_envs x world size``
         timesteps; else ``n_envs`` (the caller adds the other ranks' completions)."""
-        n_envs = env.num_envs
-        chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
-        prompts: list[th.Tensor] = []
-        for chunk in chunks:
-            env.set_options([{"problem": episode_problems[e]} for e in chunk])
-            prompts.extend(contexts_from_obs(env.reset(), self.policy.context_limit))
+        prompts = self._prompts(env, episode_problems)
         timer = time.perf_counter()
         first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
         generation_seconds = time.perf_counter() - timer
+        later = self._play_sampled(env, callback, episode_problems, prompts, first, rows, finished, job_steps)
+        return None if later is None else generation_seconds + later
+
+    def _play_sampled(
+        self,
+        env: VecEnv,
+        callback: BaseCallback,
+        episode_problems: list[Any],
+        prompts: list[th.Tensor],
+        first: Completions,
+        rows: Rows,
+        finished: list[tuple[Any, Any]],
+        job_steps: bool,
+    ) -> float | None:
+        """:meth:`_play` once the first turns ``first`` of ``prompts`` are sampled: scored ahead, stepped ``n_envs``
+        at a time, later turns played; the later turns' generation seconds, or None when a callback stopped
+        training."""
+        n_envs, generation_seconds = env.num_envs, 0.0
+        chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
         score_ahead(env, episode_problems, first.tokens.cpu().numpy())
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
@@ -238,18 +293,37 @@ class LMAlgorithm(LMBaseAlgorithm):
         return [env.env_method("sample_problem", **key, indices=[k % env.num_envs])[0] for k, key in mine]
 
     def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
+        """Sample one turn for ``prompts`` now (:meth:`_sampling_call`)."""
+        return self._sampling_call(prompts, noise_offset, noise_rows)()
+
+    def _sampling_call(
+        self,
+        prompts: list[th.Tensor],
+        noise_offset: int = 0,
+        noise_rows: int | None = None,
+        generator: th.Generator | None = None,
+    ) -> Callable[[], Completions]:
+        """The sampling of one turn for ``prompts``, to call now or on the producer: the sampler's network is
+        chosen here (the policy, the frozen reference when ``_sampling.from_reference``, or with ``max_staleness``
+        the producer's copy of a scheduled version); the call draws from ``generator`` (default: the rollouts')."""
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
+        ids, mask = ids.to(self.device), mask.to(self.device)
         from_reference = self._sampling.from_reference(self._iteration, self.logger)
-        sampler = reference_network(self.policy, self.ref_model) if from_reference else contextlib.nullcontext(None)
-        with sampler as model:
-            return self.policy.generate(
-                ids.to(self.device),
-                mask.to(self.device),
-                generator=self._seeds.generator,
-                model=model,
-                noise_offset=noise_offset,
-                noise_rows=noise_rows,
-            )
+        if self._overlap is not None:
+            network = contextlib.nullcontext(self._overlap.sampler_network(from_reference, self.ref_model))
+        elif from_reference:
+            network = reference_network(self.policy, self.ref_model)
+        else:
+            network = contextlib.nullcontext(None)
+        generator = self._seeds.generator if generator is None else generator
+
+        def call() -> Completions:
+            with network as model:
+                return self.policy.generate(
+                    ids, mask, generator=generator, model=model, noise_offset=noise_offset, noise_rows=noise_rows
+                )
+
+        return call
 
     def gathered_policy(self) -> contextlib.AbstractContextManager:
         """The policy's whole weights on every rank for the block, so that one rank may sample alone (e.g. rank 0
@@ -297,6 +371,10 @@ class LMAlgorithm(LMBaseAlgorithm):
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
         assert self.env is not None
+        if self.max_staleness > 0:
+            self._learn_overlapped(total_timesteps, callback, log_interval)
+            callback.on_training_end()
+            return self
         while self.num_timesteps < total_timesteps:
             from_reference = self._sampling.from_reference(self._iteration, self.logger)
             sampling = [self.policy.model, self.ref_model if from_reference else None]

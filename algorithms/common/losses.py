@@ -13,6 +13,8 @@ Yu et al. 2025 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRP
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -151,6 +153,16 @@ def truncated_importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: T
     check_shape("mask", mask, old_logp.shape)
     log_ratio = torch.where(mask.bool(), old_logp - sampler_logp, 0.0).detach()  # (B, T)
     return torch.where(mask.bool(), torch.exp(log_ratio).clamp(max=cap), 0.0)  # (B, T)
+
+
+def truncated_fraction(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """The share of valid tokens whose TIS weight the cap truncates: ``pi_old / pi_sampler > cap`` (scalar, no
+    gradient; 0 without valid tokens). Arguments as :func:`truncated_importance_weights`'s."""
+    check_shape("sampler_logp", sampler_logp, old_logp.shape)
+    check_shape("mask", mask, old_logp.shape)
+    valid = mask.bool()
+    truncated = (old_logp.detach() - sampler_logp.detach() > math.log(cap)) & valid  # (B, T)
+    return truncated.sum() / valid.sum().clamp(min=1)
 
 
 def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:

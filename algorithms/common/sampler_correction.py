@@ -33,10 +33,12 @@ from algorithms.common.runtime.precision import PrecisionChoice
 SAMPLER_CORRECTIONS = ("auto", "tis", None)
 
 
-def resolve_sampler_correction(requested: str | None, precision: PrecisionChoice) -> str | None:
-    """What ``sampler_correction=requested`` means under ``precision``: ``"tis"`` or None (no correction)."""
+def resolve_sampler_correction(requested: str | None, precision: PrecisionChoice, max_staleness: int = 0) -> str | None:
+    """What ``sampler_correction=requested`` means under ``precision`` and ``max_staleness``: ``"tis"`` or None (no
+    correction). ``"auto"`` corrects when the sampler's distribution is not the update's: other precisions, or
+    older weights (``max_staleness >= 1``)."""
     if requested == "auto":
-        return "tis" if precision.mixes_sampling_and_update else None
+        return "tis" if precision.mixes_sampling_and_update or max_staleness > 0 else None
     return requested
 
 

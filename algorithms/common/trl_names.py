@@ -1,9 +1,10 @@
 """TRL's names and ours: one table, read by the constructors' hints, by ``GRPO.from_trl`` and by the README.
 
-Every field of TRL 1.16's ``GRPOConfig`` (and the ``GRPOTrainer`` arguments a script passes) has an entry
-(:data:`TRL_NAMES`): our equivalent and where it goes, or ``None`` with what to do instead. ``GRPO(...)`` and
-``LMPPO(...)`` given a TRL name raise a ``TypeError`` that names ours (:func:`with_trl_hints`, a decorator: the
-constructors keep their SB3-style signatures). The names whose equivalent is the env's, and the hint itself, are
+Every field of TRL 1.16's ``GRPOConfig`` (and the ``GRPOTrainer`` arguments a script passes, and the fields of
+TRL 1.18's ``AsyncGRPOConfig`` that have a meaning here) has an entry (:data:`TRL_NAMES`): our equivalent and where
+it goes, or ``None`` with what to do instead. ``GRPO(...)`` and ``LMPPO(...)`` given a TRL name raise a
+``TypeError`` that names ours (:func:`with_trl_hints`, a decorator: the constructors keep their SB3-style
+signatures). The names whose equivalent is the env's, and the hint itself, are
 the env's own (:mod:`grpo_gym.trl_names`: ``gym.make("R1Zero-v0", max_completion_length=...)`` names ours too).
 :func:`readme_section` writes the README's table; a test checks that the README holds it and that it covers every
 ``GRPOConfig`` field.
@@ -17,7 +18,15 @@ from typing import Any
 from grpo_gym.trl_names import ENV_NAMES, TrlName, spelled
 from grpo_gym.trl_names import with_trl_hints as env_hints
 
-__all__ = ["GRPO_CONFIG", "TRL_NAMES", "readme_section", "readme_table", "with_trl_hints"]
+__all__ = [
+    "ASYNC_GRPO_CONFIG",
+    "GRPO_CONFIG",
+    "TRL_CONFIG",
+    "TRL_NAMES",
+    "readme_section",
+    "readme_table",
+    "with_trl_hints",
+]
 
 
 def _arg(ours: str, note: str = "", **kwargs: Any) -> TrlName:
@@ -232,8 +241,21 @@ GRPO_CONFIG: dict[str, TrlName] = {
     **_none("vllm_importance_sampling_cap", note=_VLLM),
 }
 
-TRL_NAMES: dict[str, TrlName] = {**TRAINER_ARGUMENTS, **GRPO_CONFIG, **REMOVED}
-"""Every TRL name we know: ``GRPOTrainer``'s arguments, ``GRPOConfig``'s fields, names TRL removed."""
+#: the fields of TRL's ``AsyncGRPOConfig`` (1.18, after the 1.16 this table follows) that have a meaning here
+ASYNC_GRPO_CONFIG: dict[str, TrlName] = {
+    "max_staleness": _arg(
+        "max_staleness",
+        "TRL 4 (older samples dropped), ours 0 (synchronous); with k >= 1 every rollout is used, sampled by weights "
+        "at most k updates old, and TIS-corrected",
+    ),
+    **_none("weight_sync_steps", note="the producer gets the new weights after every update"),
+}
+#: the config fields ``from_trl`` reads: ``GRPOConfig``'s and ``AsyncGRPOConfig``'s own
+TRL_CONFIG: dict[str, TrlName] = {**GRPO_CONFIG, **ASYNC_GRPO_CONFIG}
+
+TRL_NAMES: dict[str, TrlName] = {**TRAINER_ARGUMENTS, **TRL_CONFIG, **REMOVED}
+"""Every TRL name we know: ``GRPOTrainer``'s arguments, ``GRPOConfig``'s and ``AsyncGRPOConfig``'s fields, names TRL
+removed."""
 
 
 #: ``@with_trl_hints`` on GRPO's and LMPPO's constructors: a TRL name among every one we know raises a

@@ -18,6 +18,7 @@ from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.lm_algorithm import LMAlgorithm
+from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
@@ -204,8 +205,12 @@ class GRPO(LMAlgorithm):
         self._start_gradient_sync()
         fresh = batch = self._rollout
         sampler_kl = None  # measured before the first step: on the whole fresh rollout, or on the first minibatch
+        clipped = None
         if self._sampler_correction == "tis":
             fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, self.sampler_correction_cap)
+            clipped = truncated_fraction(
+                fresh.old_log_probs, batch.old_log_probs, fresh.completion_mask, self.sampler_correction_cap
+            )
             batch = fresh
         drawn = None
         if self.replay_buffer is not None:
@@ -223,7 +228,7 @@ class GRPO(LMAlgorithm):
                 self.batch_size,
                 self.update_mode == "sequential",
                 self.loss_aggregation,
-                self._seeds.generator,
+                self._minibatch_generator,
                 self._dist,
                 self._placeholder,
             )
@@ -238,6 +243,8 @@ class GRPO(LMAlgorithm):
         if self.replay_buffer is not None:
             replay.update_and_store(self.replay_buffer, fresh, drawn, drifts, self._iteration)
         history["sampler_kl"] = [float(sampler_kl)]
+        if clipped is not None:
+            history["sampler_clipped_fraction"] = [float(clipped)]
         update.log_train(self.logger, history, settings, self._skipped_steps, self._n_updates, self.diagnostics)
 
     def _loss_settings(self) -> update.LossSettings:

@@ -32,7 +32,7 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from algorithms.common.trl_names import GRPO_CONFIG
+from algorithms.common.trl_names import TRL_CONFIG
 from grpo_gym.trl_names import TrlName, spelled
 
 if TYPE_CHECKING:
@@ -84,9 +84,9 @@ def config_values(args: Any) -> tuple[dict[str, Any], set[str]]:
                 changed.add(spec.name)
     else:
         raise TypeError(f"args must be a trl.GRPOConfig or a dict of its fields, got {type(args).__name__}")
-    unknown = sorted(name for name in values if name not in GRPO_CONFIG)
+    unknown = sorted(name for name in values if name not in TRL_CONFIG)
     if unknown:
-        raise TypeError(f"args: {', '.join(unknown)} are not fields of TRL's GRPOConfig (1.16)")
+        raise TypeError(f"args: {', '.join(unknown)} are not fields of TRL's GRPOConfig (1.16) or AsyncGRPOConfig")
     return values, changed
 
 
@@ -130,7 +130,7 @@ def translate(
     policy: dict[str, Any] = {}
     left: list[str] = []
     for name, value in values.items():
-        entry = GRPO_CONFIG[name]
+        entry = TRL_CONFIG[name]
         if name in BATCHING or name == "output_dir":
             continue
         if name == "reward_weights":

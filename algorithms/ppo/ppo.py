@@ -14,6 +14,7 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.lm_algorithm import LMAlgorithm
+from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
 from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout
@@ -61,6 +62,7 @@ class LMPPO(LMAlgorithm):
         super().__init__(policy, env, **kwargs)  # every argument checked once, by its rule, and stored by name
         self._explained_variance = float("nan")
         self._sampler_kl = float("nan")  # train/sampler_kl of the last rollout
+        self._sampler_clipped = float("nan")  # train/sampler_clipped_fraction of the last rollout (with TIS)
         if _init_setup_model:
             self._setup_model()
 
@@ -95,7 +97,9 @@ class LMPPO(LMAlgorithm):
             ref_log_probs = self._reference_log_probs(batch) if self.kl_coef > 0 else None  # (N, C)
         self._sampler_kl = float(correction.sampler_kl(update_log_probs, batch.old_log_probs, mask))
         if self._sampler_correction == "tis":  # the ratio against the update's own log-probs, tokens weighted
-            batch = correction.corrected(batch, update_log_probs, self.sampler_correction_cap)
+            cap = self.sampler_correction_cap
+            self._sampler_clipped = float(truncated_fraction(update_log_probs, batch.old_log_probs, mask, cap))
+            batch = correction.corrected(batch, update_log_probs, cap)
         kl = None if ref_log_probs is None else th.where(mask, batch.old_log_probs - ref_log_probs, 0.0)  # (N, C) k1
         in_reward = self.kl_placement == "reward"
         rewards = objective.token_rewards(self._row_scores(rows), mask, kl, self.kl_coef if in_reward else 0.0)
@@ -133,7 +137,7 @@ class LMPPO(LMAlgorithm):
         history: dict[str, list[float]] = {}
         stopped = False
         for _ in range(self.n_epochs):
-            parts = minibatches(self._rollout, self.batch_size, False, "token", self._seeds.generator, self._dist)
+            parts = minibatches(self._rollout, self.batch_size, False, "token", self._minibatch_generator, self._dist)
             for minibatch, share in parts:
                 loss, stats = self._loss(minibatch, clip_range, clip_range_vf, ent_coef)
                 approx_kl = self._dist.sum(float(stats["approx_kl"])) / self._dist.world_size
@@ -182,6 +186,8 @@ class LMPPO(LMAlgorithm):
             self.logger.record(f"train/{key}", float(np.mean(value)))
         self.logger.record("train/explained_variance", self._explained_variance)
         self.logger.record("train/sampler_kl", self._sampler_kl)
+        if self._sampler_correction == "tis":
+            self.logger.record("train/sampler_clipped_fraction", self._sampler_clipped)
         self.logger.record("train/skipped_steps", self._skipped_steps)
         self.logger.record("train/optimizer_steps", len(history.get("loss", [])))
         self.logger.record("train/early_stop", float(stopped))
