@@ -4,6 +4,7 @@ run), the staleness logs, and the faults a producer can have."""
 
 from __future__ import annotations
 
+import csv
 import threading
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import configure
 
 from algorithms import GRPO, LMPPO
 from algorithms.common import overlapped_learning
@@ -137,7 +139,9 @@ class Staleness(BaseCallback):
         return True
 
 
-def test_a_fixed_seed_reproduces_the_run_and_the_schedule_is_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fixed_seed_reproduces_the_run_and_the_schedule_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     loaded: list[tuple[int, int]] = []
     load = WeightVersions.load
 
@@ -152,8 +156,15 @@ def test_a_fixed_seed_reproduces_the_run_and_the_schedule_is_logged(monkeypatch:
     assert logs.staleness == [0, 1, 2, 2, 2]  # rollout i is trained on by version i
     assert first._sampler_correction == "tis"  # "auto" corrects stale rollouts
     second = make_model(max_staleness=2)
+    second.set_logger(configure(str(tmp_path), ["csv"]))
     second.learn(40)
     assert_same_training_state(first, second)
+    with open(tmp_path / "progress.csv", encoding="utf-8") as file:
+        rows = [row for row in csv.DictReader(file) if row["rollout/staleness"]]  # not the cold start's row
+    assert [float(row["rollout/staleness"]) for row in rows] == [0, 1, 2, 2, 2]
+    assert [float(row["rollout/staleness_max"]) for row in rows] == [0, 1, 2, 2, 2]
+    assert all(0.0 <= float(row["train/sampler_clipped_fraction"]) <= 1.0 for row in rows)
+    assert all(float(row["time/producer_idle_seconds"]) >= 0.0 for row in rows)
     synchronous = make_model()
     synchronous.learn(40)
     pairs = zip(first.policy.parameters(), synchronous.policy.parameters(), strict=True)
@@ -167,7 +178,7 @@ def test_lmppo_overlaps_too_and_reproduces() -> None:
     first.learn(12)
     second.learn(12)
     assert_same_training_state(first, second)
-    assert first._iteration == 3
+    assert first._iteration == 3 and first._sampler_correction == "tis" and 0.0 <= first._sampler_clipped <= 1.0
 
 
 @pytest.mark.parametrize("mid_rollout", [False, True], ids=["after-learn", "mid-rollout"])
