@@ -16,7 +16,11 @@ gradient of some tokens and lets others through unclipped, in a direction set by
   without gradient, before the first step (``pi_old``, one extra forward pass); the surrogate's ratio becomes
   ``pi / pi_old`` (exactly 1 at the first step, as TRL and verl have it) and each token's loss is weighted by
   ``min(pi_old / pi_sampler, cap)`` (:func:`~algorithms.common.losses.truncated_importance_weights`).
-  ``"auto"`` (the default) turns it on exactly when the sampling and update stages run in different precisions.
+  ``"auto"`` (the default) turns it on exactly when the sampling and update stages run in different precisions,
+  or when older weights sample (``max_staleness >= 1``, :mod:`~algorithms.common.rollout.staleness`): ``pi_old``
+  is then the proximal policy (the weights at the update's start) and the weights correct the staleness too. The
+  share of tokens whose weight the cap truncates is logged as ``train/sampler_clipped_fraction``
+  (:func:`~algorithms.common.losses.truncated_fraction`).
 """
 
 from __future__ import annotations
