@@ -11,6 +11,10 @@ in-place reload: the checkpoint-format tensors are re-processed into the CPU bac
 cached prompt keeps the old weights' keys. With ``lora="adapters"`` the base weights load once and each push writes
 the adapters to a new folder under a new LoRA id, which the next requests name in their ``LoRARequest``.
 
+On a GPU with ``sleep_mode``, :meth:`VLLMColocateEngine.sleep` (the algorithm calls it after each rollout) offloads
+the weights to the CPU and drops the KV cache (vLLM's sleep level 1) while the trainer runs; the next push or rollout
+wakes it. (A GPU code path: vLLM's sleep mode needs CUDA, so the CPU tests do not run it.)
+
 On the CPU build: float32, ``enforce_eager``, a fixed KV-cache size (``kv_cache_memory_bytes``); set
 ``OMP_NUM_THREADS=1`` before the process starts when training and sampling share 1-2 cores (else vLLM's OpenMP
 threads and torch's contend: about 6x slower). vLLM replaces ``torch.set_num_threads`` with a no-op once its worker
@@ -91,13 +95,16 @@ class VLLMColocateEngine(RolloutEngine):
     :param model: the trainer's model (a Hugging Face causal LM, or a peft model with LoRA adapters)
     :param settings: how it samples
     :param folder: where to write the model folder vLLM loads (None: a temporary folder, removed by :meth:`close`)
-    :param kv_cache_memory_bytes: the KV cache's size (vLLM's ``kv_cache_memory_bytes``)
+    :param kv_cache_memory_bytes: the KV cache's size (vLLM's ``kv_cache_memory_bytes``; None: vLLM sizes it from
+        ``gpu_memory_utilization``, a GPU's way)
     :param max_model_len: the most tokens of a prompt and its completion (None: the model's position limit)
     :param lora: a peft model's weights as ``"merged"`` weights (``W + scaling * B @ A``) or as ``"adapters"``
         (LoRA requests over the base weights)
     :param seed: vLLM's own seed (each request also gets one from the caller's generator)
     :param dtype: the weights' dtype in vLLM (float32 on the CPU)
     :param llm_kwargs: more ``vllm.LLM`` arguments
+    :param sleep_mode: sleep between rollouts (:meth:`sleep`; needs ``enable_sleep_mode=True`` in ``llm_kwargs`` and
+        a GPU)
     """
 
     name = "vllm"
@@ -107,14 +114,16 @@ class VLLMColocateEngine(RolloutEngine):
         model: nn.Module,
         settings: SamplingSettings,
         folder: str | os.PathLike | None = None,
-        kv_cache_memory_bytes: int = 256 << 20,
+        kv_cache_memory_bytes: int | None = 256 << 20,
         max_model_len: int | None = None,
         lora: str = "merged",
         seed: int = 0,
         dtype: str = "float32",
         llm_kwargs: dict[str, Any] | None = None,
+        sleep_mode: bool = False,
     ) -> None:
         super().__init__(settings)
+        self.sleep_mode, self._asleep = sleep_mode, False
         if lora not in LORA_MODES:
             raise ValueError(f"lora must be one of {LORA_MODES}, got {lora!r}")
         import_vllm()
@@ -131,19 +140,19 @@ class VLLMColocateEngine(RolloutEngine):
         if self.adapters:
             self._push_adapters(model)
 
-    def _start(self, kv_bytes: int, max_model_len: int | None, seed: int, dtype: str, extra: dict[str, Any]) -> Any:
+    def _start(self, kv_bytes: int | None, max_model_len: int | None, seed: int, dtype: str, extra: dict) -> Any:
         """``vllm.LLM`` on the written folder, or an :class:`EngineError` naming the fix."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: weights pass as tensors
         from vllm import LLM
 
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker makes it a no-op; close() puts it back
-
+        if kv_bytes is not None:
+            extra = {"kv_cache_memory_bytes": int(kv_bytes), **extra}
         try:
             return LLM(
                 model=str(self.folder / "model"),
                 dtype=dtype,
                 enforce_eager=True,
-                kv_cache_memory_bytes=int(kv_bytes),
                 skip_tokenizer_init=True,
                 generation_config="vllm",
                 seed=seed,
@@ -183,6 +192,7 @@ class VLLMColocateEngine(RolloutEngine):
         seeds = row_seeds(generator, len(rows), noise_offset, noise_rows)
         params = [SamplingParams(seed=seed, detokenize=False, **common) for seed in seeds]
         requests = [TokensPrompt(prompt_token_ids=row) for row in rows]
+        self.wake_up()
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         except Exception as error:
@@ -207,6 +217,7 @@ class VLLMColocateEngine(RolloutEngine):
             self._push_adapters(weights)
             return
         converted = self.format.convert(weights)
+        self.wake_up()
         try:
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(converted.items()), "is_checkpoint_format": True}
@@ -229,6 +240,19 @@ class VLLMColocateEngine(RolloutEngine):
         self._lora_request = LoRARequest(f"policy-{self._version}", self._version, str(path))
         self.llm.reset_prefix_cache()
         shutil.rmtree(self.folder / f"adapter-{self._version - 1}", ignore_errors=True)  # loaded or never used
+
+    def sleep(self) -> None:
+        """Offload the weights and drop the KV cache until the next push or rollout (``sleep_mode`` only; vLLM's
+        sleep level 1, so the weights come back as they were). Not run by the CPU tests: it needs CUDA."""
+        if self.sleep_mode and not self._asleep and self.llm is not None:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (nothing when awake)."""
+        if self._asleep and self.llm is not None:
+            self.llm.wake_up()
+            self._asleep = False
 
     def close(self) -> None:
         """Shut vLLM down and remove the temporary folder."""

