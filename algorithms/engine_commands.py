@@ -52,8 +52,8 @@ def checkpoint_on_engine_error(model: Any, checkpoint: Any, resume: str) -> Iter
         written = checkpoint.save()
         model.close_engine()
         raise EngineError(
-            f"{error}\ncheckpoint {written} ({model.iteration} iterations) is intact; once the engine runs again, "
-            f"{resume}"
+            f"{error}\nthe last iteration's checkpoint: {written} ({model.iteration} iterations); once the engine "
+            f"runs again, {resume}"
         ) from error
 
 

@@ -13,18 +13,11 @@ import socket
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-
-    VLLM_MISSING = ""
-except Exception as error:  # ImportError, or a broken install (a CUDA torchvision beside the CPU torch)
-    VLLM_MISSING = f"vLLM cannot be imported ({type(error).__name__}: {error}); install it: bash .ci/install_vllm.sh"
+from algorithms.common.generation.engines.base import EngineError
+from algorithms.common.generation.engines.vllm_folder import export_folder
+from tests.engine_models import PAD, VLLM_MISSING, max_gap, prompts, settings, tiny_model
 
 pytestmark = pytest.mark.skipif(bool(VLLM_MISSING), reason=VLLM_MISSING)
-
-from algorithms.common.generation.engines.base import EngineError  # noqa: E402
-from algorithms.common.generation.engines.vllm_folder import export_folder  # noqa: E402
-from tests.engine_models import PAD, max_gap, prompts, settings, tiny_model  # noqa: E402
 
 KV_BYTES = 32 << 20
 #: the built-in model's case (tied embeddings, temperature 1, nothing cut) and one where both transforms apply

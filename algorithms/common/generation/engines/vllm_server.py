@@ -265,13 +265,18 @@ class VLLMServerEngine(RolloutEngine):
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
     # ------------------------------------------------------------------------------------------------ weights
-    def _rpc(self, path: str, payload: dict[str, Any] | None, what: str, fix: str) -> Any:
+    def _rpc(self, path: str, payload: dict[str, Any] | None, what: str, fix: str, refused: str = "") -> Any:
+        """POST to a developer endpoint; an :class:`EngineError` naming ``fix`` when the server lacks it, ``refused``
+        when it answers with an error."""
         try:
             return _post(f"{self.base_url}{path}", payload if payload is not None else {}, self.request_timeout)
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 raise EngineError(f"the vLLM server at {self.base_url} has no {path} ({what}): {fix}") from error
-            raise EngineError(f"the vLLM server at {self.base_url} failed {what}: {_http_error(error)}") from error
+            hint = f"; {refused}" if refused else ""
+            raise EngineError(
+                f"the vLLM server at {self.base_url} failed {what}: {_http_error(error)}{hint}"
+            ) from error
         except Exception as error:
             _raise_unreachable(self.base_url, error, what)
             raise
@@ -292,8 +297,8 @@ class VLLMServerEngine(RolloutEngine):
         folder = write_weights(self.sync_folder / f"v{self._version}", self.format.convert(weights))
         dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (start_vllm_server sets it)"
         kwargs = {"weights_path": str(folder), "is_checkpoint_format": True}
-        what = f"loading the new weights ({SAME_MODEL})"
-        self._rpc("/collective_rpc", {"method": "reload_weights", "kwargs": kwargs}, what, dev_mode)
+        payload = {"method": "reload_weights", "kwargs": kwargs}
+        self._rpc("/collective_rpc", payload, "loading the new weights", dev_mode, SAME_MODEL)
         self._rpc("/reset_prefix_cache", None, "resetting its prefix cache", dev_mode)
         shutil.rmtree(self.sync_folder / f"v{self._version - 1}", ignore_errors=True)
 
