@@ -139,3 +139,20 @@ def test_an_engine_that_cannot_start_ends_the_command_with_the_fix(tmp_path: Pat
     assert code == 1 and "Traceback" not in err
     assert "no vLLM server answers at http://127.0.0.1:9" in err and "grpo-gym vllm-serve" in err
     assert not folder.exists()  # refused at setup: no empty checkpoint folder left behind
+
+
+def test_a_zoo_config_names_the_engine(tmp_path: Path) -> None:
+    """rl-zoo3 YAML keys: the engine's arguments are constructor arguments like any other."""
+    import yaml
+
+    from algorithms.cli import _grpo_keys
+    from algorithms.common.hyperparams import check_keys, load_hyperparams
+
+    keys = {"rollout_engine": "hf", "vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:8000",
+            "vllm_lora_sync": "adapters", "sampler_correction": "mask"}  # fmt: skip
+    path = tmp_path / "grpo.yml"
+    path.write_text(yaml.safe_dump({"R1Zero-v0": {"n_timesteps": 8, "policy": "TransformerPolicy", **keys}}))
+    config = load_hyperparams(path, "R1Zero-v0")
+    check_keys(config, _grpo_keys(), str(path))
+    model = make_model(**{key: config[key] for key in keys})
+    assert model.rollout_engine == "hf" and model._sampler_correction == "mask"

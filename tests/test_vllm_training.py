@@ -67,6 +67,14 @@ def test_colocated_grpo_trains_with_the_engines_log_probs(tmp_path: Path) -> Non
     assert model.policy.rollout_engine is None  # closed on leaving the block
 
 
+def test_a_model_vllm_cannot_run_is_refused_at_setup_naming_the_fix() -> None:
+    from algorithms.common.generation.engines.base import EngineError
+    from tests.sizes import TINY  # 2 heads of 16: vLLM's CPU attention does not run it
+
+    with pytest.raises(EngineError, match=r"head sizes .* use rollout_engine='builtin' or 'hf'"):
+        vllm_model(policy_kwargs=TINY)
+
+
 def test_lora_adapters_are_pushed_during_training(tmp_path: Path) -> None:
     """vllm_lora_sync="adapters": the base weights go in once, each update's adapters as a new LoRA request."""
     pytest.importorskip("peft")
