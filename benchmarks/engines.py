@@ -74,8 +74,9 @@ def kv_bytes(model, rows: int, columns: int) -> int:
     return int(1.5 * rows * (columns + 64) * per_token) + (16 << 20)
 
 
-def build_engine(name: str, model, sampling, columns: int, rows: int):
-    """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server)."""
+def build_engine(name: str, model, sampling, columns: int, rows: int, dtype: str = "float32"):
+    """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server);
+    ``dtype``: vLLM's."""
     from algorithms.common.generation.engines.builtin import BuiltinEngine
     from algorithms.common.generation.engines.hf import HFGenerateEngine
 
@@ -83,7 +84,7 @@ def build_engine(name: str, model, sampling, columns: int, rows: int):
         return BuiltinEngine(model, sampling), None
     if name == "hf":
         return HFGenerateEngine(model, sampling), None
-    options = {"kv_cache_memory_bytes": kv_bytes(model, rows, columns), "max_model_len": columns + 16}
+    options = {"kv_cache_memory_bytes": kv_bytes(model, rows, columns), "max_model_len": columns + 16, "dtype": dtype}
     if name == "vllm":
         from algorithms.common.generation.engines.vllm_colocate import VLLMColocateEngine
 
@@ -116,14 +117,19 @@ def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     from algorithms.common.model.loading import count_parameters, load_model
 
     torch.set_num_threads(settings["threads"])
+    device = torch.device(settings.get("device", "cpu"))
     ids, mask, pad_id, vocab = prompts(settings["seed"])
+    ids, mask = ids.to(device), mask.to(device)
+    gpu = device.type == "cuda"  # bf16 for every engine on a GPU, float32 on a CPU
     model = load_model(settings["model"], vocab_size=vocab, seed=settings["seed"]).eval()
+    model = model.to(device, torch.bfloat16) if gpu else model
     sampling = SamplingSettings(eos_token_id=(), pad_token_id=pad_id, top_p=0.92, vocab_size=vocab)
     new_tokens = settings["new_tokens"]
     start = time.perf_counter()
-    engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0])
+    dtype = "bfloat16" if gpu else "float32"
+    engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0], dtype)
     started = time.perf_counter() - start
-    generator = torch.Generator().manual_seed(settings["seed"])
+    generator = torch.Generator(device).manual_seed(settings["seed"])
     speeds, seconds, syncs = [], [], []
     try:
         with torch.no_grad():
@@ -159,9 +165,11 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(settings["threads"])
     env_kwargs = {"template": "compact", "difficulty": 0.5, "max_new_tokens": settings["new_tokens"]}
+    gpu = settings.get("device", "cpu") == "cuda"  # bf16 sampling and update on a GPU (mixed_precision auto)
     kwargs: dict[str, Any] = {"n_groups": N_GROUPS, "group_size": GROUP_SIZE, "cold_start": False, "beta": 0.0,
-                              "mixed_precision": "no", "seed": settings["seed"],
-                              "policy_kwargs": {"model": settings["model"]}}  # fmt: skip
+                              "mixed_precision": "auto" if gpu else "no", "seed": settings["seed"],
+                              "device": settings.get("device", "cpu"), "policy_kwargs": {"model": settings["model"]},
+                              "vllm_enable_sleep_mode": gpu and settings.get("sleep", False)}  # fmt: skip
     stop = None
     if name != "builtin":
         kwargs["rollout_engine"] = "vllm" if name.startswith("vllm") else name
@@ -169,7 +177,7 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         from algorithms.common.model.loading import load_model
 
         model = load_model(settings["model"], vocab_size=grpo_gym.R1ZeroEnv().codec.vocab_size, seed=0).eval()
-        url, stop = serve(model, settings["new_tokens"])
+        url, stop = serve(model, settings["new_tokens"], gpu)
         kwargs.update(vllm_mode="server", vllm_server_base_url=url)
     times: list[float] = []
 
@@ -194,7 +202,7 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     return {"iteration_seconds": statistics.median(seconds), "sync_seconds": statistics.median(syncs[1:])}
 
 
-def serve(model, new_tokens: int) -> tuple[str, Any]:
+def serve(model, new_tokens: int, gpu: bool = False) -> tuple[str, Any]:
     """A vLLM server on ``model``'s folder (this run's format) on a free port: its URL and what stops it."""
     import socket
     import tempfile
@@ -210,6 +218,7 @@ def serve(model, new_tokens: int) -> tuple[str, Any]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     options = {"kv_cache_memory_bytes": kv_bytes(model, N_GROUPS * GROUP_SIZE, 256 + new_tokens)}
+    options.update({"dtype": "bfloat16", "gpu_memory_utilization": 0.3} if gpu else {})
     server = start_vllm_server(folder, port=port, startup_timeout=600, log_path=scratch / "server.log", **options)
 
     def stop() -> None:
@@ -288,6 +297,8 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (every engine in bf16 there)")
+    parser.add_argument("--sleep", action="store_true", help="GRPO on a GPU: vLLM's sleep mode between rollouts")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--iterations", type=int, default=3, help="timed GRPO iterations per engine (0: none)")
     parser.add_argument("--smoke", action="store_true", help="tiny only, 16 tokens, 1 timed call, 1 iteration")
@@ -310,14 +321,15 @@ def main() -> None:
     for model in args.models:
         for engine in args.engines:
             settings = {"model": model, "new_tokens": args.new_tokens, "repeats": args.repeats,
-                        "threads": args.threads, "seed": args.seed}  # fmt: skip
+                        "threads": args.threads, "seed": args.seed, "device": args.device}  # fmt: skip
             results[(model, engine)] = run_worker(__file__, engine, settings)
             print(model, engine, results[(model, engine)], flush=True)
     iterations = {}
     for model in args.models if args.iterations else []:
         for engine in args.engines:
             settings = {"model": model, "new_tokens": args.new_tokens, "iterations": args.iterations,
-                        "threads": args.threads, "seed": args.seed}  # fmt: skip
+                        "threads": args.threads, "seed": args.seed, "device": args.device,
+                        "sleep": args.sleep}  # fmt: skip
             iterations[(model, engine)] = run_worker(__file__, f"iteration:{engine}", settings)
             print(model, engine, "GRPO", iterations[(model, engine)], flush=True)
     body = table(args, results, others_share(begin, usage()))
