@@ -95,7 +95,7 @@ def serving_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def server_options(args: argparse.Namespace, model: Any) -> dict[str, Any]:
-    """The vLLM server's options (:func:`~algorithms.common.generation.engines.vllm_server.server_command`)."""
+    """The vLLM server's options (:func:`~algorithms.common.generation.engines.vllm_launcher.server_command`)."""
     import torch
 
     from algorithms.common.generation.engines.vllm_folder import lora_rank
@@ -119,7 +119,7 @@ def vllm_serve_command(args: argparse.Namespace) -> int:
     from algorithms.common.generation.engines.base import EngineError
     from algorithms.common.generation.engines.vllm_colocate import import_vllm
     from algorithms.common.generation.engines.vllm_folder import check_vllm_can_run, export_folder
-    from algorithms.common.generation.engines.vllm_server import start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
 
     import_vllm()
     model, settings = serving_model(args)

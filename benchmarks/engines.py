@@ -93,7 +93,8 @@ def build_engine(name: str, model, sampling, columns: int, rows: int, dtype: str
     import tempfile
 
     from algorithms.common.generation.engines.vllm_folder import export_folder
-    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine, start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
+    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine
 
     scratch = Path(tempfile.mkdtemp(prefix="engines-bench-"))
     folder, _ = export_folder(model, sampling, scratch / "model")
@@ -209,7 +210,7 @@ def serve(model, new_tokens: int, gpu: bool = False) -> tuple[str, Any]:
 
     from algorithms.common.generation.engines.base import SamplingSettings
     from algorithms.common.generation.engines.vllm_folder import export_folder
-    from algorithms.common.generation.engines.vllm_server import start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
 
     scratch = Path(tempfile.mkdtemp(prefix="engines-bench-"))
     settings = SamplingSettings(1, 0, vocab_size=model.config.vocab_size)

@@ -115,7 +115,7 @@ def check_lora(args: argparse.Namespace) -> dict[str, Any]:
 def check_served(args: argparse.Namespace) -> dict[str, Any]:
     from algorithms.common.generation.engines.base import SamplingSettings
     from algorithms.common.generation.engines.vllm_folder import export_folder
-    from algorithms.common.generation.engines.vllm_server import start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
     from algorithms.common.model.loading import load_model
 
     vocab = grpo_gym.R1ZeroEnv().codec.vocab_size

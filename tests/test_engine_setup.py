@@ -156,3 +156,13 @@ def test_a_zoo_config_names_the_engine(tmp_path: Path) -> None:
     check_keys(config, _grpo_keys(), str(path))
     model = make_model(**{key: config[key] for key in keys})
     assert model.rollout_engine == "hf" and model._sampler_correction == "mask"
+
+
+def test_served_vllm_on_several_processes_is_refused_naming_the_fix() -> None:
+    import torch
+
+    from algorithms.common.generation.engines.setup import check_spec
+
+    with pytest.raises(ValueError, match=r"2 processes: .*Use vllm_mode='colocate'"):
+        check_spec(EngineSpec(engine="vllm", vllm_mode="server"), None, torch.device("cpu"), world_size=2)
+    check_spec(EngineSpec(engine="vllm"), None, torch.device("cpu"), world_size=2)  # colocated: one per rank

@@ -161,7 +161,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One vLLM OpenAI server on 127.0.0.1 for the module (~35 s to start), on a folder for FOLDED's format, LoRA on."""
-    from algorithms.common.generation.engines.vllm_server import start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
 
     folder, _ = export_folder(tiny_model(vocab_size=400), FOLDED, tmp_path_factory.mktemp("served") / "model")
     log = tmp_path_factory.mktemp("logs") / "server.log"
@@ -200,7 +200,8 @@ def test_served_lora_adapters_push(server):
 
 
 def test_served_faults_name_the_fix(server, tmp_path):
-    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine, start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
+    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine
 
     with pytest.raises(EngineError, match=r"written for temperature 0\.7"):
         VLLMServerEngine(server.base_url, tiny_model(vocab_size=400), settings(temperature=0.9))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.collapse_guard import GuardSettings
-from algorithms.common.generation.engines.setup import ENGINES, LORA_SYNCS, VLLM_MODES
+from algorithms.common.generation.engines.arguments import ENGINE_ARGUMENTS
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
@@ -92,31 +92,6 @@ def optional_path(existing_file: str = "") -> Rule:
         return path
 
     return rule
-
-
-def server_url(name: str, value: Any) -> str | None:
-    """None, or an ``http://`` / ``https://`` URL (its trailing ``/`` dropped)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
-        raise ArgumentError(f"{name} must be a URL such as 'http://127.0.0.1:8000' (or None), got {value!r}")
-    return value.rstrip("/")
-
-
-def text(name: str, value: Any) -> str:
-    """A non-empty string."""
-    if not isinstance(value, str) or not value.strip():
-        raise ArgumentError(f"{name} must be a non-empty string, got {value!r}")
-    return value
-
-
-def keyword_dict(name: str, value: Any) -> dict[str, Any]:
-    """None (an empty dict) or a dict with string keys (another library's keyword arguments, passed on)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-        raise ArgumentError(f"{name} must be a dict of keyword arguments (string keys), got {value!r}")
-    return dict(value)
 
 
 def schedule(low: float | None = None, high: float | None = None, allow_none: bool = False, updates: bool = False):
@@ -277,65 +252,6 @@ _SAMPLER_CORRECTION = (
     'rollouts run on an external engine, ``rollout_engine="hf"`` or ``"vllm"``). The mismatch is logged every '
     "update as ``train/sampler_kl``"
 )
-_ROLLOUT_ENGINE = (
-    'what samples the rollouts (:mod:`~algorithms.common.generation.engines`): ``"builtin"`` (this project\'s '
-    'KV-cache sampler), ``"hf"`` (Hugging Face ``generate``) or ``"vllm"`` (``pip install "grpo-gym[vllm]"``; on '
-    "a CPU ``bash .ci/install_vllm.sh``); token ids in, token ids and log-probs out; the policy's weights are "
-    "pushed to it after every update (``time/weight_sync_seconds``)"
-)
-_VLLM_MODE = (
-    '``"colocate"`` (``vllm.LLM`` in the training process; under torchrun one per process) or ``"server"`` (a vLLM '
-    "server's client, e.g. of ``grpo-gym vllm-serve``, at ``vllm_server_base_url`` or ``vllm_server_host``:"
-    "``vllm_server_port``)"
-)
-_VLLM_KV = (
-    "a colocated vLLM's KV cache in bytes (``None``: on a CPU the rollout's rows at full length, 16 MiB to "
-    "1 GiB; on a GPU from ``vllm_gpu_memory_utilization``)"
-)
-_VLLM_LORA = (
-    'a LoRA policy\'s pushes to vLLM: ``"merged"`` (the adapters merged into the weights, every push the whole '
-    'model) or ``"adapters"`` (the base weights once, then only the adapters, as a new LoRA request per push)'
-)
-_VLLM_SYNC_FOLDER = (
-    "served vLLM: where the new weights are written for the server to read (``None``: a temporary folder); the "
-    "server must see it at the same path (the same machine, or a shared mount)"
-)
-#: the engine's arguments: how the run samples, not what it learns (``--resume`` may change them)
-ENGINE_ARGUMENTS = {
-    "rollout_engine": Argument("builtin", choice(*ENGINES), _ROLLOUT_ENGINE, "str"),
-    "vllm_mode": Argument("colocate", choice(*VLLM_MODES), _VLLM_MODE, "str"),
-    "vllm_server_base_url": Argument(
-        None, server_url, "the vLLM server's URL, e.g. ``'http://127.0.0.1:8000'`` (``None``: from the host and port)",
-        "str | None",
-    ),
-    "vllm_server_host": Argument("127.0.0.1", text, "the vLLM server's host (without a base URL)", "str"),
-    "vllm_server_port": Argument(
-        8000, integer(low=1, high=65535), "the vLLM server's port (without a base URL)", "int"
-    ),
-    "vllm_server_timeout": Argument(
-        240.0, number(low=0.0, low_open=True), "seconds to wait at setup for the vLLM server to answer (TRL's 240)",
-        "float",
-    ),
-    "vllm_request_timeout": Argument(
-        300.0, number(low=0.0, low_open=True), "seconds one vLLM request (a completion, a weight push) may take",
-        "float",
-    ),
-    "vllm_gpu_memory_utilization": Argument(
-        0.3, number(low=0.0, high=1.0, low_open=True), "the GPU memory share a colocated vLLM takes (TRL's 0.3)",
-        "float",
-    ),
-    "vllm_kv_cache_memory_bytes": Argument(None, integer(low=1 << 20, allow_none=True), _VLLM_KV, "int | None"),
-    "vllm_lora_sync": Argument("merged", choice(*LORA_SYNCS), _VLLM_LORA, "str"),
-    "vllm_enable_sleep_mode": Argument(
-        False, boolean(), "a colocated vLLM on a GPU frees its memory while the trainer runs (vLLM's sleep mode)",
-        "bool",
-    ),
-    "vllm_sync_folder": Argument(None, optional_path(), _VLLM_SYNC_FOLDER, "str | None"),
-    "vllm_kwargs": Argument(
-        None, keyword_dict, "more ``vllm.LLM`` arguments for a colocated vLLM (``tensor_parallel_size``, ...)",
-        "dict[str, Any] | None",
-    ),
-}  # fmt: skip
 _COLLAPSE_GUARD = (
     "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
     "defaults: a fall is the rollouts' success, averaged over 5 iterations, more than 0.1 below its best for 3 "
@@ -381,7 +297,7 @@ LM_ARGUMENTS = Arguments(
             "the ``cap`` of the correction: TIS's largest weight (TRL's and verl's 2), the mask's largest kept "
             "sequence ratio", "float",
         ),
-        **ENGINE_ARGUMENTS,
+        **{name: Argument(*fields) for name, fields in ENGINE_ARGUMENTS.items()},
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '

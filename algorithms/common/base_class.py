@@ -117,7 +117,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
         self._sampling = RolloutSampling()
         spec = EngineSpec.of(self)
-        check_spec(spec, self.sharding, self.device)
+        check_spec(spec, self.sharding, self.device, self._dist.world_size)
         #: the rollout engine (built by _setup_model; "builtin": none, the policy's own sampler)
         self._engine = EngineLink(spec)
 

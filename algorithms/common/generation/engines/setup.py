@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from algorithms.common.generation.engines.base import RolloutEngine, SamplingSettings
+from algorithms.common.generation.engines.base import EngineError, RolloutEngine, SamplingSettings
 
 #: the values of ``rollout_engine``, ``vllm_mode`` and ``vllm_lora_sync``
 ENGINES = ("builtin", "hf", "vllm")
@@ -104,10 +104,15 @@ class EngineSpec:
         return f"rollout engine: vllm ({self.vllm_mode}, {where}; LoRA pushes: {self.lora_sync})"
 
 
-def check_spec(spec: EngineSpec, sharding: str | None, device: torch.device) -> None:
+def check_spec(spec: EngineSpec, sharding: str | None, device: torch.device, world_size: int = 1) -> None:
     """Refuse, naming the fix, the combinations no engine runs."""
     if spec.engine == "builtin":
         return
+    if spec.engine == "vllm" and spec.vllm_mode == "server" and world_size > 1:
+        raise ValueError(
+            f"vllm_mode='server' with {world_size} processes: every rank would push its weights to the one server; "
+            "not supported yet. Use vllm_mode='colocate' (each rank its own vLLM), or one process"
+        )
     if sharding == "fsdp":
         raise ValueError(
             f"rollout_engine={spec.engine!r} samples with whole weights: not with sharding='fsdp' (the weights are "
@@ -234,7 +239,13 @@ class EngineLink:
     def open(self, policy: Any, seed: int, rows: int, sampling_precision: str = "no", world_size: int = 1) -> None:
         """Build the engine (see :func:`build_engine`) and set it as ``policy.rollout_engine``."""
         self.close()
-        self.engine = build_engine(self.spec, policy, seed, rows, sampling_precision, world_size)
+        try:
+            self.engine = build_engine(self.spec, policy, seed, rows, sampling_precision, world_size)
+        except EngineError as error:
+            raise EngineError(
+                f"{error} [{self.spec.describe}; to sample without it: rollout_engine='builtin', e.g. "
+                "GRPO.load(path, rollout_engine='builtin')]"
+            ) from error
         self._policy = policy
         policy.rollout_engine = self.engine
         if self.engine is not None:

