@@ -120,7 +120,7 @@ def memorise(policy: Any, turns: list[tuple[th.Tensor, th.Tensor, int]], steps: 
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step % 50 == 49 and float(log_probs[mask].min()) > -0.02:
+        if step % 50 == 49 and float(log_probs[mask].detach().min()) > -0.02:
             return
     raise AssertionError(f"the tiny model did not learn the episode in {steps} steps (loss {float(loss):.3f})")
 
