@@ -117,7 +117,7 @@ def server_options(args: argparse.Namespace, model: Any) -> dict[str, Any]:
 def vllm_serve_command(args: argparse.Namespace) -> int:
     """Export the model, serve it with vLLM until Ctrl-C / SIGTERM (see the module docstring)."""
     from algorithms.common.generation.engines.base import EngineError
-    from algorithms.common.generation.engines.vllm_colocate import import_vllm
+    from algorithms.common.generation.engines.vllm_engine import import_vllm
     from algorithms.common.generation.engines.vllm_folder import check_vllm_can_run, export_folder
     from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
 

@@ -26,8 +26,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,29 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from algorithms.common.generation.engines.base import (
-    EngineError,
-    Prompts,
-    RolloutEngine,
-    SamplingSettings,
-    Weights,
-    check_fits,
-    completions_from_lists,
-    prompt_lists,
-    row_seeds,
-)
-from algorithms.common.generation.engines.vllm_colocate import LORA_MODES, sampling_kwargs
-from algorithms.common.generation.engines.vllm_folder import (
-    WeightFormat,
-    adapter_weights,
-    read_marker,
-    write_weights,
-)
-from algorithms.common.generation.sampler import Completions
-from algorithms.common.model.lora import is_peft_model
+from algorithms.common.generation.engines.base import EngineError, SamplingSettings, Weights
+from algorithms.common.generation.engines.vllm_engine import VLLMEngine
+from algorithms.common.generation.engines.vllm_folder import WeightFormat, adapter_weights, read_marker, write_weights
 
 START_HINT = (
     "start one with `grpo-gym vllm-serve <model zip or folder> --port <port>`, or fix the "
@@ -135,8 +115,9 @@ def check_same_shapes(root: str, config: dict[str, Any], base_url: str) -> None:
         raise EngineError(f"the vLLM server at {base_url} runs another model: {', '.join(differ)}; {SAME_MODEL}")
 
 
-class VLLMServerEngine(RolloutEngine):
-    """Samples with a vLLM OpenAI server; see the module doc.
+class VLLMServerEngine(VLLMEngine):
+    """Samples with a vLLM OpenAI server; see the module doc. :meth:`close` removes the temporary sync folder; the
+    server keeps running (it is not this object's).
 
     :param base_url: the server, e.g. ``"http://127.0.0.1:8000"``
     :param model: the trainer's model (for the weight format; a peft model with ``lora="adapters"``)
@@ -152,8 +133,6 @@ class VLLMServerEngine(RolloutEngine):
     :param max_model_len: the most tokens of a prompt and its completion the run needs (the server's must reach it)
     """
 
-    name = "vllm"
-
     def __init__(
         self,
         base_url: str,
@@ -167,18 +146,12 @@ class VLLMServerEngine(RolloutEngine):
         push_on_connect: bool = True,
         max_model_len: int | None = None,
     ) -> None:
-        super().__init__(settings)
-        if lora not in LORA_MODES:
-            raise ValueError(f"lora must be one of {LORA_MODES}, got {lora!r}")
+        super().__init__(model, settings, lora, sync_folder, prefix="grpo-gym-sync-")
         self.base_url = base_url.rstrip("/")
         self.request_timeout, self.max_workers = float(request_timeout), int(max_workers)
-        self.adapters = lora == "adapters" and is_peft_model(model)
-        self._temporary = tempfile.TemporaryDirectory(prefix="grpo-gym-sync-") if sync_folder is None else None
-        self.sync_folder = Path(sync_folder if sync_folder is not None else self._temporary.name).resolve()
-        self._version, self._model_name = 0, ""
         served = wait_for_server(self.base_url, connect_timeout)
         self._model_name = self._base_name = served["id"]
-        self.max_model_len: int | None = served.get("max_model_len")
+        self.max_model_len = served.get("max_model_len")
         if max_model_len is not None and self.max_model_len is not None and self.max_model_len < max_model_len:
             raise EngineError(
                 f"the vLLM server at {self.base_url} takes {self.max_model_len} tokens per sequence, this run needs "
@@ -218,36 +191,16 @@ class VLLMServerEngine(RolloutEngine):
         return WeightFormat(None, 1.0, wanted.embed_name, wanted.head_name, wanted.tied)
 
     # ------------------------------------------------------------------------------------------------ sampling
-    def generate(
-        self,
-        prompts: Prompts,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        max_new_tokens: int,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        noise_offset: int = 0,
-        noise_rows: int | None = None,
-    ) -> Completions:
-        """See :meth:`RolloutEngine.generate`: one request per prompt, seeded from ``generator``."""
-        rows = prompt_lists(prompts, attention_mask)
-        device = prompts.device if isinstance(prompts, torch.Tensor) else torch.device("cpu")
-        if max_new_tokens == 0 or not rows:
-            return completions_from_lists(
-                [[]] * len(rows), [[]] * len(rows), max_new_tokens, self.settings.pad_token_id
-            )
-        check_fits(rows, max_new_tokens, self.max_model_len)
-        common = sampling_kwargs(self.settings, self.format, max_new_tokens, greedy)
-        common["logit_bias"] = {str(k): v for k, v in common.get("logit_bias", {}).items()}
+    def _sample_rows(
+        self, rows: list[list[int]], seeds: list[int], fields: dict[str, Any]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """The requests sent concurrently (``max_workers``)."""
+        common = {**fields, "logit_bias": {str(k): v for k, v in fields.get("logit_bias", {}).items()}}
         common.update(model=self._model_name, return_token_ids=True, return_tokens_as_token_ids=True)
-        seeds = row_seeds(generator, len(rows), noise_offset, noise_rows)
         payloads = [{**common, "prompt": row, "seed": seed} for row, seed in zip(rows, seeds, strict=True)]
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(payloads))) as pool:
             answers = list(pool.map(self._complete, payloads))
-        tokens = [a[0] for a in answers]
-        log_probs = [a[1] for a in answers]
-        out = completions_from_lists(tokens, log_probs, max_new_tokens, self.settings.pad_token_id)
-        return Completions(*(t.to(device) for t in (out.tokens, out.log_probs, out.mask, out.lengths)))
+        return [a[0] for a in answers], [a[1] for a in answers]
 
     def _complete(self, payload: dict[str, Any]) -> tuple[list[int], list[float]]:
         try:
@@ -279,43 +232,21 @@ class VLLMServerEngine(RolloutEngine):
             _raise_unreachable(self.base_url, error, what)
             raise
 
-    def _load_weights(self, weights: Weights) -> None:
-        if self.adapters:
-            if not isinstance(weights, nn.Module) or not is_peft_model(weights):
-                raise EngineError(
-                    "lora='adapters': update_weights takes the peft model itself (its adapters are saved)"
-                )
-            self._push_adapters(weights)
-            return
-        self._push_full(weights)
-
     def _push_full(self, weights: Weights) -> None:
         """Write the weights to a new folder and have the server reload from it."""
-        self._version += 1
-        folder = write_weights(self.sync_folder / f"v{self._version}", self.format.convert(weights))
+        folder = write_weights(self._next_folder(), self.format.convert(weights))
         dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (grpo-gym vllm-serve sets it)"
         kwargs = {"weights_path": str(folder), "is_checkpoint_format": True}
         payload = {"method": "reload_weights", "kwargs": kwargs}
         self._rpc("/collective_rpc", payload, "loading the new weights", dev_mode, SAME_MODEL)
         self._rpc("/reset_prefix_cache", None, "resetting its prefix cache", dev_mode)
-        shutil.rmtree(self.sync_folder / f"v{self._version - 1}", ignore_errors=True)
+        self._drop_previous()
 
-    def _push_adapters(self, model: nn.Module) -> None:
-        """The adapters under a new name (loaded once; ``load_inplace`` would reload them at every step), the
-        previous name unloaded."""
-        self._version += 1
-        folder = self.sync_folder / f"v{self._version}"
-        model.save_pretrained(str(folder))
-        name, previous = f"policy-{self._version}", self._model_name
+    def _use_adapters(self, name: str, folder: Path) -> None:
+        """Register the adapters under ``name`` and ask for it; the previous adapters unloaded."""
+        previous = self._model_name
         fix = "start the server with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (vllm-serve --max-lora-rank)"
         self._rpc("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, "loading the adapters", fix)
         self._model_name = name
         if previous != self._base_name:
             self._rpc("/v1/unload_lora_adapter", {"lora_name": previous}, "unloading the old adapters", fix)
-        shutil.rmtree(self.sync_folder / f"v{self._version - 1}", ignore_errors=True)
-
-    def close(self) -> None:
-        """Remove the temporary sync folder (the server keeps running: it is not this object's)."""
-        if self._temporary is not None:
-            self._temporary.cleanup()
-            self._temporary = None
