@@ -102,7 +102,8 @@ class Draw:
 
 
 class RolloutEngine(ABC):
-    """Samples completions of token-id prompts and takes new weights; see the module doc.
+    """Samples completions of token-id prompts and takes new weights; see the module doc. A subclass implements
+    :meth:`_generate` and :meth:`_load_weights` (the public methods, their arguments and timing, are written here once).
 
     :param settings: how it samples (:class:`SamplingSettings`)
     """
