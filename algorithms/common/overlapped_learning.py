@@ -104,13 +104,21 @@ class OverlappedLearning(LMBaseAlgorithm):
     def _check_overlap(self) -> None:
         """What ``max_staleness >= 1`` does not run with: a clear error naming the fix."""
         reasons = {
-            "sharding='fsdp' (the producer holds whole weights)": self._parallel.sharded,
-            "the collapse guard (its restores would rewrite versions in flight)": self._guard is not None,
-            "a rollout engine (the producer samples with the built-in sampler)": self.policy.rollout_engine is not None,
+            "sharding='fsdp' (the producer holds whole weights)": ("sharding=None", self._parallel.sharded),
+            "the collapse guard (its restores would rewrite versions in flight)": (
+                "collapse_guard=False",
+                self._guard is not None,
+            ),
+            f"rollout_engine={self.rollout_engine!r} (the producer samples with the built-in sampler)": (
+                "rollout_engine='builtin'",
+                self.rollout_engine != "builtin" or self.policy.rollout_engine is not None,
+            ),
         }
-        for reason, present in reasons.items():
+        for reason, (fix, present) in reasons.items():
             if present:
-                raise ValueError(f"max_staleness={self.max_staleness} does not run with {reason}: pass max_staleness=0")
+                raise ValueError(
+                    f"max_staleness={self.max_staleness} does not run with {reason}: pass max_staleness=0 or {fix}"
+                )
 
     @property
     def _minibatch_generator(self) -> th.Generator:
