@@ -344,7 +344,7 @@ def _add_train_arguments(command: argparse.ArgumentParser) -> None:
     add = command.add_argument
     add("--n-timesteps", "-n", type=int, default=None, help="completions to train on (default: the preset's)")
     add("--no-progress-bar", dest="progress_bar", action="store_false", help="no progress bar")
-    add("--nproc", type=int, default=None, help="train on N processes: runs this command under torchrun (S17)")
+    add("--nproc", type=int, default=None, help="train on N processes (the groups spread over them), under torchrun")
     add("--sharding", choices=["fsdp"], default=None, help="shard weights, gradients, optimizer state over processes")
     add("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (0: only on a signal)")
     add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
@@ -385,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
-    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve (S25-S27)
+    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve
     add_interop_commands(commands)  # openenv-serve
     return parser
 

@@ -175,7 +175,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add ``distill``, ``quantize`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
-    d = commands.add_parser("distill", help="distil a trained model into a smaller student (S25), --int8-qat (S26)")
+    d = commands.add_parser("distill", help="distil a trained model into a smaller student (--int8-qat: for INT8)")
     d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
     d.add_argument("--student", required=True,
                    help="a built-in size, a model folder, a JSON file or an inline JSON object of config fields "
