@@ -9,7 +9,8 @@ from grpo_gym.validation import ArgumentError, check_float
 
 
 class DynamicCurriculum:
-    """Raise the difficulty while the policy succeeds, lower it while it fails (the seed's dynamic curriculum).
+    """Raise the difficulty while the policy succeeds, lower it while it fails (the original design's dynamic
+    curriculum).
 
     ``update(success_rate)``: above ``raise_above`` (0.8) the level becomes ``min(1.0, level + 0.05)``;
     else below ``lower_below`` (0.5) it becomes ``max(0.1, level - 0.03)``; otherwise it stays. Levels are

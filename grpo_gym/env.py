@@ -92,7 +92,7 @@ class R1ZeroEnv(gym.Env):
     :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``,
         ``{"data": ds, "prompt": "question"}`` for ``dataset``; see :mod:`grpo_gym.tasks`)
     :param tokenizer: ``None`` for the built-in character tokenizer, a tokenizer object, or a local path
-    :param context_length: the context window size in tokens (the seed's 4096)
+    :param context_length: the context window size in tokens (the original design's 4096)
     :param max_new_tokens: the completion budget of one turn
     :param action_mode: ``"sequence"`` or ``"token"``
     :param max_turns: turns per episode (1: single answer)
@@ -116,9 +116,9 @@ class R1ZeroEnv(gym.Env):
         verify (and consistency hooks) may take; past it that component scores 0 and is reported in
         ``info["reward_errors"]`` (a sync call is abandoned in a daemon thread, where it keeps running; see
         :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
-    :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
-        [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given, as TRL
-        sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
+    :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the original
+        design's [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given,
+        as TRL sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
     :param tools: functions the model may call: a list (built-in names such as ``"calculator"`` allowed) or a dict
         ``{name: fn}`` (:mod:`grpo_gym.tools`); ``max_tool_calls`` per episode, each abandoned after ``tool_timeout`` s
 

@@ -274,11 +274,12 @@ LM_ARGUMENTS = Arguments(
         "n_groups": Argument(4, integer(low=1), "K, problems (prompts) per rollout", "int"),
         "group_size": Argument(8, integer(low=1), "G, completions per problem", "int"),
         "max_grad_norm": Argument(
-            0.5, number(low=0.0, low_open=True), "global gradient-norm clip (the seed's 0.5)", "float"
+            0.5, number(low=0.0, low_open=True), "global gradient-norm clip (the original design's 0.5)", "float"
         ),
         "gamma": Argument(
             0.99, number(low=0.0, high=1.0, low_open=True),
-            "discount over the turns of a multi-turn episode (the seed's 0.99 for generation, 0.95 for dialogue)",
+            "discount over the turns of a multi-turn episode (the original design's 0.99 for generation, 0.95 for "
+            "dialogue)",
             "float",
         ),
         "gradient_compression": Argument(

@@ -19,7 +19,7 @@ class CurriculumCallback(BaseCallback):
     rate is that of every process's episodes, so every rank sets the same level. The level is also applied once at the
     start of training, so the first rollout already uses ``curriculum.difficulty``.
 
-    :param curriculum: the rule and its state (default: the seed's, starting at 0.3)
+    :param curriculum: the rule and its state (default: the original design's, starting at 0.3)
     """
 
     def __init__(self, curriculum: DynamicCurriculum | None = None, verbose: int = 0) -> None:

@@ -49,13 +49,14 @@ class TransformerPolicy(BasePolicy):
     :param eos_token_id: the env tokenizer's EOS id (a completion ends there)
     :param pad_token_id: the env tokenizer's pad id
     :param temperature: sampling temperature, at least 1e-5 (log-probs use the same scaling)
-    :param top_p: nucleus sampling mass (the seed's 0.92)
+    :param top_p: nucleus sampling mass (the original design's 0.92)
     :param top_k: top-k filter, 0 for none
-    :param memory_length: the most tokens the policy attends to, prompt and completion together (the seed's 2048;
-        capped at the model's position limit); older context tokens are cut
+    :param memory_length: the most tokens the policy attends to, prompt and completion together (the original
+        design's 2048; capped at the model's position limit); older context tokens are cut
     :param value_head: add an FP32 value head on the last prompt token (the value-network baseline)
-    :param gradient_checkpointing: checkpoint the decoder's layers in chunks: ``True`` for every 4 layers (the seed's),
-        an int N for every N layers, ``False`` for none (:mod:`~algorithms.common.model.gradient_checkpointing`)
+    :param gradient_checkpointing: checkpoint the decoder's layers in chunks: ``True`` for every 4 layers (the
+        original design's), an int N for every N layers, ``False`` for none
+        (:mod:`~algorithms.common.model.gradient_checkpointing`)
     :param frozen_parameters: names of the model's parameters that do not train (``requires_grad=False``); the
         algorithm records a given model object's frozen ones here, so they stay frozen after ``load``
     :param seed: seeds a built-in model's initial weights

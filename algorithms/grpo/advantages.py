@@ -2,8 +2,8 @@
 batch or not at all), leave-one-out (:func:`leave_one_out_advantages`, RLOO) or against the value baseline
 (:func:`value_baseline`), the choice among them (:func:`relative_advantages`), the groups with no signal
 (:func:`uniform_group_mask`) and which groups an update leaves out (:func:`left_out_groups`). Pure functions over
-tensors, but for :func:`value_baseline` (the value head's estimate); the seed's competition and diversity guard,
-which change the advantages, are in :mod:`algorithms.grpo.controls`.
+tensors, but for :func:`value_baseline` (the value head's estimate); the original design's competition and diversity
+guard, which change the advantages, are in :mod:`algorithms.grpo.controls`.
 
 Where it sits in the data flow: after the rollout, the episodes' returns ``(K, G)`` (all ranks' groups) come
 here; :class:`~algorithms.grpo.grpo.GRPO` keeps the rows of the groups that are not left out, with their

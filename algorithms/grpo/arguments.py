@@ -52,8 +52,8 @@ GRPO_OWN = {
     ),
     "ent_coef": Argument(
         UpdateDecay(0.01, 0.001, 10_000), schedule(updates=True),
-        "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default, the seed's: 0.01 "
-        "decaying to 0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
+        "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default, the original design's: "
+        "0.01 decaying to 0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
     ),
     "vf_coef": Argument(
         0.5, number(low=0.0),
@@ -144,7 +144,7 @@ GRPO_OWN = {
     ),
     "protected_rollouts": Argument(
         0, integer(low=0),
-        "the protected rollouts: the first rollouts are sampled by the frozen cold-start policy (the seed's "
+        "the protected rollouts: the first rollouts are sampled by the frozen cold-start policy (the original design's "
         "\"first 3 groups\" read as the first 3 rollouts); the importance ratio corrects for it", "int",
     ),
     "diagnostics": Argument(
@@ -173,7 +173,7 @@ GRPO_OWN = {
 GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
     "group_size",
     GRPO_OWN,
-    n_groups={"doc": "K, problems per rollout (4: the seed's K groups)"},
+    n_groups={"doc": "K, problems per rollout (4: the original design's K groups)"},
     group_size={
         "rule": integer(low=2),
         "doc": "G, completions per problem (8; at least 2: a group of one has no group-relative advantage)",

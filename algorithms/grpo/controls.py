@@ -1,4 +1,4 @@
-"""The seed's training controls as pure functions: competition between groups (fixed or adaptive), the
+"""The original design's training controls as pure functions: competition between groups (fixed or adaptive), the
 diversity guard, the reward-model weight ramp and the diagnostics ("group stability", gradient-norm spread).
 
 Each function reads like its rule; :class:`~algorithms.grpo.grpo.GRPO` switches them on and logs them.

@@ -2,7 +2,7 @@
 
 The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
 them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout.rows`, dynamic sampling
-in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the seed's controls in
+in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the original design's controls in
 :mod:`algorithms.grpo.controls`, the update in :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`),
 replay in :mod:`algorithms.grpo.replay`.
 """

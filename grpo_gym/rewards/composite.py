@@ -2,7 +2,7 @@
 
 ``total = sum(weight[name] * score[name])`` over the components that apply to this completion (``None`` scores
 are left out, as TRL leaves out ``None`` rewards), then clipped to ``[-clip, clip]`` when ``clip`` is set. ``clip``
-(the env's ``reward_clip``) is ``"auto"`` by default: 1 (the seed's ``[-1, 1]``) with the built-in components
+(the env's ``reward_clip``) is ``"auto"`` by default: 1 (the original design's ``[-1, 1]``) with the built-in components
 alone, **no clip** when reward functions are given, as TRL sums its reward functions without clipping (a clip
 would score a correct, well-formatted answer and a wrong, well-formatted one alike once both reach it). When a clip
 is set and changes a total, the reward warns once and counts it (:attr:`CompositeReward.clipped_count`). The
@@ -60,7 +60,7 @@ ENV_COMPONENT_WEIGHT = 0.0
 """The default weight of a component the env scores itself (``env_components``)."""
 ON_ERROR = ("zero", "raise")
 SEED_CLIP = 1.0
-"""The seed's clip: totals in ``[-1, 1]``, the default without reward functions."""
+"""The original design's clip: totals in ``[-1, 1]``, the default without reward functions."""
 _MAX_ERROR_CHARS = 300
 Scored = tuple[float | None, str, str | None]  # (score, reason, error text)
 ModelScore = float | BaseException | None
