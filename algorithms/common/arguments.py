@@ -221,7 +221,8 @@ class Arguments(Mapping[str, Argument]):
 
 
 def check_collapse_guard(name: str, value: Any) -> Any:
-    """``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings` fields."""
+    """``"auto"``, ``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings`
+    fields."""
     try:
         GuardSettings.parse(value)
     except (TypeError, ValueError) as error:
@@ -250,7 +251,9 @@ _SAMPLER_CORRECTION = (
     "every update as ``train/sampler_kl``"
 )
 _COLLAPSE_GUARD = (
-    "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
+    'watch the run\'s success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``"auto"`` '
+    "(on for a model from a folder or hub name on a task with held-out problems, off for the built-in model), "
+    "``True`` (its "
     "defaults: every 5 iterations the greedy success on 64 fixed held-out problems; two checks in a row more than "
     "0.1 below its best restore the best weights and optimizer state and halve the learning rate), a dict of its "
     'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"held_out"``, '
@@ -315,7 +318,7 @@ LM_ARGUMENTS = Arguments(
             "the dynamic curriculum: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of "
             "every env from the rolling success rate (``curriculum/difficulty``)", "bool",
         ),
-        "collapse_guard": Argument(False, check_collapse_guard, _COLLAPSE_GUARD, "bool | dict[str, Any] | None"),
+        "collapse_guard": Argument("auto", check_collapse_guard, _COLLAPSE_GUARD, "str | bool | dict[str, Any] | None"),
         "stats_window_size": Argument(
             100, integer(low=1), "episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``", "int"
         ),
