@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.collapse_guard import GuardSettings
+from algorithms.common.generation.engines.arguments import ENGINE_ARGUMENTS
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
@@ -246,9 +247,11 @@ _MIXED_PRECISION = (
 _SAMPLER_CORRECTION = (
     'the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`): ``"tis"`` (truncated '
     "importance sampling: the ratio taken against the update's own log-probs of the fresh rollout, each token's "
-    "loss weighted by ``min(pi_old / pi_sampler, cap)``), ``None`` (off: the ratio against the sampler's log-probs) "
-    'or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions). The mismatch is logged '
-    "every update as ``train/sampler_kl``"
+    'loss weighted by ``min(pi_old / pi_sampler, cap)``), ``"mask"`` (each sequence weighted by its whole ratio, '
+    "one whose ratio exceeds ``cap`` left out: TRL's ``sequence_mask``), ``None`` (off: the ratio against the "
+    'sampler\'s log-probs) or ``"auto"`` (``"tis"`` when sampling and update run in different precisions or the '
+    'rollouts run on an external engine, ``rollout_engine="hf"`` or ``"vllm"``). The mismatch is logged every '
+    "update as ``train/sampler_kl``"
 )
 _COLLAPSE_GUARD = (
     'watch the run\'s success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``"auto"`` '
@@ -298,8 +301,11 @@ LM_ARGUMENTS = Arguments(
         "mixed_precision": Argument("auto", check_precision, _MIXED_PRECISION, "str | dict[str, str]"),
         "sampler_correction": Argument("auto", choice(*SAMPLER_CORRECTIONS), _SAMPLER_CORRECTION, "str | None"),
         "sampler_correction_cap": Argument(
-            2.0, number(low=1.0), "the truncation ``cap`` of the TIS weights (TRL's and verl's 2)", "float"
+            2.0, number(low=1.0),
+            "the ``cap`` of the correction: TIS's largest weight (TRL's and verl's 2), the mask's largest kept "
+            "sequence ratio", "float",
         ),
+        **{name: Argument(*fields) for name, fields in ENGINE_ARGUMENTS.items()},
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '
