@@ -1,4 +1,4 @@
-"""TRL's names and ours: one table, read by the constructors' hints, by ``GRPO.from_trl`` and by the README.
+"""TRL's names and ours: one table, read by the constructors' hints, by ``GRPO.from_trl`` and by the docs.
 
 Every field of TRL 1.16's ``GRPOConfig`` (and the ``GRPOTrainer`` arguments a script passes, and the fields of
 TRL 1.18's ``AsyncGRPOConfig`` that have a meaning here) has an entry (:data:`TRL_NAMES`): our equivalent and where
@@ -6,8 +6,8 @@ it goes, or ``None`` with what to do instead. ``GRPO(...)`` and ``LMPPO(...)`` g
 ``TypeError`` that names ours (:func:`with_trl_hints`, a decorator: the constructors keep their SB3-style
 signatures). The names whose equivalent is the env's, and the hint itself, are
 the env's own (:mod:`grpo_gym.trl_names`: ``gym.make("R1Zero-v0", max_completion_length=...)`` names ours too).
-:func:`readme_section` writes the README's table; a test checks that the README holds it and that it covers every
-``GRPOConfig`` field.
+:func:`readme_section` writes the table of docs/guides/from-trl.md; a test checks that the page holds it and that
+it covers every ``GRPOConfig`` field.
 """
 
 from __future__ import annotations
@@ -272,14 +272,15 @@ removed."""
 with_trl_hints = functools.partial(env_hints, names=TRL_NAMES)
 
 
-# ---------------------------------------------------------------------------------------------- the README table
+# ---------------------------------------------------------------------------------------------- the docs' table
 def _ours_cell(entry: TrlName) -> str:
     text = spelled("", entry)
     return f"`{text}`" if entry.where in ("arg", "env", "policy", "call") else text
 
 
 def readme_table() -> str:
-    """The README's "From TRL's GRPOConfig" table: every name with an equivalent, then those without, by reason."""
+    """The "From TRL's GRPOConfig" table (docs/guides/from-trl.md): every name with an equivalent, then those
+    without, by reason."""
     lines = ["| TRL | grpo-gym | note |", "|---|---|---|"]
     for name, entry in TRL_NAMES.items():
         if entry.where != "none":
@@ -300,5 +301,5 @@ TABLE_END = "<!-- trl-table end -->"
 
 
 def readme_section() -> str:
-    """The table between its markers, as the README holds it."""
+    """The table between its markers, as docs/guides/from-trl.md holds it."""
     return f"{TABLE_START}\n{readme_table()}\n{TABLE_END}"
