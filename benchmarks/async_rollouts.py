@@ -8,8 +8,9 @@ the producer and the update take one each, :mod:`algorithms.common.rollout.stale
 
 - **Start model**: per size, the built-in model (``--seed``) after the demo preset's cold start, saved as a Hugging
   Face folder every run of that size (and TRL) starts from.
-- **Runs**: per size and seed, ours with ``max_staleness`` 0, 1, 2, 4 (GRPO's defaults otherwise; ``--ours`` adds
-  arguments to all) and TRL, in an order rotated by the seed. Snapshots at each ``--budgets`` second.
+- **Runs**: per size and seed, ours with ``max_staleness`` 0, 1, 2, 4 (GRPO's defaults otherwise, but the collapse
+  guard off in every run, since it does not run with ``max_staleness >= 1``; ``--ours`` adds arguments to all) and
+  TRL, in an order rotated by the seed. Snapshots at each ``--budgets`` second.
 - **Figures**: iterations per second (iterations / training seconds: setup and snapshot writes left out), its ratio
   to the synchronous run of the same seed, and the held-out success change from the start model at each budget
   (greedy and sampled; median and worst over seeds), plus the share of the CPUs other processes used (only runs on an
@@ -163,7 +164,7 @@ def main() -> None:
                 shift = index % len(configurations)
                 for k in configurations[shift:] + configurations[:shift]:
                     seed = args.seed + index
-                    ours = {**args.ours, "max_staleness": k}
+                    ours = {"collapse_guard": False, **args.ours, "max_staleness": k}  # no guard with k >= 1
                     worker, settings = ("trl", {}) if k is None else ("ours", {"ours": ours})
                     run = run_worker(__file__, worker, {**asdict(base), "seed": seed, **settings})
                     runs[k].append(run)
