@@ -27,7 +27,7 @@ and learning rates, judged by one evaluator on one held-out set (issue 23).
   time of a run and of an iteration; the issue's criteria checked per learning rate; a strip plot of every run's
   change (``learning_robustness.png``); the machine's CPU model and flags.
 
-Runs go ``--workers`` at a time, each its own process with one torch thread. Results are kept in ``--work``
+Runs go ``--workers`` at a time, each its own process with ``--threads`` torch threads. Results are kept in ``--work``
 (starts, snapshots, one JSON per run and per evaluation), so an interrupted benchmark resumes and new arms add to it.
 
 Ours and TRL only (about 3 hours on 2 shared cores: 42 min building the starts, then 60 runs of about 4 min, 2 at a
@@ -130,18 +130,21 @@ def arms(args: argparse.Namespace) -> list[dict[str, Any]]:
                     runs.append({"start": start, "label": trainer, "trainer": trainer, "lr": lr, "seed": seed,
                                  "ours": {**SHARED_OURS, **args.ours}, "trl": {**SHARED_TRL, **args.trl}})  # fmt: skip
     for variant in args.variants:
+        trainer = variant["trainer"]
+        settings = {**(SHARED_OURS if trainer == "ours" else SHARED_TRL), **variant["settings"]}
         for start in variant["starts"]:
             for lr in variant["learning_rates"]:
                 for seed in range(args.seeds):
-                    runs.append({"start": start, "label": variant["label"], "trainer": "ours", "lr": lr, "seed": seed,
-                                 "ours": {**SHARED_OURS, **variant["ours"]}, "trl": {}})  # fmt: skip
+                    runs.append({"start": start, "label": variant["label"], "trainer": trainer, "lr": lr, "seed": seed,
+                                 "ours": settings if trainer == "ours" else {},
+                                 "trl": settings if trainer == "trl" else {}})  # fmt: skip
     return runs
 
 
 def run_key(run: dict[str, Any]) -> str:
-    """The run's name in ``--work``: start, label, learning rate, seed and a hash of its settings (so a changed
-    setting is a new run, never a stale result)."""
-    settings = json.dumps({"ours": run["ours"], "trl": run["trl"], "trainer": run["trainer"]}, sort_keys=True)
+    """The run's name in ``--work``: start, label, learning rate, seed and a hash of its trainer's settings (so a
+    changed setting is a new run, never a stale result; the other trainer's settings play no part)."""
+    settings = json.dumps({"settings": run[run["trainer"]], "trainer": run["trainer"]}, sort_keys=True)
     digest = hashlib.sha256(settings.encode()).hexdigest()[:8]
     return f"{run['start']}_{run['label']}_lr{run['lr']:g}_seed{run['seed']}_{digest}"
 
@@ -183,18 +186,21 @@ def _listed(value: Any) -> list[Any]:
     return value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def parse_variant(label: str, pairs: list[str], starts: list[str], learning_rates: list[float]) -> dict[str, Any]:
-    """One ``--variant``: its label, its GRPO arguments, and the starts and learning rates it runs at (its
-    ``_starts=a,b`` and ``_learning_rates=1e-5,1e-4`` pairs, else ``--variant-starts`` and
-    ``--variant-learning-rates``)."""
+def parse_variant(
+    label: str, pairs: list[str], starts: list[str], learning_rates: list[float], trainer: str = "ours"
+) -> dict[str, Any]:
+    """One ``--variant`` (``trainer="ours"``: GRPO arguments) or ``--trl-variant`` (GRPOConfig arguments): its label,
+    its arguments, and the starts and learning rates it runs at (its ``_starts=a,b`` and ``_learning_rates=1e-5,1e-4``
+    pairs, else ``--variant-starts`` and ``--variant-learning-rates``)."""
     from algorithms.common.hyperparams import parse_overrides
 
-    ours = parse_overrides(pairs)
-    starts = _listed(ours.pop("_starts", starts))
-    learning_rates = [float(lr) for lr in _listed(ours.pop("_learning_rates", learning_rates))]
+    settings = parse_overrides(pairs)
+    starts = _listed(settings.pop("_starts", starts))
+    learning_rates = [float(lr) for lr in _listed(settings.pop("_learning_rates", learning_rates))]
     if not set(starts) <= {"a", "b", "c"}:
         raise ValueError(f"--variant {label}: _starts={','.join(starts)} names a start other than a, b and c")
-    return {"label": label, "ours": ours, "starts": starts, "learning_rates": learning_rates}
+    return {"label": label, "trainer": trainer, "settings": settings, "starts": starts,
+            "learning_rates": learning_rates}  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
@@ -218,6 +224,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--variant", nargs="+", action="append", default=[], metavar=("LABEL", "KEY=VALUE"),
                         help="an extra arm of ours: a label, then GRPO arguments (_starts=a,b and "
                              "_learning_rates=1e-5,1e-4: where this one runs)")  # fmt: skip
+    parser.add_argument(
+        "--trl-variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar=("LABEL", "KEY=VALUE"),
+        help="an extra arm of TRL's: a label, then GRPOConfig arguments (and _starts, _learning_rates)",
+    )
     parser.add_argument("--variant-starts", nargs="+", default=["b"], choices=["a", "b", "c"], help="variants' default")
     parser.add_argument("--variant-learning-rates", type=float, nargs="+", default=[1e-4], help="variants' default")
     parser.add_argument("--variants-only", action="store_true", help="run the variants, not ours' and TRL's arms")
@@ -231,6 +245,9 @@ def parse_args() -> argparse.Namespace:
     args.ours, args.trl = parse_overrides(args.ours), parse_overrides(args.trl)
     args.variants = [
         parse_variant(label, pairs, args.variant_starts, args.variant_learning_rates) for label, *pairs in args.variant
+    ] + [
+        parse_variant(label, pairs, args.variant_starts, args.variant_learning_rates, "trl")
+        for label, *pairs in args.trl_variant
     ]
     return args
 

@@ -87,12 +87,12 @@ def test_the_state_round_trips_with_its_snapshot():
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("yes", "collapse_guard must be True"),
+        ("yes", "collapse_guard must be 'auto', True"),
         ({"margins": 0.1}, r"unknown: \['margins'\]"),
         ({"margin": 0.0}, "margin must be a number in"),
         ({"patience": 0}, "patience must be an integer >= 1"),
         ({"window": 2.5}, "window must be an integer"),
-        ({"monitor": "held_out"}, "monitor must be one of"),
+        ({"monitor": "validation"}, "monitor must be one of"),
     ],
 )
 def test_bad_settings_are_refused_at_construction(value, message):
@@ -120,7 +120,7 @@ class Weights(BaseCallback):
 
 
 def test_learn_restores_the_best_weights_halves_the_rate_and_logs_it(tmp_path: Path, capsys):
-    settings = {"margin": 0.1, "patience": 2, "window": 1}
+    settings = {"margin": 0.1, "patience": 2, "window": 1, "monitor": "rollout"}
     model = make_model(collapse_guard=settings, cold_start=False, tensorboard_log=str(tmp_path), verbose=1,
                        learning_rate=1e-3)  # fmt: skip
     scripted(model, {1: 0.5, 2: 0.9, 3: 0.5, 4: 0.5})  # best at iteration 2, restored at iteration 4
@@ -142,7 +142,7 @@ def test_learn_restores_the_best_weights_halves_the_rate_and_logs_it(tmp_path: P
 
 def test_resume_with_the_guard_is_exact(tmp_path: Path):
     """learn(6 iterations) equals learn(3); save; load; learn(3) with a restore in the second half."""
-    settings = {"margin": 0.1, "patience": 1, "window": 1}
+    settings = {"margin": 0.1, "patience": 1, "window": 1, "monitor": "rollout"}
     figures = {1: 0.5, 2: 0.9, 3: 0.6, 4: 0.2, 5: 0.9}
     whole = make_model(collapse_guard=settings, cold_start=False, learning_rate=1e-3)
     scripted(whole, figures)
@@ -157,6 +157,30 @@ def test_resume_with_the_guard_is_exact(tmp_path: Path):
     assert whole._guard.restores == second._guard.restores == 2  # iterations 3 and 4, after the best at 2
     assert whole._guard.get_state()[0] == second._guard.get_state()[0]
     assert all(th.equal(a, b) for a, b in zip(parameters(whole), parameters(second), strict=True))
+
+
+def test_the_default_signal_is_greedy_success_on_fixed_held_out_problems(monkeypatch):
+    """Every ``eval_every`` iterations, the same ``eval_problems`` problems (seeded apart from a final evaluation's)
+    answered greedily; nothing in between."""
+    from algorithms.common import evaluation
+    from algorithms.common.evaluation import held_out_problems
+
+    model = make_model(collapse_guard={"eval_every": 2, "eval_problems": 4}, cold_start=False)
+    assert model._guard.settings.monitor == "held_out"
+    seen = []
+    evaluate = evaluation.evaluate_problems
+
+    def watched(policy, env, problems, seed=0, greedy=False):
+        seen.append((model._iteration, [p.prompt for p in problems], greedy))
+        return evaluate(policy, env, problems, seed, greedy)
+
+    monkeypatch.setattr("algorithms.common.collapse_guard.evaluate_problems", watched)
+    model.learn(8 * 5)
+    assert [iteration for iteration, _, _ in seen] == [2, 4] and all(greedy for *_, greedy in seen)
+    assert seen[0][1] == seen[1][1] and len(seen[0][1]) == 4
+    final = held_out_problems(model.env, 4, model.env.get_attr("difficulty", indices=[0])[0])
+    assert not set(seen[0][1]) & {p.prompt for p in final}
+    assert model._guard.best is not None and model._guard.recent
 
 
 def test_an_eval_callback_can_be_the_signal(tmp_path: Path):
@@ -175,3 +199,18 @@ def test_lmppo_takes_the_guard_too():
                   policy_kwargs=tiny, collapse_guard=True)  # fmt: skip
     assert model._guard is not None and model._guard.settings == GuardSettings()
     model.learn(8)
+
+
+def test_auto_guards_a_pretrained_start_and_not_the_built_in_model(tmp_path: Path, capsys):
+    """``collapse_guard="auto"`` (the default): off for the built-in model, on (its defaults) for a model loaded from
+    a folder on a task with held-out problems; ``False`` turns it off there."""
+    built_in = make_model(cold_start=False)
+    assert built_in.collapse_guard == "auto" and built_in._guard is None
+    built_in.policy.save_pretrained(tmp_path / "start", built_in.env.get_attr("tokenizer", indices=[0])[0])
+    pretrained = {"model": str(tmp_path / "start")}
+    model = make_model(policy_kwargs=pretrained, verbose=1)
+    assert model._guard is not None and model._guard.settings == GuardSettings()
+    assert "collapse guard on (collapse_guard='auto'" in capsys.readouterr().out
+    model.learn(8 * 5)
+    assert model._guard.best is not None  # the held-out check of iteration 5
+    assert make_model(policy_kwargs=pretrained, collapse_guard=False)._guard is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from algorithms.common.generation.packing import PADDING, PROMPT, pack_rows
+from algorithms.common.generation.packing import PADDING, PROMPT, pack_rows, packing_pays
 from algorithms.common.generation.sampler import completion_log_probs
 from algorithms.common.model.loading import load_model
 
@@ -74,3 +74,14 @@ def test_packed_equals_padded_values_and_gradients(monkeypatch, pack_length):
     torch.testing.assert_close(ent_b, ent_a, atol=1e-5, rtol=0)
     for grad_a, grad_b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(grad_b, grad_a, atol=1e-4, rtol=1e-4)
+
+
+def test_auto_packs_where_it_saves_work_and_pads_where_attention_would_grow():
+    """Long shared prompts with short completions pack (the prompt runs once); a short prompt with 8 completions at
+    the length cap pads (a packed row would be 8 completions long, and attention grows with its square)."""
+    model = load_model("tiny", seed=0)
+    long_prompts = torch.randint(3, 50, (4, 256)).repeat_interleave(8, 0)
+    short_prompts = torch.randint(3, 50, (4, 17)).repeat_interleave(8, 0)
+    short, full = torch.ones((32, 16), dtype=torch.bool), torch.ones((32, 64), dtype=torch.bool)
+    assert packing_pays(model, long_prompts, torch.ones_like(long_prompts), short)
+    assert not packing_pays(model, short_prompts, torch.ones_like(short_prompts), full)

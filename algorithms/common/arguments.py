@@ -221,7 +221,8 @@ class Arguments(Mapping[str, Argument]):
 
 
 def check_collapse_guard(name: str, value: Any) -> Any:
-    """``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings` fields."""
+    """``"auto"``, ``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings`
+    fields."""
     try:
         GuardSettings.parse(value)
     except (TypeError, ValueError) as error:
@@ -250,11 +251,14 @@ _SAMPLER_CORRECTION = (
     "every update as ``train/sampler_kl``"
 )
 _COLLAPSE_GUARD = (
-    "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
-    "defaults: a fall is the rollouts' success, averaged over 5 iterations, more than 0.1 below its best for 3 "
-    "iterations; it then restores the best weights and optimizer state and halves the learning rate), a dict of its "
-    'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"rollout"`` or '
-    '``"eval"``, an ``EvalCallback`` given to ``learn()``), or ``False``/``None`` (off)'
+    'watch the run\'s success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``"auto"`` '
+    "(on for a model from a folder or hub name on a task with held-out problems, off for the built-in model), "
+    "``True`` (its "
+    "defaults: every 5 iterations the greedy success on 64 fixed held-out problems; two checks in a row more than "
+    "0.1 below its best restore the best weights and optimizer state and halve the learning rate), a dict of its "
+    'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"held_out"``, '
+    '``"rollout"`` or ``"eval"`` (an ``EvalCallback`` given to ``learn()``), ``eval_problems``, ``eval_every``), or '
+    "``False``/``None`` (off)"
 )
 _SHARDING = (
     'with several processes: ``None`` (each holds a whole replica, DDP) or ``"fsdp"`` (FSDP2: the weights, '
@@ -310,7 +314,7 @@ LM_ARGUMENTS = Arguments(
             "S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of every env from "
             "the rolling success rate (``curriculum/difficulty``)", "bool",
         ),
-        "collapse_guard": Argument(False, check_collapse_guard, _COLLAPSE_GUARD, "bool | dict[str, Any] | None"),
+        "collapse_guard": Argument("auto", check_collapse_guard, _COLLAPSE_GUARD, "str | bool | dict[str, Any] | None"),
         "stats_window_size": Argument(
             100, integer(low=1), "episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``", "int"
         ),

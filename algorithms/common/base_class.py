@@ -33,7 +33,7 @@ from stable_baselines3.common.vec_env import VecEnv
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.collapse_guard import CollapseGuard, GuardSettings
+from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guards_by_default
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
@@ -111,7 +111,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._curriculum: CurriculumCallback | None = None
         guard = GuardSettings.parse(self.collapse_guard)
         #: the collapse guard of this run (None: off): see :mod:`algorithms.common.collapse_guard`
-        self._guard = CollapseGuard(guard) if guard is not None else None
+        self._guard = CollapseGuard(guard) if guard is not None and self.collapse_guard != "auto" else None
         self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
         #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
         self._sampling = RolloutSampling()
@@ -150,6 +150,10 @@ class LMBaseAlgorithm(BaseAlgorithm):
             "frozen_parameters": self.policy.frozen_parameters,
             **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
         }
+        if self.collapse_guard == "auto" and self._guard is None and guards_by_default(self.policy, self.env):
+            self._guard = CollapseGuard(GuardSettings())
+            if self.verbose >= 1:
+                print("collapse guard on (collapse_guard='auto': a pretrained model); collapse_guard=False: off")
         if self._needs_reference():
             self.ref_model = frozen_copy(self.policy)
         self._parallel.prepare(self.policy, self.ref_model, self.precision)  # FSDP2: shards them
@@ -236,7 +240,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._pending_env_states = state.get("env_states")
         if "curriculum" in state:
             self._curriculum = CurriculumCallback.from_state(state["curriculum"])
-        if "collapse_guard" in state and self._guard is not None:
+        if "collapse_guard" in state and (self._guard is not None or self.collapse_guard == "auto"):
             tensors = {key[len(GUARD_PREFIX) :]: value for key, value in rng.items() if key.startswith(GUARD_PREFIX)}
             self._guard = CollapseGuard.from_state(state["collapse_guard"], tensors)
 

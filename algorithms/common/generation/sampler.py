@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from algorithms.common.generation.decoders import forward_parameters, make_decoder
-from algorithms.common.generation.packing import distinct_rows, pack_rows
+from algorithms.common.generation.packing import distinct_rows, pack_rows, packing_pays
 from algorithms.common.model.lora import base_network
 
 
@@ -314,10 +314,13 @@ def _completion_outputs(
     model = base_network(model)  # a PeftModel's own model, LoRA layers included: the same logits, fewer wrappers
     mask = completion_mask.bool()  # (B, C)
     attention_kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if layout == "auto":
-        layout = "packed" if attention_kind in ("sdpa", "eager") else "padded"
+    if layout == "auto":  # packed where the model takes a 4D mask and the layout does less work (packing_pays)
+        packs = attention_kind in ("sdpa", "eager") and packing_pays(model, prompt_ids, prompt_mask, mask)
+        layout = "packed" if packs else "padded"
     if layout == "packed":
         return _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind, with_hidden)
+    longest = max(int(mask.sum(-1).max()), 1) if mask.numel() else 1  # columns past it are never read: not run
+    completion_ids, mask = completion_ids[:, :longest], mask[:, :longest]
     logits, hidden = _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask, with_hidden)
     return logits[mask], (hidden[mask] if hidden is not None else None)  # (N, V), (N, H)
 

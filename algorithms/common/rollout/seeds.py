@@ -32,12 +32,17 @@ class RolloutSeeds:
         return [{"seed": int(s)} for s in self.problems.integers(2**63 - 1, size=n)]
 
     def reseed_for_rollout(self, iteration: int) -> None:
-        """The sampler's noise for the rollout of ``iteration``."""
-        self.generator.manual_seed(self.seed + 1 + iteration)
+        """The sampler's noise for the rollout of ``iteration``: a seed hashed from ``(seed, iteration)``, so no two
+        runs share a noise stream (``seed + 1 + iteration`` made seed s's iteration t + 1 draw seed s + 1's iteration t
+        noise)."""
+        self._reseed(self.seed, iteration, 0)
 
     def reseed_for_refill(self, iteration: int, refill_round: int) -> None:
         """The sampler's noise for refill round ``refill_round`` (1, 2, ...) of ``iteration``'s rollout."""
-        sequence = np.random.SeedSequence([self.seed, iteration, refill_round])
+        self._reseed(self.seed, iteration, refill_round)
+
+    def _reseed(self, *key: int) -> None:
+        sequence = np.random.SeedSequence(list(key))
         self.generator.manual_seed(int(sequence.generate_state(1, dtype=np.uint64)[0] >> 1))
 
     def get_state(self) -> tuple[dict[str, Any], th.Tensor]:
