@@ -292,6 +292,14 @@ LM_ARGUMENTS = Arguments(
         "sampler_correction_cap": Argument(
             2.0, number(low=1.0), "the truncation ``cap`` of the TIS weights (TRL's and verl's 2)", "float"
         ),
+        "turn_cache": Argument(
+            "auto", choice(True, False, "auto"),
+            "keep each turn's KV cache for the next turn of multi-turn episodes (tool calls, feedback): a later turn "
+            "then runs only the tokens the env added, and a row whose window dropped old tokens is prefilled afresh "
+            "(:mod:`~algorithms.common.generation.continuation`; the builtin sampler only: other engines prefill "
+            'each turn). ``"auto"``: when the env may play several turns (``max_turns > 1`` or ``tools``)',
+            "bool | str",
+        ),
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '

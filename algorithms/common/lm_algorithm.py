@@ -15,7 +15,8 @@ subclass writes are marked *subclass*)::
     │  ├─ _play                               sample the K x G first turns in one batch (_sample: the policy, or
     │  │  │                                   the reference when _sampling.from_reference), score them ahead,
     │  │  │                                   step them through the env(s) n_envs at a time
-    │  │  └─ _play_later_turns, _record_step  multi-turn episodes; every step counted, its rows kept (Rows)
+    │  │  └─ play_later_turns, _record_step   multi-turn episodes (rollout/turns.py: each later turn from the KV
+    │  │                                      cache of the last); every step counted, its rows kept (Rows)
     │  ├─ _sampling.after_play                play groups again (GRPO: DAPO's refills, through _play_again)
     │  └─ _build_batch            *subclass*  returns, advantages, the kept rows as a RolloutBatch
     ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
@@ -46,8 +47,9 @@ from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.reference import reference_network
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
-from algorithms.common.rollout.env_steps import Obs, score_ahead, split_obs, stack_obs, step_envs
+from algorithms.common.rollout.env_steps import score_ahead, split_obs
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
+from algorithms.common.rollout.turns import keeps_turn_cache, play_later_turns
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -66,7 +68,8 @@ class LMAlgorithm(LMBaseAlgorithm):
         Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
         Multi-turn episodes (feedback, tool calls) answer again from the env's new context until they end: the later
-        turns of a chunk's episodes still playing are sampled in one batch (:meth:`_play_later_turns`). A subclass
+        turns of a chunk's episodes still playing are sampled in one batch, each from the KV cache of the turn before
+        (:func:`~algorithms.common.rollout.turns.play_later_turns`, ``turn_cache``). A subclass
         may then play more and change the rows (``_sampling.after_play``, e.g. dynamic sampling) before the batch is
         built.
         Returns False when a callback stopped training.
@@ -119,55 +122,26 @@ class LMAlgorithm(LMBaseAlgorithm):
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             prompts.extend(contexts_from_obs(env.reset(), self.policy.context_limit))
         timer = time.perf_counter()
-        first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
+        keep_cache = keeps_turn_cache(self.turn_cache, env)  # for the later turns of multi-turn episodes
+        first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows, keep_cache=keep_cache)
         generation_seconds = time.perf_counter() - timer
         score_ahead(env, episode_problems, first.tokens.cpu().numpy())
+        record = functools.partial(self._record_step, callback, rows, finished, job_steps=job_steps)
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
             completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
             played = [prompts[e] for e in chunk], completions, first.log_probs[chunk.start : chunk.stop]
             new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
-            outcome = rewards, dones, infos
-            if not self._record_step(callback, rows, finished, list(chunk), 0, played, outcome, job_steps, locals()):
+            if not record(list(chunk), 0, played, (rewards, dones, infos), locals()):
                 return None
             live = [i for i, done in enumerate(dones) if not done]  # env i of the chunk plays episode chunk[i]
-            obs = split_obs(new_obs, live)
-            later = self._play_later_turns(env, callback, rows, finished, chunk, live, obs, job_steps)
+            episodes = [chunk[i] for i in live]  # also their rows in the first turn's cache
+            later = play_later_turns(env, self._sample, record, self.policy.context_limit, episodes, live,
+                                     split_obs(new_obs, live), first.cache, episodes)  # fmt: skip
             if later is None:
                 return None
             generation_seconds += later
-        return generation_seconds
-
-    def _play_later_turns(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rows: Rows,
-        finished: list[tuple[Any, Any]],
-        chunk: range,
-        live: list[int],
-        obs: list[Obs],
-        job_steps: bool,
-    ) -> float | None:
-        """Multi-turn episodes: the chunk's envs ``live`` (their observations ``obs``) answer again from the env's new
-        context, sampled in one batch per turn, until every episode ended; each env is stepped alone, so an ended
-        episode is not reset (:func:`~algorithms.common.rollout.env_steps.step_envs`). The generation seconds, or
-        None when a callback stopped training."""
-        generation_seconds, turn = 0.0, 0
-        while live:
-            turn += 1
-            contexts = contexts_from_obs(stack_obs(obs), self.policy.context_limit)
-            timer = time.perf_counter()
-            answer = self._sample(contexts)
-            generation_seconds += time.perf_counter() - timer
-            obs, rewards, dones, infos = step_envs(env, live, answer.tokens.cpu().numpy())
-            played = contexts, (answer.tokens, answer.mask), answer.log_probs
-            episodes, outcome = [chunk[i] for i in live], (rewards, dones, infos)
-            if not self._record_step(callback, rows, finished, episodes, turn, played, outcome, job_steps, locals()):
-                return None
-            live = [i for i, done in zip(live, dones, strict=True) if not done]
-            obs = [o for o, done in zip(obs, dones, strict=True) if not done]
         return generation_seconds
 
     def _record_step(
@@ -179,8 +153,8 @@ class LMAlgorithm(LMBaseAlgorithm):
         turn: int,
         played: tuple[list[th.Tensor], tuple[th.Tensor, th.Tensor], th.Tensor],
         outcome: tuple[Any, Any, list[dict[str, Any]]],
-        job_steps: bool,
         scope: dict[str, Any],
+        job_steps: bool = True,
     ) -> bool:
         """Count the completions of one step (``job_steps``: every rank's), tell the callback (``scope``: the caller's
         locals, as SB3 passes them), keep the episodes that ended and add the rows of ``episodes`` (contexts,
@@ -237,7 +211,11 @@ class LMAlgorithm(LMBaseAlgorithm):
         mine = [(k, key) for k, key in local if 0 <= k < self._local_groups]
         return [env.env_method("sample_problem", **key, indices=[k % env.num_envs])[0] for k, key in mine]
 
-    def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
+    def _sample(
+        self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None, **turns: Any
+    ) -> Completions:
+        """The completions of one batch of ``prompts`` (the policy's, or the reference's for a protected rollout);
+        ``turns``: the KV cache kept across turns (``keep_cache``, ``cache``, ``cache_rows``: ``policy.generate``)."""
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
         from_reference = self._sampling.from_reference(self._iteration, self.logger)
         sampler = reference_network(self.policy, self.ref_model) if from_reference else contextlib.nullcontext(None)
@@ -249,6 +227,7 @@ class LMAlgorithm(LMBaseAlgorithm):
                 model=model,
                 noise_offset=noise_offset,
                 noise_rows=noise_rows,
+                **turns,
             )
 
     def gathered_policy(self) -> contextlib.AbstractContextManager:

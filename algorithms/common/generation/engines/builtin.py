@@ -8,6 +8,8 @@ runs without an engine.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -19,6 +21,7 @@ from algorithms.common.generation.engines.base import (
     named_weights,
     padded_prompts,
 )
+from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.sampler import Completions, sample
 
 
@@ -44,6 +47,7 @@ class BuiltinEngine(RolloutEngine):
     """
 
     name = "builtin"
+    keeps_turn_cache = True
 
     def __init__(self, model: nn.Module, settings: SamplingSettings, decoder: str = "auto") -> None:
         super().__init__(settings)
@@ -60,8 +64,12 @@ class BuiltinEngine(RolloutEngine):
         greedy: bool = False,
         noise_offset: int = 0,
         noise_rows: int | None = None,
+        keep_cache: bool = False,
+        cache: TurnCache | None = None,
+        cache_rows: torch.Tensor | Sequence[int] | None = None,
     ) -> Completions:
-        """See :meth:`RolloutEngine.generate`; the arguments go to the sampler unchanged."""
+        """See :meth:`RolloutEngine.generate`; the arguments go to the sampler unchanged, the KV cache kept across
+        turns included (``keep_cache``, ``cache``, ``cache_rows``: :func:`~algorithms.common.generation.sampler.sample`)."""
         ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
         device = next(self.model.parameters()).device
         s = self.settings
@@ -81,6 +89,9 @@ class BuiltinEngine(RolloutEngine):
             decoder=self.decoder,
             noise_offset=noise_offset,
             noise_rows=noise_rows,
+            keep_cache=keep_cache,
+            cache=cache,
+            cache_rows=cache_rows,
         )
 
     def _load_weights(self, weights: Weights) -> None:
