@@ -16,6 +16,7 @@ from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import StateLimits, make_state, problem_state, read_state
 from grpo_gym.gold import gold_examples
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
+from grpo_gym.rewards.composite import TurnInput
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT
 from grpo_gym.scoring import ScoreAhead, check_ahead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
@@ -60,7 +61,9 @@ class R1ZeroEnv(gym.Env):
     clipped to [-1, 1] unless you give reward functions (``reward_clip``): the built-ins ``syntax``,
     ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length`` (DAPO's overlong penalty, weight 0), and your
     ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of an unfinished turn in token mode. A
-    component that does not apply to a completion (``None``) is left out.
+    component that does not apply to a completion (``None``) is left out. A multi-turn episode is scored per model
+    turn: each answer by all of them, each tool turn by ``length``, the tool components and the reward functions
+    marked :func:`~grpo_gym.rewards.functions.per_turn`.
     ``info["reward_components"]`` holds every component (``None`` where not applicable), ``info["reward_reasons"]``
     why, ``info["is_success"]`` whether the task gave full credit. :meth:`score_ahead` scores a batch of
     completions in one call per reward function; ``step`` then takes each pair's result.
@@ -456,6 +459,7 @@ class R1ZeroEnv(gym.Env):
                 [ids[:length]],
                 transcripts=[transcript],
                 supplied=[self.tool_session.answer_scores()],
+                turns=[self._turn],
             )[0]
         self._turn += 1
         self._transcript.append(completion)
@@ -477,6 +481,8 @@ class R1ZeroEnv(gym.Env):
     ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         """Run a tool turn's calls and append their results (see the class docstring)."""
         turn, text = self.tool_session.play(completion)
+        scoring = TurnInput(self.task, self.problem, self._transcript[0], completion,
+                            "".join(self._transcript[1:]) + completion, self._turn, turn.records)  # fmt: skip
         self._turn += 1
         self._transcript.append(completion)
         fits = in_window or self.window.append(body)
@@ -484,7 +490,8 @@ class R1ZeroEnv(gym.Env):
             fits = self.window.append(self.codec.encode(text)) and fits
             self._transcript.append(text)
         truncated = text is None or not fits or self.window.free <= self.max_new_tokens
-        result = self.reward_fn.score_without_answer(TOOL_TURN_REASON, ids[:length], ToolSession.scores(turn))
+        scores = ToolSession.scores(turn)
+        result = self.reward_fn.score_without_answer(TOOL_TURN_REASON, ids[:length], scores, scoring)
         info = turn_info(result, completion, body, length, self._turn, self.problem.difficulty, turn.records)
         return self.window.observation(), float(result.total), False, bool(truncated), info
 
