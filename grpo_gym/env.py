@@ -266,11 +266,12 @@ class R1ZeroEnv(gym.Env):
         ``problem.prompt_input``), and the completion followed by EOS."""
         return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
-    def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def gold_examples(self, n: int, difficulty: float | None = None, episodes: bool = False) -> list[Any]:
         """``n`` cold-start examples (S20.1) from problems drawn like :meth:`sample_problem`: the task's gold
-        solutions, one example per model turn (see :mod:`grpo_gym.gold`). :attr:`gold_stand_ins` counts the problems
-        without gold reasoning, which got a stand-in (the cold start warns with the count)."""
-        examples, stand_ins = gold_examples(self, n, difficulty)
+        solutions, one ``(prompt, completion)`` example per model turn, or with ``episodes`` one ``(prompt,
+        completion, roles)`` example per problem, its whole episode (see :mod:`grpo_gym.gold`). :attr:`gold_stand_ins`
+        counts the problems without gold reasoning, which got a stand-in (the cold start warns with the count)."""
+        examples, stand_ins = gold_examples(self, n, difficulty, episodes)
         self.gold_stand_ins += stand_ins
         return examples
 
