@@ -41,9 +41,9 @@ def _spread(values: list[float]) -> str:
 
 def arm_table(arms: dict[tuple, dict[str, list[float]]], start: str) -> list[str]:
     lines = [
-        "| arm | learning rate | seeds | greedy change: median | worst | best | sampled change: median (worst to "
-        "best) | greedy change per seed (seed 0, 1, ...) | run time (s, mean) | s per iteration |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| arm | learning rate | seeds | greedy change: median | worst | best | seeds losing > 10 | sampled change: "
+        "median (worst to best) | greedy change per seed (seed 0, 1, ...) | run time (s, mean) | s per iteration |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (s, label, lr), arm in sorted(arms.items(), key=lambda item: (item[0][2], item[0][1] != "ours", item[0][1])):
         if s != start:
@@ -52,7 +52,8 @@ def arm_table(arms: dict[tuple, dict[str, list[float]]], start: str) -> list[str
         per_seed = " ".join(f"{value:+.1f}" for value in greedy)
         lines.append(
             f"| {label} | {lr:g} | {len(greedy)} | **{statistics.median(greedy):+.1f}** | {min(greedy):+.1f} | "
-            f"{max(greedy):+.1f} | {_spread(arm['sampled'])} | {per_seed} | {statistics.mean(arm['seconds']):.0f} | "
+            f"{max(greedy):+.1f} | {sum(value < -10 for value in greedy)} | {_spread(arm['sampled'])} | {per_seed} | "
+            f"{statistics.mean(arm['seconds']):.0f} | "
             f"{statistics.mean(arm['per_iteration']):.2f} |"
         )
     return lines
@@ -126,7 +127,11 @@ def report(
             "",
             *criteria(arms, start),
         ]
-    lines += ["", "Plot: `benchmarks/learning_robustness.png` (every run's greedy held-out change, median marked)."]
+    lines += [
+        "",
+        "Plots: `benchmarks/learning_robustness.png` (every run's greedy held-out change, median marked) and "
+        "`benchmarks/learning_robustness_curves.png` (each run's per-iteration training success).",
+    ]
     return "\n".join(lines)
 
 
@@ -165,5 +170,43 @@ def plot(path: Path, args: Any, results: list[dict[str, Any]], scores: dict[str,
         axis.set_ylabel("greedy held-out change (points)")
         axis.set_title(START_NAMES[start], fontsize=9)
     figure.suptitle(f"{args.iterations} iterations, {args.seeds} seeds per arm: every run, median marked")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plot_curves(path.with_name(path.stem + "_curves.png"), results)
+
+
+def plot_curves(path: Path, results: list[dict[str, Any]], smooth: int = 5) -> None:
+    """Each run's per-iteration training success (the rollouts' share of right answers, a running mean over
+    ``smooth`` iterations), one panel per (start, learning rate, arm), seeds overlaid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    panels = sorted({(r["start"], r["lr"], r["label"]) for r in results if r.get("history")},
+                    key=lambda k: (k[0], -k[1], k[2] != "ours", k[2]))  # fmt: skip
+    if not panels:
+        return
+    columns = len({label for _, _, label in panels})
+    rows = len({(start, lr) for start, lr, _ in panels})
+    figure, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.6 * rows), squeeze=False, sharey=True)
+    places = {}
+    for start, lr, label in panels:
+        row = sorted({(s, -rate) for s, rate, _ in panels}).index((start, -lr))
+        places[(start, lr, label)] = axes[row][sum(1 for key in places if (key[0], key[1]) == (start, lr))]
+    for key, axis in places.items():
+        for run in (r for r in results if (r["start"], r["lr"], r["label"]) == key and r.get("history")):
+            success = np.array([h["success"] for h in run["history"]])
+            curve = np.convolve(success, np.ones(smooth) / smooth, mode="valid")
+            axis.plot(np.arange(len(curve)) + smooth - 1, curve, linewidth=0.9, alpha=0.75)
+        axis.set_title(f"start {key[0]}, lr {key[1]:g}: {key[2]}", fontsize=8)
+        axis.set_ylim(0, 1)
+        axis.tick_params(labelsize=7)
+    for axis in axes.flat:
+        if axis not in places.values():
+            axis.set_visible(False)
+    figure.supxlabel("iteration", fontsize=8)
+    figure.supylabel(f"training success (mean of {smooth} iterations)", fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

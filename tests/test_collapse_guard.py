@@ -92,7 +92,7 @@ def test_the_state_round_trips_with_its_snapshot():
         ({"margin": 0.0}, "margin must be a number in"),
         ({"patience": 0}, "patience must be an integer >= 1"),
         ({"window": 2.5}, "window must be an integer"),
-        ({"monitor": "held_out"}, "monitor must be one of"),
+        ({"monitor": "validation"}, "monitor must be one of"),
     ],
 )
 def test_bad_settings_are_refused_at_construction(value, message):
@@ -120,7 +120,7 @@ class Weights(BaseCallback):
 
 
 def test_learn_restores_the_best_weights_halves_the_rate_and_logs_it(tmp_path: Path, capsys):
-    settings = {"margin": 0.1, "patience": 2, "window": 1}
+    settings = {"margin": 0.1, "patience": 2, "window": 1, "monitor": "rollout"}
     model = make_model(collapse_guard=settings, cold_start=False, tensorboard_log=str(tmp_path), verbose=1,
                        learning_rate=1e-3)  # fmt: skip
     scripted(model, {1: 0.5, 2: 0.9, 3: 0.5, 4: 0.5})  # best at iteration 2, restored at iteration 4
@@ -142,7 +142,7 @@ def test_learn_restores_the_best_weights_halves_the_rate_and_logs_it(tmp_path: P
 
 def test_resume_with_the_guard_is_exact(tmp_path: Path):
     """learn(6 iterations) equals learn(3); save; load; learn(3) with a restore in the second half."""
-    settings = {"margin": 0.1, "patience": 1, "window": 1}
+    settings = {"margin": 0.1, "patience": 1, "window": 1, "monitor": "rollout"}
     figures = {1: 0.5, 2: 0.9, 3: 0.6, 4: 0.2, 5: 0.9}
     whole = make_model(collapse_guard=settings, cold_start=False, learning_rate=1e-3)
     scripted(whole, figures)
@@ -157,6 +157,30 @@ def test_resume_with_the_guard_is_exact(tmp_path: Path):
     assert whole._guard.restores == second._guard.restores == 2  # iterations 3 and 4, after the best at 2
     assert whole._guard.get_state()[0] == second._guard.get_state()[0]
     assert all(th.equal(a, b) for a, b in zip(parameters(whole), parameters(second), strict=True))
+
+
+def test_the_default_signal_is_greedy_success_on_fixed_held_out_problems(monkeypatch):
+    """Every ``eval_every`` iterations, the same ``eval_problems`` problems (seeded apart from a final evaluation's)
+    answered greedily; nothing in between."""
+    from algorithms.common import evaluation
+    from algorithms.common.evaluation import held_out_problems
+
+    model = make_model(collapse_guard={"eval_every": 2, "eval_problems": 4}, cold_start=False)
+    assert model._guard.settings.monitor == "held_out"
+    seen = []
+    evaluate = evaluation.evaluate_problems
+
+    def watched(policy, env, problems, seed=0, greedy=False):
+        seen.append((model._iteration, [p.prompt for p in problems], greedy))
+        return evaluate(policy, env, problems, seed, greedy)
+
+    monkeypatch.setattr("algorithms.common.collapse_guard.evaluate_problems", watched)
+    model.learn(8 * 5)
+    assert [iteration for iteration, _, _ in seen] == [2, 4] and all(greedy for *_, greedy in seen)
+    assert seen[0][1] == seen[1][1] and len(seen[0][1]) == 4
+    final = held_out_problems(model.env, 4, model.env.get_attr("difficulty", indices=[0])[0])
+    assert not set(seen[0][1]) & {p.prompt for p in final}
+    assert model._guard.best is not None and model._guard.recent
 
 
 def test_an_eval_callback_can_be_the_signal(tmp_path: Path):

@@ -90,8 +90,11 @@ def test_tool_result_tokens_get_no_gradient_and_are_attended_to() -> None:
     loss.backward()
     for hook in hooks:
         hook.remove()
-    ids, logit_grad = captured["input_ids"], captured["probe"].grad.abs().sum(-1)  # (R, W)
-    assert logit_grad.shape == ids.shape  # logits at every position, so the check below covers the tool result
+    ids, logit_grad = captured["input_ids"], captured["probe"].grad.abs().sum(-1)  # (R, W) and (R, L), L <= W
+    # the packed layout has logits at every position; the padded one only at the last L (those that predict the
+    # completion), so a position p before them has no logit at all, which is no gradient too
+    assert logit_grad.shape[0] == ids.shape[0] and logit_grad.shape[1] <= ids.shape[1]
+    logit_grad = th.cat([th.zeros(ids.shape[0], ids.shape[1] - logit_grad.shape[1]), logit_grad], dim=1)
     embedding_grad = captured["embeddings"].grad.abs().sum(-1)  # (R, W)
     found = 0
     for row in range(ids.shape[0]):

@@ -251,10 +251,11 @@ _SAMPLER_CORRECTION = (
 )
 _COLLAPSE_GUARD = (
     "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
-    "defaults: a fall is the rollouts' success, averaged over 5 iterations, more than 0.1 below its best for 3 "
-    "iterations; it then restores the best weights and optimizer state and halves the learning rate), a dict of its "
-    'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"rollout"`` or '
-    '``"eval"``, an ``EvalCallback`` given to ``learn()``), or ``False``/``None`` (off)'
+    "defaults: every 5 iterations the greedy success on 64 fixed held-out problems; two checks in a row more than "
+    "0.1 below its best restore the best weights and optimizer state and halve the learning rate), a dict of its "
+    'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"held_out"``, '
+    '``"rollout"`` or ``"eval"`` (an ``EvalCallback`` given to ``learn()``), ``eval_problems``, ``eval_every``), or '
+    "``False``/``None`` (off)"
 )
 _SHARDING = (
     'with several processes: ``None`` (each holds a whole replica, DDP) or ``"fsdp"`` (FSDP2: the weights, '

@@ -4,10 +4,19 @@ GRPO from a pretrained start can collapse: a few updates push the policy into wr
 answers, keeping the small format reward and losing the skill, and it does not come back (issue 30: one seed in
 three from 72% to 4.5% held-out success). The guard watches a success figure every iteration:
 
-- **the signal**: the share of the rollout's episodes the env marked ``is_success`` (``monitor="rollout"``; with
-  several processes, every process's episodes), averaged over the last ``window`` iterations; or the success rate
-  (else the mean reward) of an SB3 ``EvalCallback`` passed to ``learn()``, each time it evaluates
-  (``monitor="eval"``);
+- **the signal**, one of
+
+  - ``monitor="held_out"`` (the default): every ``eval_every`` iterations, the greedy success rate on a fixed set of
+    ``eval_problems`` held-out problems (the env's ``eval_problems`` with their own seed, never those of a final
+    evaluation nor of training); the same problems every time, so the figure moves only when the model does;
+  - ``monitor="rollout"``: the share of the rollout's episodes the env marked ``is_success`` (with several
+    processes, every process's episodes), averaged over the last ``window`` iterations: free, but with few problems
+    per rollout it is noisy (K=4 problems of 3-digit addition: the mean of 10 iterations moved 0.2-0.35 below its
+    best in runs that ended 14 points up), so only a large ``margin`` (0.25 with ``window=10``) tells a collapse
+    from noise;
+  - ``monitor="eval"``: the success rate (else the mean reward) of an SB3 ``EvalCallback`` passed to ``learn()``,
+    each time it evaluates;
+
 - **the best**: the highest value of the signal so far, and a snapshot of the trainable weights and the optimizer
   state at that iteration (on the CPU; with LoRA, the adapters only);
 - **a fall**: the signal more than ``margin`` below the best for ``patience`` checks in a row. The guard then puts
@@ -28,8 +37,13 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-MONITORS = ("rollout", "eval")
+from algorithms.common.evaluation import evaluate_problems, held_out_problems
+
+MONITORS = ("held_out", "rollout", "eval")
+#: the seed of the guard's held-out problems (``monitor="held_out"``): the final evaluation's are seed 0's
+HELD_OUT_SEED = 7
 
 
 @dataclass(frozen=True)
@@ -39,18 +53,23 @@ class GuardSettings:
     :param margin: a fall is the signal more than this many success points (as a fraction: 0.1 = 10 points)
         below its best
     :param patience: checks in a row below the margin before the guard acts
-    :param window: rollout iterations the signal averages (``monitor="rollout"``)
+    :param window: checks the signal averages (1: each check's figure alone)
     :param lr_factor: the learning rate is multiplied by this at every restore
     :param max_restores: restores at most; then the guard only watches
-    :param monitor: ``"rollout"`` (the rollouts' success) or ``"eval"`` (an ``EvalCallback`` given to ``learn()``)
+    :param monitor: ``"held_out"`` (greedy success on fixed held-out problems), ``"rollout"`` (the rollouts'
+        success) or ``"eval"`` (an ``EvalCallback`` given to ``learn()``)
+    :param eval_problems: the held-out problems of ``monitor="held_out"``
+    :param eval_every: iterations between two held-out checks (``monitor="held_out"``)
     """
 
     margin: float = 0.1
-    patience: int = 3
-    window: int = 5
+    patience: int = 2
+    window: int = 1
     lr_factor: float = 0.5
     max_restores: int = 3
-    monitor: str = "rollout"
+    monitor: str = "held_out"
+    eval_problems: int = 64
+    eval_every: int = 5
 
     @classmethod
     def parse(cls, value: Any) -> GuardSettings | None:
@@ -76,7 +95,8 @@ class GuardSettings:
         for name, (number, low, high) in numbers.items():
             if isinstance(number, bool) or not isinstance(number, (int, float)) or not low < number <= high:
                 raise ValueError(f"collapse_guard {name} must be a number in ({low}, {high}], got {number!r}")
-        counts = {"patience": (self.patience, 1), "window": (self.window, 1), "max_restores": (self.max_restores, 0)}
+        counts = {"patience": (self.patience, 1), "window": (self.window, 1), "max_restores": (self.max_restores, 0),
+                  "eval_problems": (self.eval_problems, 1), "eval_every": (self.eval_every, 1)}  # fmt: skip
         for name, (count, low) in counts.items():
             if isinstance(count, bool) or not isinstance(count, int) or count < low:
                 raise ValueError(f"collapse_guard {name} must be an integer >= {low}, got {count!r}")
@@ -135,6 +155,41 @@ class CollapseGuard:
     evaluations_seen: int = 0
     events: list[dict[str, Any]] = field(default_factory=list)
     snapshot: Snapshot | None = None
+    difficulty: float | None = None  # the level the held-out problems of monitor="held_out" are drawn at, once
+    problems: list[Any] | None = None  # those problems (drawn again from their seed after a resume)
+
+    def figure(
+        self, iteration: int, env: Any, policy: Any, successes: tuple[int, int], callback: BaseCallback, dist: Any
+    ) -> float | None:
+        """What the guard judges at ``iteration`` (None: nothing new): the greedy success on its held-out problems
+        every ``eval_every`` iterations, the rollout's success rate (``successes``: this process's ``(successes,
+        episodes)``, summed over ``dist``'s processes), or the newest figure of an ``EvalCallback`` in ``callback``."""
+        settings = self.settings
+        if settings.monitor == "held_out":
+            if iteration % settings.eval_every:
+                return None
+            if self.problems is None:  # the same problems at every check, also after a resume
+                if self.difficulty is None:
+                    self.difficulty = float(env.get_attr("difficulty", indices=[0])[0])
+                self.problems = held_out_problems(env, settings.eval_problems, self.difficulty, HELD_OUT_SEED)
+            return evaluate_problems(policy, env, self.problems, seed=0, greedy=True).success_rate
+        if settings.monitor == "rollout":
+            won, count = successes
+            if dist.enabled:
+                won, count = dist.sum(float(won)), dist.sum(float(count))
+            return won / count if count else None
+        evaluator = find_eval_callback(callback)
+        if evaluator is None:
+            raise ValueError(
+                "collapse_guard={'monitor': 'eval'} watches an EvalCallback: pass one to learn(callback=...), or use "
+                "monitor='held_out'"
+            )
+        evaluations = evaluator.n_calls // evaluator.eval_freq if evaluator.eval_freq > 0 else 0
+        if evaluations <= self.evaluations_seen:
+            return None
+        self.evaluations_seen = evaluations
+        won = evaluator._is_success_buffer  # the last evaluation's, as SB3 logs eval/success_rate from it
+        return float(np.mean(won)) if won else float(evaluator.last_mean_reward)
 
     def signal(self, success: float | None) -> float | None:
         """Add this check's figure (``None``: nothing new to judge) and return the signal, or ``None`` while the
@@ -142,8 +197,7 @@ class CollapseGuard:
         if success is None:
             return None
         self.recent = [*self.recent, float(success)][-self.settings.window :]
-        needed = self.settings.window if self.settings.monitor == "rollout" else 1
-        return float(np.mean(self.recent)) if len(self.recent) >= needed else None
+        return float(np.mean(self.recent)) if len(self.recent) >= self.settings.window else None
 
     def check(self, success: float | None, iteration: int, model: th.nn.Module, optimizer: th.optim.Optimizer) -> bool:
         """Judge this iteration's figure; True when the guard restored the best snapshot (skip the update)."""
@@ -178,8 +232,9 @@ class CollapseGuard:
     def describe_last_event(self, learning_rate: float) -> str:
         """The console line of the last restore."""
         event, s = self.events[-1], self.settings
-        what = "rollout success" if s.monitor == "rollout" else "evaluation figure"
-        mean = f" (mean of the last {s.window} iterations)" if s.monitor == "rollout" else ""
+        what = {"held_out": "held-out greedy success", "rollout": "rollout success", "eval": "evaluation figure"}
+        what = what[s.monitor]
+        mean = f" (mean of the last {s.window} checks)" if s.window > 1 else ""
         return (
             f"collapse guard: {what} {event['success']:.3f}{mean} stayed more than {s.margin:g} below its best "
             f"{event['best']:.3f} (iteration {event['best_iteration']}) for {s.patience} checks at iteration "
@@ -201,6 +256,7 @@ class CollapseGuard:
             "lr_scale": self.lr_scale,
             "evaluations_seen": self.evaluations_seen,
             "events": [dict(event) for event in self.events],
+            "difficulty": self.difficulty,
         }
         tensors: dict[str, th.Tensor] = {}
         if self.snapshot is not None:
@@ -215,8 +271,9 @@ class CollapseGuard:
         if "snapshot_optimizer" in state:
             weights = {key[len("weights/") :]: value for key, value in tensors.items() if key.startswith("weights/")}
             snapshot = Snapshot(weights, _unflatten(state["snapshot_optimizer"], tensors))
-        names = ("recent", "best", "best_iteration", "below", "restores", "lr_scale", "evaluations_seen", "events")
-        return cls(GuardSettings(**state["settings"]), **{name: state[name] for name in names}, snapshot=snapshot)
+        names = ("recent", "best", "best_iteration", "below", "restores", "lr_scale", "evaluations_seen", "events",
+                 "difficulty")  # fmt: skip
+        return cls(GuardSettings(**state["settings"]), **{n: state[n] for n in names if n in state}, snapshot=snapshot)
 
 
 def _flatten(value: Any, key: str, tensors: dict[str, th.Tensor]) -> Any:
@@ -240,3 +297,14 @@ def _unflatten(value: Any, tensors: dict[str, th.Tensor]) -> Any:
     if isinstance(value, dict) and "list" in value:
         return [_unflatten(v, tensors) for v in value["list"]]
     return value
+
+
+def find_eval_callback(callback: BaseCallback | None) -> EvalCallback | None:
+    """The first SB3 ``EvalCallback`` in ``callback`` (a ``CallbackList`` is searched through), or None."""
+    if isinstance(callback, EvalCallback):
+        return callback
+    for inner in getattr(callback, "callbacks", []):
+        found = find_eval_callback(inner)
+        if found is not None:
+            return found
+    return None

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch as th
-from stable_baselines3.common.callbacks import BaseCallback, CallbackList, EvalCallback
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import MaybeCallback
 from stable_baselines3.common.utils import configure_logger, safe_mean, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
@@ -296,33 +296,12 @@ class LMAlgorithm(LMBaseAlgorithm):
         return self
 
     # ------------------------------------------------------------------ collapse guard
-    def _guard_figure(self, callback: BaseCallback) -> float | None:
-        """What the collapse guard judges this iteration: the rollout's success rate (every process's episodes), or
-        the newest figure of an ``EvalCallback`` among ``callback`` (None when it has not evaluated since)."""
-        assert self._guard is not None
-        if self._guard.settings.monitor == "rollout":
-            successes, count = self._rollout_successes
-            if self._dist.enabled:
-                successes, count = self._dist.sum(float(successes)), self._dist.sum(float(count))
-            return successes / count if count else None
-        evaluator = _find_eval_callback(callback)
-        if evaluator is None:
-            raise ValueError(
-                "collapse_guard={'monitor': 'eval'} watches an EvalCallback: pass one to learn(callback=...), or use "
-                "monitor='rollout'"
-            )
-        evaluations = evaluator.n_calls // evaluator.eval_freq if evaluator.eval_freq > 0 else 0
-        if evaluations <= self._guard.evaluations_seen:
-            return None
-        self._guard.evaluations_seen = evaluations
-        successes = evaluator._is_success_buffer  # the last evaluation's, as SB3 logs eval/success_rate from it
-        return float(np.mean(successes)) if successes else float(evaluator.last_mean_reward)
-
     def _guard_restored(self, callback: BaseCallback) -> bool:
         """Let the collapse guard judge this iteration; True when it put the best snapshot back (logged)."""
         guard = self._guard
         assert guard is not None
-        restored = guard.check(self._guard_figure(callback), self._iteration, self.policy, self.policy.optimizer)
+        figure = self._guard_figure(callback)
+        restored = guard.check(figure, self._iteration, self.policy, self.policy.optimizer)
         self.logger.record("guard/restores", guard.restores)
         self.logger.record("guard/lr_scale", guard.lr_scale)
         if guard.best is not None:
@@ -332,6 +311,11 @@ class LMAlgorithm(LMBaseAlgorithm):
         if restored and self.verbose >= 1:
             print(guard.describe_last_event(self.lr_schedule(self._current_progress_remaining) * guard.lr_scale))
         return restored
+
+    def _guard_figure(self, callback: BaseCallback) -> float | None:
+        """This iteration's figure for the collapse guard (:meth:`CollapseGuard.figure`)."""
+        assert self._guard is not None
+        return self._guard.figure(self._iteration, self.env, self.policy, self._rollout_successes, callback, self._dist)
 
     def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
         """SB3's, with the collapse guard's scale: the schedule's rate times ``lr_scale`` (1 without a restore)."""
@@ -417,14 +401,3 @@ class LMAlgorithm(LMBaseAlgorithm):
         self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
         self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
         self.logger.dump(step=self.num_timesteps)
-
-
-def _find_eval_callback(callback: BaseCallback | None) -> EvalCallback | None:
-    """The first SB3 ``EvalCallback`` in ``callback`` (a ``CallbackList`` is searched through), or None."""
-    if isinstance(callback, EvalCallback):
-        return callback
-    for inner in getattr(callback, "callbacks", []):
-        found = _find_eval_callback(inner)
-        if found is not None:
-            return found
-    return None
