@@ -118,8 +118,8 @@ def table(results: list[dict[str, Any]]) -> str:
     for r in results:
         fresh, cache = r["fresh"], r["cache"]
         lines.append(
-            f"| {r['workload']} | {cache['later_completions']:.0f} | {fresh['rollout_s']:.2f} | {cache['rollout_s']:.2f}"
-            f" | {fresh['rollout_s'] / cache['rollout_s']:.2f}x | {fresh['later_s']:.2f} | "
+            f"| {r['workload']} | {cache['later_completions']:.0f} | {fresh['rollout_s']:.2f} | "
+            f"{cache['rollout_s']:.2f} | {fresh['rollout_s'] / cache['rollout_s']:.2f}x | {fresh['later_s']:.2f} | "
             f"{cache['later_s']:.2f} | {100 * r['others_share']:.0f}% |"
         )
     return "\n".join(lines)
@@ -142,7 +142,8 @@ def main() -> None:
     body = "\n\n".join(
         [
             f"Command: `python benchmarks/multiturn.py --iterations {args.iterations}"
-            + (f" --weights {args.weights}" if args.weights else "") + f"` ({datetime.date.today()}); K x G = "
+            + (f" --weights {args.weights}" if args.weights else "")
+            + f"` ({datetime.date.today()}); K x G = "
             f"{args.groups} x {args.group_size} episodes on as many envs, the built-in tiny model, torch threads "
             f"{args.threads}, median over {args.iterations} rollouts per setting, the two settings alternating.",
             f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), shared (the others' CPU share below).",

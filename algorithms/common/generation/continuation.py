@@ -156,5 +156,7 @@ class Parking:
         visible = torch.cat([start.attention.bool(), steps[None] < written[:, None]], dim=1)  # (B, columns)
         runner.adopt(keys, values)
         counts = written.tolist()
-        contexts = [torch.cat([context, row[:n].cpu()]) for context, row, n in zip(start.contexts, tokens, counts, strict=True)]
+        contexts = [
+            torch.cat([context, row[:n].cpu()]) for context, row, n in zip(start.contexts, tokens, counts, strict=True)
+        ]
         return TurnCache(runner, visible, start.next_position + written, contexts, model)

@@ -206,7 +206,9 @@ def sample(
         return Completions(tokens, log_probs, mask, lengths)
     last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)  # (B,)
     ended = (lengths > 0) & torch.isin(last, eos)
-    return Completions(tokens, log_probs, mask, lengths, parking.cache(runner, live, start, tokens, lengths, ended, model))
+    return Completions(
+        tokens, log_probs, mask, lengths, parking.cache(runner, live, start, tokens, lengths, ended, model)
+    )
 
 
 def _prefill(
@@ -276,7 +278,9 @@ def _decode(
             runner.select(keep)
             rows, running, token = rows[keep], running[keep], token[keep]
         column = prompt_len + step
-        logits = runner.forward(token[:, None], (start.next_position[rows] + step)[:, None], attention[rows, : column + 1])
+        logits = runner.forward(
+            token[:, None], (start.next_position[rows] + step)[:, None], attention[rows, : column + 1]
+        )
     return runner, rows
 
 

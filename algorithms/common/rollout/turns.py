@@ -27,9 +27,6 @@ from algorithms.common.rollout.env_steps import Obs, stack_obs, step_envs
 from algorithms.common.rollout.rows import Rows, contexts_from_obs
 from algorithms.common.runtime.distributed import Distributed
 
-TURN_CACHE = (True, False, "auto")
-"""The values of ``turn_cache``: ``"auto"`` keeps the KV cache across turns when the env may play several."""
-
 #: ``sample(contexts, cache=..., cache_rows=..., keep_cache=...)``: the algorithm's sampler for one turn's batch
 Sampler = Callable[..., Completions]
 #: ``record(episodes, turn, played, outcome, scope)``: count the step, tell the callback, keep the rows; False stops

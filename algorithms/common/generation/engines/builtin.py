@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.engines.base import (
     Prompts,
     RolloutEngine,
@@ -21,7 +22,6 @@ from algorithms.common.generation.engines.base import (
     named_weights,
     padded_prompts,
 )
-from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.sampler import Completions, sample
 
 
@@ -69,7 +69,8 @@ class BuiltinEngine(RolloutEngine):
         cache_rows: torch.Tensor | Sequence[int] | None = None,
     ) -> Completions:
         """See :meth:`RolloutEngine.generate`; the arguments go to the sampler unchanged, the KV cache kept across
-        turns included (``keep_cache``, ``cache``, ``cache_rows``: :func:`~algorithms.common.generation.sampler.sample`)."""
+        turns included (``keep_cache``, ``cache``, ``cache_rows``:
+        :func:`~algorithms.common.generation.sampler.sample`)."""
         ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
         device = next(self.model.parameters()).device
         s = self.settings
