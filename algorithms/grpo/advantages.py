@@ -115,22 +115,24 @@ TURN_CREDITS = ("episode", "reward_to_go")
 """The values of GRPO's ``turn_credit``: what each model turn of a multi-turn episode trains on."""
 
 
-def advantage_divisors(returns: Tensor, scale: str = "group", relative: bool = True, eps: float = 1e-4) -> Tensor:
-    """``(K,)`` what :func:`relative_advantages` divides each group's centred returns by: the group's std + ``eps``
-    (``scale="group"``), the rollout's std + ``eps`` (``"batch"``), else 1 (``"none"``, or not ``relative``: RLOO or
-    a value baseline); 0 where the advantages are all 0 (a group of one, or a uniform group), so that nothing is
-    divided by a vanishing std."""
+def turn_weights(returns: Tensor, scale: str = "group", relative: bool = True, eps: float = 1e-4) -> Tensor:
+    """``(K,)`` the weight ``w_g`` of a return difference in each group's advantages (per-turn credit,
+    :func:`turn_advantages`): ``1 / (std_g + eps)`` for GRPO's ``scale="group"`` (0 for a group whose returns are all
+    equal, whose advantages are 0: no signal, and no division by a vanishing std), ``1 / (std + eps)`` of the
+    rollout for ``"batch"`` (0 when every return is equal), 1 for ``"none"`` and when not ``relative`` (RLOO, the
+    value baseline: not divided); 0 for groups of one under a relative scale (their advantages are 0)."""
     _check_rewards(returns)
     k, g = returns.shape
     returns = returns if returns.is_floating_point() else returns.to(torch.get_default_dtype())
-    if relative and scale == "group" and g >= 2:
-        divisors = returns.std(dim=1) + eps  # (K,)
-    elif relative and scale == "batch" and g >= 2:
-        divisors = (returns.std() + eps).expand(k)
-    else:
-        divisors = returns.new_ones(k)
-    live = ~uniform_group_mask(returns) if g >= 2 else torch.zeros(k, dtype=torch.bool, device=returns.device)
-    return torch.where(live, divisors, 0.0)  # (K,)
+    if not relative or scale == "none":
+        return returns.new_ones(k)
+    if g < 2:
+        return returns.new_zeros(k)
+    if scale == "group":
+        return torch.where(uniform_group_mask(returns), 0.0, 1.0 / (returns.std(dim=1) + eps))  # (K,)
+    if bool(returns.amax() == returns.amin()):
+        return returns.new_zeros(k)
+    return (1.0 / (returns.std() + eps)).expand(k).clone()  # (K,)
 
 
 def turn_advantages(
@@ -143,9 +145,9 @@ def turn_advantages(
 
     ``G_{i,t}`` the discounted reward-to-go from turn ``t`` (:func:`~algorithms.common.rollout.turns.turn_returns`),
     ``mean_g`` and ``s_g`` the baseline and scale of the episode's group computed on the episode returns
-    ``G_{j,0}`` exactly as for ``turn_credit="episode"`` (RLOO: the others' mean, no scale; S9: the value head's
-    estimate), and ``w_i`` the episode's group weight: ``1 / s_g`` times the competition coefficient, 0 for a group
-    whose returns are all equal (no signal, as for the episode credit). The episode-level baseline is one number per
+    ``G_{j,0}`` exactly as for ``turn_credit="episode"`` (RLOO: the others' mean, no scale; the value baseline: the
+    value head's estimate), and ``w_i`` the weight of the episode's group (:func:`turn_weights`: ``1 / s_g``, 0 for
+    a group without signal) times the competition's coefficient. The episode-level baseline is one number per
     group, not a mean over the episodes that reached turn ``t`` (whose presence there depends on their own earlier
     turns); with only a final reward and ``gamma = 1`` every ``G_{i,t}`` equals ``G_{i,0}`` and this is the episode
     credit exactly.

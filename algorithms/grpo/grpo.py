@@ -23,7 +23,7 @@ from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuff
 from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout
-from algorithms.common.rollout.turns import log_turns, turn_returns
+from algorithms.common.rollout.turns import turn_returns
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_ARGUMENTS
@@ -164,25 +164,25 @@ class GRPO(LMAlgorithm):
         per_turn = {}
         if self.turn_credit == "reward_to_go":  # each turn's own return (the formula: advantages.turn_advantages)
             per_turn = self._turn_credit(rows, episode_scores, weights[mine].repeat_interleave(group))
-        batch = rows_to_batch(
+        return rows_to_batch(
             rows, keep, episode_scores, episode_targets, groups, self.policy.pad_token_id, self.device, **per_turn
         )
-        log_turns(self.logger, self._dist, rows)
-        return batch
 
     def _turn_credit(self, rows: Rows, episode_scores: th.Tensor, weights: th.Tensor) -> dict[str, th.Tensor]:
         """Each row's advantage and return under ``turn_credit="reward_to_go"``
         (:func:`~algorithms.grpo.advantages.turn_advantages`; ``weights``: ``(E,)`` each episode's group weight)."""
         to_go = turn_returns(rows, len(episode_scores), self.gamma)  # (N,)
         row_episodes = th.as_tensor(rows.episodes, dtype=th.long)
-        first = th.zeros(len(episode_scores)).index_copy_(0, row_episodes[rows.first_turns()], to_go[rows.first_turns()])
+        first = th.zeros(len(episode_scores)).index_copy_(
+            0, row_episodes[rows.first_turns()], to_go[rows.first_turns()]
+        )
         row_scores = advantages.turn_advantages(episode_scores, first, to_go, row_episodes, weights)  # (N,)
         return {"row_advantages": row_scores, "row_returns": to_go}
 
     def _advantages(self, rows: Rows, returns: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """``(K, G)`` advantages of the ``(K, G)`` returns: relative to the group (or S9's value baseline, or RLOO's
         leave-one-out mean), then S10/S11's competition between groups; and ``(K,)`` each group's weight of a return
-        difference (the competition's coefficient over the scale's divisor; 0 for a group without signal), which
+        difference (:func:`~algorithms.grpo.advantages.turn_weights` times the competition's coefficient), which
         per-turn credit uses (:func:`~algorithms.grpo.advantages.turn_advantages`)."""
         baseline = None
         if self.advantage_baseline == "value":  # S9: the value head's estimate of each group's prompt
@@ -190,8 +190,7 @@ class GRPO(LMAlgorithm):
             self.logger.record("train/value_baseline", baseline.mean().item())
         loo = self.advantage_baseline == "leave_one_out"  # RLOO
         scores = advantages.relative_advantages(returns, self.advantage_scale, baseline, loo)  # (K, G)
-        divisors = advantages.advantage_divisors(returns, self.advantage_scale, relative=baseline is None and not loo)
-        weights = th.where(divisors > 0, 1.0 / divisors.clamp(min=1e-12), 0.0)  # (K,)
+        weights = advantages.turn_weights(returns, self.advantage_scale, relative=baseline is None and not loo)  # (K,)
         if self.competition is None:
             return scores, weights
         result = controls.competition(returns, self.competition, self.competition_coef, self._between_variance)
