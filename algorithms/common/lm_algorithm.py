@@ -18,6 +18,7 @@ subclass writes are marked *subclass*)::
     │  │  └─ play_later_turns, _record_step   multi-turn episodes (rollout/turns.py: each later turn from the KV
     │  │                                      cache of the last); every step counted, its rows kept (Rows)
     │  ├─ _sampling.after_play                play groups again (GRPO: DAPO's refills, through _play_again)
+    │  ├─ log_turns                           tool-call rate, turns per episode, ... (multi-turn episodes only)
     │  └─ _build_batch            *subclass*  returns, advantages, the kept rows as a RolloutBatch
     ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
     │                                         restore the update is skipped
@@ -49,7 +50,7 @@ from algorithms.common.model.reference import reference_network
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
 from algorithms.common.rollout.env_steps import score_ahead, split_obs
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
-from algorithms.common.rollout.turns import keeps_turn_cache, play_later_turns
+from algorithms.common.rollout.turns import keeps_turn_cache, log_turns, play_later_turns
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -94,6 +95,7 @@ class LMAlgorithm(LMBaseAlgorithm):
         merge_episode_infos(self._dist, finished, self.ep_info_buffer, self.ep_success_buffer)
         self._rollout_successes = (sum(bool(success) for _, success in finished), len(finished))
         check_reward_errors(self._dist, rows, self.logger)
+        log_turns(self.logger, self._dist, rows)  # tool-call rate, turns per episode, ... (multi-turn only)
         self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
         self._boundary = None
         callback.update_locals(locals())

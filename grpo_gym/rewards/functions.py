@@ -104,7 +104,8 @@ def check_reward_function(name: str, fn: Any, column_names: Callable[[], Collect
     if not any(p.kind is p.VAR_KEYWORD for p in parameters):
         raise ArgumentError(
             f"reward function {name!r} must accept **kwargs: the env calls it as TRL does, with prompts, "
-            "completions, completion_ids, trainer_state, log_extra, log_metric and every problem column by keyword; "
+            "completions, completion_ids, trainer_state, log_extra, log_metric, turn, turn_completions, tool_calls and "
+            "every problem column by keyword; "
             "define it as def fn(prompts, completions, **kwargs)"
         )
     for p in parameters:
