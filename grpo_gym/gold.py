@@ -14,9 +14,9 @@ prompt, so the cold start trains on the model's turns only, as GRPO does.
 is the whole episode after the prompt (tool calls, tool results, answer, EOS) and ``roles`` says what each of its
 tokens is (:data:`MODEL_TOKEN`, :data:`ENV_TOKEN`, :data:`TURN_END`): the cold start trains on the model's tokens
 and each turn's EOS, attends to the env's tokens without training on them, and hides a turn's EOS from the tokens
-after it, so each turn sees exactly the context a rollout shows it, at the same positions, for about half the
-tokens of the two examples. A problem without a tool-using solution gives ``(prompt, completion, roles)`` with
-every token the model's.
+after it, so each turn sees exactly the context a rollout shows it, at the same positions, with the prompt and the
+first turn run once instead of twice (:func:`episode_turns` gives back the per-turn examples). A problem without a
+tool-using solution (or whose episode does not fit the window) gives its turns as episodes of one turn.
 """
 
 from __future__ import annotations
@@ -80,11 +80,15 @@ def tool_examples(env: Any, problem: Problem) -> list[Example] | None:
 
 def tool_episode(env: Any, problem: Problem) -> EpisodeExample | None:
     """The tool-using gold solution of ``problem`` as one episode example ``(prompt, completion, roles)`` (see the
-    module docstring), or ``None`` when the env has no tools or the task no such solution with them."""
+    module docstring), or ``None`` when the env has no tools, the task no such solution with them, or the answer
+    turn's context would not fit the env's window (which then drops its oldest tokens: :func:`tool_examples` cuts
+    it as the env does)."""
     turns = _tool_turns(env, problem)
     if turns is None:
         return None
     prompt, first, results, final = turns
+    if len(prompt) + len(first) + len(results) > env.context_length:
+        return None
     eos = np.array([env.codec.eos_id], dtype=np.int64)
     completion = np.concatenate([first, eos, results, final, eos])
     roles = np.concatenate(
@@ -94,30 +98,56 @@ def tool_episode(env: Any, problem: Problem) -> EpisodeExample | None:
     return prompt, completion, roles
 
 
+def one_turn(example: Example) -> EpisodeExample:
+    """A ``(prompt, completion)`` example as an episode example of one model turn."""
+    prompt, completion = example
+    roles = np.full(len(completion), MODEL_TOKEN, dtype=np.int8)
+    roles[-1] = TURN_END
+    return prompt, completion, roles
+
+
+def episode_turns(example: EpisodeExample) -> list[Example]:
+    """An episode example's model turns as ``(context, turn + EOS)`` examples, each context what a rollout shows
+    that turn: the prompt and everything before the turn, the earlier turns' EOSes left out (uncut: a rollout cuts
+    a context to the policy's window)."""
+    prompt, completion, roles = example
+    turns, context, start = [], np.asarray(prompt), 0
+    for end in np.flatnonzero(roles == TURN_END):
+        part, own = completion[start : end + 1], roles[start : end + 1]
+        env_tokens = int(np.argmax(own != ENV_TOKEN))  # the env's tokens open a turn (the tool results)
+        context = np.concatenate([context, part[:env_tokens]])
+        turns.append((context, part[env_tokens:]))
+        context = np.concatenate([context, part[env_tokens:-1]])
+        start = end + 1
+    return turns
+
+
 def gold_examples(
     env: Any, n: int, difficulty: float | None = None, episodes: bool = False
 ) -> tuple[list[Example] | list[EpisodeExample], int]:
-    """``n`` examples from problems drawn like :meth:`R1ZeroEnv.sample_problem` (a tool-using solution gives two
-    turns, the last one's may be cut to make ``n``; with ``episodes``, one episode example per problem), and how
-    many had no gold reasoning and got the stand-in."""
+    """Examples from problems drawn like :meth:`R1ZeroEnv.sample_problem`, ``n`` model turns of them (a tool-using
+    solution has two; one example per turn, the last one's may be cut to make ``n``; with ``episodes``, one episode
+    example per problem, until they hold ``n`` turns or one more), and how many had no gold reasoning and got the
+    stand-in."""
     examples: list[Any] = []
-    stand_ins = 0
-    while len(examples) < n:
+    turns = stand_ins = 0
+    while turns < n:
         problem = env.sample_problem(difficulty)
-        if episodes:
-            episode = tool_episode(env, problem)
-            if episode is not None:
-                examples.append(episode)
-                continue
-        else:
-            turns = tool_examples(env, problem)
-            if turns is not None:
-                examples.extend(turns)
-                continue
+        episode = tool_episode(env, problem) if episodes else None
+        if episode is not None:
+            examples.append(episode)
+            turns += 2
+            continue
+        split = tool_examples(env, problem)
+        if split is not None:
+            examples.extend([one_turn(example) for example in split] if episodes else split)
+            turns += len(split)
+            continue
         reasoning, answer = env.task.solution(problem)
         if not str(reasoning).strip():  # no gold reasoning: a stand-in keeps the target well formed
             reasoning = STAND_IN_REASONING.format(answer=answer)
             stand_ins += 1
         example = env.encode_example(problem.prompt_input, answer_text(reasoning, answer))
-        examples.append((*example, np.full(len(example[1]), MODEL_TOKEN, dtype=np.int8)) if episodes else example)
-    return examples[:n], stand_ins
+        examples.append(one_turn(example) if episodes else example)
+        turns += 1
+    return (examples if episodes else examples[:n]), stand_ins

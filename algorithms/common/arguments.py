@@ -307,7 +307,11 @@ LM_ARGUMENTS = Arguments(
             "model), ``True`` or ``False``", "bool | str",
         ),
         "sft_steps": Argument(300, integer(low=0), "SFT gradient steps (the seed preset: 5000)", "int"),
-        "sft_batch_size": Argument(32, integer(low=1), "examples per SFT step", "int"),
+        "sft_batch_size": Argument(
+            32, integer(low=1),
+            "examples per SFT step (the task's gold: that many model turns; with tools, whole episodes holding them)",
+            "int",
+        ),
         "sft_learning_rate": Argument(1e-3, number(low=0.0, low_open=True), "SFT learning rate", "float"),
         "sft_data": Argument(
             None, optional_path(existing_file="a JSONL file of prompt/response rows"),

@@ -26,7 +26,7 @@ from algorithms.common.losses import aggregate
 from algorithms.common.progress import progress
 from algorithms.common.rollout.batch import left_pad, right_pad
 from algorithms.common.runtime.sharding import clip_grad_norm
-from grpo_gym.gold import ENV_TOKEN, TURN_END
+from grpo_gym.gold import ENV_TOKEN, TURN_END, episode_turns
 from grpo_gym.rewards import parse_completion
 from grpo_gym.tasks.base import HELD_OUT_SEED
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
@@ -63,12 +63,11 @@ def load_sft_rows(path: str | os.PathLike, max_line_bytes: int = MAX_LINE_BYTES)
 
 
 def sft_examples(env: Any, n: int, data: list[tuple[str, str]] | None, rng: np.random.Generator) -> list[Any]:
-    """``n`` tokenized examples: from ``data`` rows (sampled with ``rng``) or the env task's gold solutions (with
-    tools, one whole episode per example: :mod:`grpo_gym.gold`)."""
+    """Tokenized examples: ``n`` from ``data`` rows (sampled with ``rng``), or the env task's gold solutions, ``n``
+    model turns of them (with tools, one whole episode per example: :mod:`grpo_gym.gold`)."""
     if data is None:
-        if env.has_attr("tools") and env.get_attr("tools", indices=[0])[0] is not None:
-            return env.env_method("gold_examples", n, None, True, indices=[0])[0]  # episodes=True
-        return env.env_method("gold_examples", n, indices=[0])[0]
+        episodes = env.has_attr("tools") and env.get_attr("tools", indices=[0])[0] is not None
+        return env.env_method("gold_examples", n, None, episodes, indices=[0])[0]
     picks = rng.integers(len(data), size=n)
     return [env.env_method("encode_example", *data[i], indices=[0])[0] for i in picks]
 
@@ -145,9 +144,13 @@ def supervised_finetune(
 
 def _example_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor]:
     """``(B, C)`` log-probs of the examples' completions, in the cold start's precision, and the mask of the tokens
-    trained on; episode examples ``(prompt, completion, roles)`` through :func:`_episode_log_probs`."""
+    trained on; episode examples ``(prompt, completion, roles)`` through :func:`_episode_log_probs`, or as one
+    example per turn when a turn's context is longer than the policy's window (a rollout cuts it)."""
     if examples and len(examples[0]) == 3:
-        return _episode_log_probs(policy, examples)
+        turns = [turn for example in examples for turn in episode_turns(example)]
+        if max(len(context) for context, _ in turns) <= policy.context_limit:
+            return _episode_log_probs(policy, examples)
+        examples = turns
     device = next(policy.parameters()).device
     prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
     prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
