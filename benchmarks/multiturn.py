@@ -22,11 +22,15 @@ import argparse
 import datetime
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch as th
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 from common import cpu_flags, cpu_name, others_share, update_results, usage
 from stable_baselines3.common.callbacks import CallbackList
 
@@ -141,9 +145,7 @@ def main() -> None:
     results = [measure(workload, args) for workload in args.workloads]
     body = "\n\n".join(
         [
-            f"Command: `python benchmarks/multiturn.py --iterations {args.iterations}"
-            + (f" --weights {args.weights}" if args.weights else "")
-            + f"` ({datetime.date.today()}); K x G = "
+            f"Command: `python benchmarks/multiturn.py {' '.join(sys.argv[1:])}` ({datetime.date.today()}); K x G = "
             f"{args.groups} x {args.group_size} episodes on as many envs, the built-in tiny model, torch threads "
             f"{args.threads}, median over {args.iterations} rollouts per setting, the two settings alternating.",
             f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), shared (the others' CPU share below).",
