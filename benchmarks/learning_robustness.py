@@ -27,7 +27,7 @@ and learning rates, judged by one evaluator on one held-out set (issue 23).
   time of a run and of an iteration; the issue's criteria checked per learning rate; a strip plot of every run's
   change (``learning_robustness.png``); the machine's CPU model and flags.
 
-Runs go ``--workers`` at a time, each its own process with one torch thread. Results are kept in ``--work``
+Runs go ``--workers`` at a time, each its own process with ``--threads`` torch threads. Results are kept in ``--work``
 (starts, snapshots, one JSON per run and per evaluation), so an interrupted benchmark resumes and new arms add to it.
 
 Ours and TRL only (about 3 hours on 2 shared cores: 42 min building the starts, then 60 runs of about 4 min, 2 at a
