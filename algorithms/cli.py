@@ -1,5 +1,5 @@
 """The grpo-gym command line: train, sft, eval, env-demo, tasks, zoo (rl-baselines3-zoo with GRPO registered),
-distill, quantize, serve and openenv-serve."""
+distill, quantize, serve, openenv-serve and vllm-serve."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ from algorithms.cli_options import (
     torchrun,
     where_it_goes,
 )
+from algorithms.common.arguments import ENGINE_ARGUMENTS
 from algorithms.common.env_util import make_env
+from algorithms.common.generation.engines.base import EngineError
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
     RUN_KEYS,
@@ -38,6 +40,12 @@ from algorithms.common.hyperparams import (
     preset_key,
 )
 from algorithms.deploy.commands import add_deploy_commands
+from algorithms.engine_commands import (
+    add_engine_commands,
+    add_engine_flags,
+    checkpoint_on_engine_error,
+    engine_overrides,
+)
 from algorithms.interop_commands import add_interop_commands
 
 #: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
@@ -63,7 +71,7 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     algorithm = _algorithm(args)
     config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
     sharding = {"sharding": args.sharding} if getattr(args, "sharding", None) else {}  # --sharding over the config
-    config.update(sharding)
+    config.update({**sharding, **engine_overrides(args)})
     check_keys(config, _grpo_keys(algorithm), f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params")
     n_timesteps = int(config.pop("n_timesteps"))
     if getattr(args, "n_timesteps", None) is not None:
@@ -71,8 +79,10 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     config.pop("save_path", None)  # read by train() (preset_save_path)
     env = make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
     eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
-    if load is not None:
-        model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose, **sharding)
+    if load is not None:  # the engine may change on --resume (a server on another port): the config's and flags'
+        engine = {key: config[key] for key in ENGINE_ARGUMENTS if key in config}
+        model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose, **sharding,
+                               **engine)  # fmt: skip
         return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
     model = algorithm(
         config.pop("policy", "TransformerPolicy"),
@@ -185,7 +195,8 @@ def train(args: argparse.Namespace) -> int:
         say(where_it_goes(save_path, directory, args.checkpoint_every), flush=True)
         remaining = max(total - model.num_timesteps, 0)
         callback, bar = progress_callbacks(checkpoint, args.progress_bar and main, type(model).__name__)
-        model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
+        with checkpoint_on_engine_error(model, checkpoint, resume_hint(args.argv)):  # a server that died, say
+            model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
         say(
             f"stopped; checkpoint {checkpoint.save()} ({model.iteration} iterations). {resume_hint(args.argv)}",
@@ -193,7 +204,8 @@ def train(args: argparse.Namespace) -> int:
         )
         return signals["code"]
     grpo_seconds = time.perf_counter() - started - plan["sft_seconds"]
-    after = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
+    after = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)  # on the run's engine, as before
+    model.close_engine()
     if save_path is not None:
         model.save(save_path)  # every rank: a sharded model is gathered to rank 0, which writes
     if not main:
@@ -257,7 +269,7 @@ def evaluate(args: argparse.Namespace) -> int:
             env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
         env_kwargs.update(extra)
     env = make_env(env_id, 1, env_kwargs, args.eval_seed)
-    model = _algorithm(args).load(args.model, env=env)
+    model = _algorithm(args).load(args.model, env=env, rollout_engine="builtin")  # evaluated with our sampler
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
     return 0
@@ -349,6 +361,7 @@ def _add_train_arguments(command: argparse.ArgumentParser) -> None:
     add("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (0: only on a signal)")
     add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
     add("--resume", action="store_true", help="continue from the newest checkpoint to the same total")
+    add_engine_flags(command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
     add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve (S25-S27)
     add_interop_commands(commands)  # openenv-serve
+    add_engine_commands(commands)  # vllm-serve
     return parser
 
 
@@ -409,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ValueError as error:  # a bad config, file or argument: say what to fix, no traceback
         parser.exit(2, f"grpo-gym {args.command}: error: {error}\n")
+    except EngineError as error:  # the rollout engine failed (start, server, push): the message names the fix
+        parser.exit(1, f"grpo-gym {args.command}: error: {error}\n")
 
 
 if __name__ == "__main__":

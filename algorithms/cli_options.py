@@ -123,11 +123,14 @@ def without_resume(argv: list[str]) -> list[str]:
 
 
 def resumed_params(hyperparams: list[str] | None, saved: dict[str, Any], run: dict[str, Any]) -> list[str]:
-    """``-params`` on ``--resume``: the evaluation's settings are taken (returned, to say so); a change to anything
-    else is refused, naming it (a resumed run continues with the settings it was saved with)."""
+    """``-params`` on ``--resume``: the evaluation's and the rollout engine's settings are taken (returned, to say so);
+    a change to anything else is refused, naming it (a resumed run continues with the settings it was saved with)."""
+    from algorithms.common.arguments import ENGINE_ARGUMENTS
+
     given = parse_overrides(hyperparams or [])
     recorded = {**saved, "n_timesteps": run.get("total_timesteps")}
-    taken = sorted(key for key in given if key in ("eval_difficulties", "eval_problems"))
+    runtime = ("eval_difficulties", "eval_problems", *ENGINE_ARGUMENTS)  # how it samples, not what it learns
+    taken = sorted(key for key in given if key in runtime)
     changed = {key: value for key, value in given.items() if key not in taken and recorded.get(key) != value}
     if changed:
         shown = ", ".join(

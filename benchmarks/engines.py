@@ -15,6 +15,11 @@ Engines: ``builtin`` (this project's KV-cache sampler), ``hf`` (``model.generate
 process), ``vllm-server`` (a vLLM OpenAI server on 127.0.0.1 and its client). The vLLM ones need vLLM
 (``bash .ci/install_vllm.sh``; run this script with that venv's python) and are left out without it.
 
+**GRPO iterations** (the same run, a second table): one GRPO iteration (rollout of K=8 x G=8 completions of up to
+``--new-tokens`` tokens on ``R1Zero-v0``, the update, the weight push) with each engine as ``rollout_engine`` (and
+``vllm_mode="server"`` for ``vllm-server``), float32, beta 0, no cold start: the median seconds of ``--iterations``
+iterations after a warm-up one, and the median push seconds, each engine and model in its own process.
+
 Commands (what ``benchmarks/RESULTS.md`` records; run on a quiet machine)::
 
     python benchmarks/engines.py --results benchmarks/RESULTS.md
@@ -69,8 +74,9 @@ def kv_bytes(model, rows: int, columns: int) -> int:
     return int(1.5 * rows * (columns + 64) * per_token) + (16 << 20)
 
 
-def build_engine(name: str, model, sampling, columns: int, rows: int):
-    """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server)."""
+def build_engine(name: str, model, sampling, columns: int, rows: int, dtype: str = "float32"):
+    """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server);
+    ``dtype``: vLLM's."""
     from algorithms.common.generation.engines.builtin import BuiltinEngine
     from algorithms.common.generation.engines.hf import HFGenerateEngine
 
@@ -78,7 +84,7 @@ def build_engine(name: str, model, sampling, columns: int, rows: int):
         return BuiltinEngine(model, sampling), None
     if name == "hf":
         return HFGenerateEngine(model, sampling), None
-    options = {"kv_cache_memory_bytes": kv_bytes(model, rows, columns), "max_model_len": columns + 16}
+    options = {"kv_cache_memory_bytes": kv_bytes(model, rows, columns), "max_model_len": columns + 16, "dtype": dtype}
     if name == "vllm":
         from algorithms.common.generation.engines.vllm_colocate import VLLMColocateEngine
 
@@ -87,7 +93,8 @@ def build_engine(name: str, model, sampling, columns: int, rows: int):
     import tempfile
 
     from algorithms.common.generation.engines.vllm_folder import export_folder
-    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine, start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
+    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine
 
     scratch = Path(tempfile.mkdtemp(prefix="engines-bench-"))
     folder, _ = export_folder(model, sampling, scratch / "model")
@@ -111,14 +118,19 @@ def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     from algorithms.common.model.loading import count_parameters, load_model
 
     torch.set_num_threads(settings["threads"])
+    device = torch.device(settings.get("device", "cpu"))
     ids, mask, pad_id, vocab = prompts(settings["seed"])
+    ids, mask = ids.to(device), mask.to(device)
+    gpu = device.type == "cuda"  # bf16 for every engine on a GPU, float32 on a CPU
     model = load_model(settings["model"], vocab_size=vocab, seed=settings["seed"]).eval()
+    model = model.to(device, torch.bfloat16) if gpu else model
     sampling = SamplingSettings(eos_token_id=(), pad_token_id=pad_id, top_p=0.92, vocab_size=vocab)
     new_tokens = settings["new_tokens"]
     start = time.perf_counter()
-    engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0])
+    dtype = "bfloat16" if gpu else "float32"
+    engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0], dtype)
     started = time.perf_counter() - start
-    generator = torch.Generator().manual_seed(settings["seed"])
+    generator = torch.Generator(device).manual_seed(settings["seed"])
     speeds, seconds, syncs = [], [], []
     try:
         with torch.no_grad():
@@ -142,6 +154,79 @@ def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
         "parameters": count_parameters(model),
         "prompt_width": int(ids.shape[1]),
     }
+
+
+def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Time GRPO iterations with the engine ``name`` on one model (in this fresh process)."""
+    import torch
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    import grpo_gym
+    from algorithms import GRPO
+
+    torch.set_num_threads(settings["threads"])
+    env_kwargs = {"template": "compact", "difficulty": 0.5, "max_new_tokens": settings["new_tokens"]}
+    gpu = settings.get("device", "cpu") == "cuda"  # bf16 sampling and update on a GPU (mixed_precision auto)
+    kwargs: dict[str, Any] = {"n_groups": N_GROUPS, "group_size": GROUP_SIZE, "cold_start": False, "beta": 0.0,
+                              "mixed_precision": "auto" if gpu else "no", "seed": settings["seed"],
+                              "device": settings.get("device", "cpu"), "policy_kwargs": {"model": settings["model"]},
+                              "vllm_enable_sleep_mode": gpu and settings.get("sleep", False)}  # fmt: skip
+    stop = None
+    if name != "builtin":
+        kwargs["rollout_engine"] = "vllm" if name.startswith("vllm") else name
+    if name == "vllm-server":
+        from algorithms.common.model.loading import load_model
+
+        model = load_model(settings["model"], vocab_size=grpo_gym.R1ZeroEnv().codec.vocab_size, seed=0).eval()
+        url, stop = serve(model, settings["new_tokens"], gpu)
+        kwargs.update(vllm_mode="server", vllm_server_base_url=url)
+    times: list[float] = []
+
+    class Clock(BaseCallback):
+        def _on_rollout_start(self) -> None:
+            times.append(time.perf_counter())
+
+        def _on_step(self) -> bool:
+            return True
+
+    try:
+        with GRPO("TransformerPolicy", grpo_gym.R1ZeroEnv(**env_kwargs), **kwargs) as grpo:
+            engine, syncs = grpo.policy.rollout_engine, []
+            for _ in range(settings["iterations"] + 1):  # the first is the warm-up
+                grpo.learn(N_GROUPS * GROUP_SIZE, callback=Clock(), reset_num_timesteps=False)
+                times.append(time.perf_counter())
+                syncs.append(engine.last_sync_seconds if engine is not None else 0.0)
+    finally:
+        if stop is not None:
+            stop()
+    seconds = [end - begin for begin, end in zip(times[2::2], times[3::2], strict=True)]
+    return {"iteration_seconds": statistics.median(seconds), "sync_seconds": statistics.median(syncs[1:])}
+
+
+def serve(model, new_tokens: int, gpu: bool = False) -> tuple[str, Any]:
+    """A vLLM server on ``model``'s folder (this run's format) on a free port: its URL and what stops it."""
+    import socket
+    import tempfile
+
+    from algorithms.common.generation.engines.base import SamplingSettings
+    from algorithms.common.generation.engines.vllm_folder import export_folder
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
+
+    scratch = Path(tempfile.mkdtemp(prefix="engines-bench-"))
+    settings = SamplingSettings(1, 0, vocab_size=model.config.vocab_size)
+    folder, _ = export_folder(model, settings, scratch / "model")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    options = {"kv_cache_memory_bytes": kv_bytes(model, N_GROUPS * GROUP_SIZE, 256 + new_tokens)}
+    options.update({"dtype": "bfloat16", "gpu_memory_utilization": 0.3} if gpu else {})
+    server = start_vllm_server(folder, port=port, startup_timeout=600, log_path=scratch / "server.log", **options)
+
+    def stop() -> None:
+        server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    return server.base_url, stop
 
 
 def vllm_available() -> bool:
@@ -185,6 +270,27 @@ def table(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any
     return "\n".join(lines)
 
 
+def iteration_table(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """The GRPO iteration table: seconds per iteration and per push, per model and engine."""
+    lines = [
+        "",
+        f"GRPO iterations: K={N_GROUPS} x G={GROUP_SIZE}, up to {args.new_tokens} new tokens, float32, beta 0; median "
+        f"of {args.iterations} iterations after a warm-up one.",
+        "",
+        "| model | engine | s per iteration (median) | vs builtin | weight push (s) |",
+        "|---|---|---|---|---|",
+    ]
+    for model in args.models:
+        base = results.get((model, "builtin"), {}).get("iteration_seconds")
+        for engine in args.engines:
+            r = results.get((model, engine))
+            if r is None:
+                continue
+            ratio = f"{r['iteration_seconds'] / base:.2f}x" if base else "-"
+            lines.append(f"| {model} | {engine} | {r['iteration_seconds']:.2f} | {ratio} | {r['sync_seconds']:.3f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -192,17 +298,22 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (every engine in bf16 there)")
+    parser.add_argument("--sleep", action="store_true", help="GRPO on a GPU: vLLM's sleep mode between rollouts")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--smoke", action="store_true", help="tiny only, 16 tokens, 1 timed call")
+    parser.add_argument("--iterations", type=int, default=3, help="timed GRPO iterations per engine (0: none)")
+    parser.add_argument("--smoke", action="store_true", help="tiny only, 16 tokens, 1 timed call, 1 iteration")
     parser.add_argument("--results", type=Path, help="write the table into this RESULTS.md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, json.loads(args.settings))), flush=True)
+        kind, _, engine = args.worker.partition(":")
+        job = iteration_worker if kind == "iteration" else worker
+        print(json.dumps(job(engine or kind, json.loads(args.settings))), flush=True)
         return
     if args.smoke:
-        args.models, args.new_tokens, args.repeats = ["tiny"], 16, 1
+        args.models, args.new_tokens, args.repeats, args.iterations = ["tiny"], 16, 1, 1
     if not vllm_available():
         print("vLLM cannot be imported: the vllm engines are left out (bash .ci/install_vllm.sh)")
         args.engines = [e for e in args.engines if not e.startswith("vllm")]
@@ -211,10 +322,19 @@ def main() -> None:
     for model in args.models:
         for engine in args.engines:
             settings = {"model": model, "new_tokens": args.new_tokens, "repeats": args.repeats,
-                        "threads": args.threads, "seed": args.seed}  # fmt: skip
+                        "threads": args.threads, "seed": args.seed, "device": args.device}  # fmt: skip
             results[(model, engine)] = run_worker(__file__, engine, settings)
             print(model, engine, results[(model, engine)], flush=True)
+    iterations = {}
+    for model in args.models if args.iterations else []:
+        for engine in args.engines:
+            settings = {"model": model, "new_tokens": args.new_tokens, "iterations": args.iterations,
+                        "threads": args.threads, "seed": args.seed, "device": args.device,
+                        "sleep": args.sleep}  # fmt: skip
+            iterations[(model, engine)] = run_worker(__file__, f"iteration:{engine}", settings)
+            print(model, engine, "GRPO", iterations[(model, engine)], flush=True)
     body = table(args, results, others_share(begin, usage()))
+    body += "\n" + iteration_table(args, iterations) if iterations else ""
     print(body)
     if args.results and not args.smoke:
         update_results(args.results, SECTION, f"`--new-tokens {args.new_tokens}`", body)

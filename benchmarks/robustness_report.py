@@ -100,10 +100,11 @@ def report(
         "",
         f"trl {trl.__version__}, transformers {transformers.__version__}, torch {torch.__version__}, Python "
         f"{platform.python_version()}; {len(__import__('os').sched_getaffinity(0))}-core {cpu_name()} (flags: "
-        f"{cpu_flags()}), no GPU; {args.threads} torch thread(s) per run, {args.workers} run(s) at a time. Other processes used "
-        f"{statistics.mean(others):.0%} of the CPUs during the runs (mean); the {len(results)} runs trained for "
-        f"{train_hours:.1f} h in all (run time summed). This command took {seconds / 60:.0f} min (load average at "
-        f"its start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}); runs and scores already in `--work` are reused.",
+        f"{cpu_flags()}), no GPU; {args.threads} torch thread(s) per run, {args.workers} run(s) at a time. Other "
+        f"processes used {statistics.mean(others):.0%} of the CPUs during the runs (mean); the {len(results)} runs "
+        f"trained for {train_hours:.1f} h in all (run time summed). This command took {seconds / 60:.0f} min (load "
+        f"average at its start {load[0]:.2f} / {load[1]:.2f} / {load[2]:.2f}); runs and scores already in `--work` "
+        "are reused.",
         "",
         f"K=4 x G=8, {args.iterations} iterations (optimizer steps) per run for both trainers, seeds "
         f"0-{args.seeds - 1}, beta 0, clip 0.2, gradient clip 0.5, temperature 1, top-p 0.92; held-out: "

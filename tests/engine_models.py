@@ -1,5 +1,6 @@
-"""What the engine tests share: a 1-layer Llama-family model vLLM's CPU backend runs (attention head size 32), a
-left-padded prompt batch with a repeated prompt (a GRPO group), and the update's log-probs of a completion batch."""
+"""What the engine tests share: whether vLLM imports (the skip reason), a 1-layer Llama-family model vLLM's CPU
+backend runs (attention head size 32), a left-padded prompt batch with a repeated prompt (a GRPO group), and the
+update's log-probs of a completion batch."""
 
 from __future__ import annotations
 
@@ -9,6 +10,14 @@ from algorithms.common.generation.engines.base import SamplingSettings
 from algorithms.common.generation.sampler import Completions, completion_log_probs
 from algorithms.common.model.loading import load_model
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE
+
+try:
+    import vllm  # noqa: F401
+
+    #: why the real vLLM tests are skipped here ("" where vLLM imports)
+    VLLM_MISSING = ""
+except Exception as error:  # ImportError, or a broken install (a CUDA torchvision beside the CPU torch)
+    VLLM_MISSING = f"vLLM cannot be imported ({type(error).__name__}: {error}); install it: bash .ci/install_vllm.sh"
 
 PAD, EOS = 0, 1
 #: 1 layer, 64 wide, 2 heads of 32 (vLLM's CPU attention runs head sizes 32, 64, 80, ...; tests/sizes.py's has 16)

@@ -87,7 +87,7 @@ def test_the_state_round_trips_with_its_snapshot():
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        ("yes", "collapse_guard must be True"),
+        ("yes", "collapse_guard must be 'auto', True"),
         ({"margins": 0.1}, r"unknown: \['margins'\]"),
         ({"margin": 0.0}, "margin must be a number in"),
         ({"patience": 0}, "patience must be an integer >= 1"),
@@ -199,3 +199,18 @@ def test_lmppo_takes_the_guard_too():
                   policy_kwargs=tiny, collapse_guard=True)  # fmt: skip
     assert model._guard is not None and model._guard.settings == GuardSettings()
     model.learn(8)
+
+
+def test_auto_guards_a_pretrained_start_and_not_the_built_in_model(tmp_path: Path, capsys):
+    """``collapse_guard="auto"`` (the default): off for the built-in model, on (its defaults) for a model loaded from
+    a folder on a task with held-out problems; ``False`` turns it off there."""
+    built_in = make_model(cold_start=False)
+    assert built_in.collapse_guard == "auto" and built_in._guard is None
+    built_in.policy.save_pretrained(tmp_path / "start", built_in.env.get_attr("tokenizer", indices=[0])[0])
+    pretrained = {"model": str(tmp_path / "start")}
+    model = make_model(policy_kwargs=pretrained, verbose=1)
+    assert model._guard is not None and model._guard.settings == GuardSettings()
+    assert "collapse guard on (collapse_guard='auto'" in capsys.readouterr().out
+    model.learn(8 * 5)
+    assert model._guard.best is not None  # the held-out check of iteration 5
+    assert make_model(policy_kwargs=pretrained, collapse_guard=False)._guard is None

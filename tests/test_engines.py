@@ -10,6 +10,7 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 import torch
@@ -172,6 +173,7 @@ class _FakeServer(BaseHTTPRequestHandler):
     """Answers the health check and the model list as vLLM does; ``behaviour`` decides the rest."""
 
     behaviour = "ok"
+    served: ClassVar[dict] = {"id": "user-model", "root": "/nonexistent/user-model"}
 
     def log_message(self, *args):
         pass
@@ -188,7 +190,7 @@ class _FakeServer(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._answer(200)
         elif self.path == "/v1/models":
-            self._answer(200, {"data": [{"id": "user-model", "root": "/nonexistent/user-model"}]})
+            self._answer(200, {"data": [self.served]})
         else:
             self._answer(404)
 
@@ -243,3 +245,45 @@ def test_served_client_faults_name_the_fix(fake_server, monkeypatch):
     fake_server.server_close()  # the server dies mid-run
     with pytest.raises(EngineError, match="checkpoint is intact"):
         draw(engine, max_new_tokens=3)
+
+
+def test_served_client_refuses_a_server_that_does_not_fit_the_run(fake_server, monkeypatch, tmp_path):
+    """A server whose sequences are shorter than the run's, or whose folder (readable here) holds other sizes: refused
+    at connect, naming the fix, before any push fails."""
+    from algorithms.common.generation.engines.vllm_folder import export_folder
+
+    model, url = tiny_model(), _url(fake_server)
+    monkeypatch.setattr(_FakeServer, "served", {"id": "m", "root": "/nonexistent", "max_model_len": 64})
+    with pytest.raises(EngineError, match=r"takes 64 tokens per sequence, this run needs 280.*--max-model-len 280"):
+        VLLMServerEngine(url, model, settings(), max_model_len=280)
+    folder, _ = export_folder(tiny_model(intermediate_size=96), settings(), tmp_path / "other")
+    monkeypatch.setattr(_FakeServer, "served", {"id": "m", "root": str(folder)})
+    with pytest.raises(EngineError, match=r"runs another model: intermediate_size 96 \(this run: 128\).*vllm-serve"):
+        VLLMServerEngine(url, model, settings())
+
+
+def test_served_client_waits_for_a_server_that_is_starting():
+    """vllm_server_timeout: a server that comes up within it is used (the trainer may start first)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    late: dict[str, ThreadingHTTPServer] = {}
+
+    def start() -> None:
+        late["server"] = ThreadingHTTPServer(("127.0.0.1", port), _FakeServer)
+        late["server"].serve_forever()
+
+    timer = threading.Timer(1.5, start)  # nothing listens for 1.5 s
+    timer.daemon = True
+    timer.start()
+    try:
+        begin = time.perf_counter()
+        engine = VLLMServerEngine(f"http://127.0.0.1:{port}", tiny_model(), settings(), connect_timeout=30)
+        assert 1.0 < time.perf_counter() - begin < 30
+        engine.close()
+    finally:
+        if "server" in late:
+            late["server"].shutdown()
+            late["server"].server_close()

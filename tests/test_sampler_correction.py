@@ -12,9 +12,15 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from algorithms.common import sampler_correction
-from algorithms.common.losses import truncated_importance_weights
+from algorithms.common.losses import masked_sequence_weights, truncated_importance_weights
 from algorithms.common.runtime.precision import STAGES, PrecisionChoice
-from algorithms.common.sampler_correction import correct_fresh_rollout, resolve_sampler_correction, sampler_kl
+from algorithms.common.sampler_correction import (
+    correct_fresh_rollout,
+    corrected,
+    masked_fraction,
+    resolve_sampler_correction,
+    sampler_kl,
+)
 from algorithms.grpo.objective import grpo_loss
 from tests import test_replay
 from tests.test_grpo import make_model
@@ -40,6 +46,39 @@ def test_truncated_importance_weights_by_hand():
     assert truncated_importance_weights(UPDATE, SAMPLER, MASK, cap=4.0)[0, 1].item() == pytest.approx(3.0)
     with pytest.raises(ValueError, match="cap must be > 0"):
         truncated_importance_weights(UPDATE, SAMPLER, MASK, cap=0.0)
+
+
+def test_masked_sequence_weights_by_hand():
+    """Each sequence weighted by its whole ratio; one above the cap left out (TRL's sequence_mask)."""
+    sampler = torch.cat([SAMPLER, SAMPLER, torch.zeros(1, 4)])
+    update = torch.cat([UPDATE, torch.tensor([[math.log(0.5), math.log(0.1), math.log(0.1), 0.0]]), torch.zeros(1, 4)])
+    mask = torch.cat([MASK, MASK, torch.zeros(1, 4, dtype=torch.bool)])
+    weights = masked_sequence_weights(update, sampler, mask, cap=2.0)
+    # row 0: (0.6 / 0.5) (0.3 / 0.1) (0.2 / 0.4) = 1.2 * 3 * 0.5 = 1.8 <= 2: kept, 1.8 at each valid token
+    # row 1: 1 * 1 * 0.25 = 0.25: kept (no lower bound); row 2: no valid token: 0
+    assert torch.allclose(weights, torch.tensor([[1.8, 1.8, 1.8, 0.0], [0.25, 0.25, 0.25, 0.0], [0.0] * 4]), atol=1e-6)
+    assert masked_sequence_weights(update, sampler, mask, cap=1.5)[0].abs().sum() == 0  # 1.8 > 1.5: left out
+    assert not weights.requires_grad
+    with pytest.raises(ValueError, match="must be > 0"):
+        masked_sequence_weights(update, sampler, mask, cap=0.0)
+
+
+def test_the_mask_correction_and_its_left_out_share():
+    batch = test_replay._batch(2, 3, 4)
+    logp = batch.old_log_probs.clone()
+    logp[0, 0] += 2.0  # row 0's ratio e^2 > cap: left out; row 1's is 1
+    out = corrected(batch, logp, cap=2.0, mode="mask")
+    valid = batch.completion_mask
+    assert (out.sampler_weights[0] == 0).all() and torch.allclose(out.sampler_weights[1][valid[1]], torch.ones(1))
+    assert torch.equal(out.old_log_probs, logp) and masked_fraction(out) == 0.5
+    assert masked_fraction(corrected(batch, logp, cap=10.0, mode="mask")) == 0.0
+
+
+def test_auto_corrects_every_external_engine():
+    same = PrecisionChoice("no", dict.fromkeys(STAGES, "no"), "forced")
+    assert resolve_sampler_correction("auto", same, "builtin") is None
+    assert resolve_sampler_correction("auto", same, "hf") == "tis" == resolve_sampler_correction("auto", same, "vllm")
+    assert resolve_sampler_correction("mask", same, "builtin") == "mask"
 
 
 def test_sampler_kl_is_the_mean_k3_over_the_sampled_tokens():
@@ -77,8 +116,8 @@ def test_mixed_stages_are_corrected_and_the_mismatch_logged(monkeypatch, tmp_pat
     assert model._sampler_correction == "tis"
     corrected = []
 
-    def correct(policy, batch, cap):  # the update's own log-probs before the first step, and the TIS weights
-        corrected.append((batch, *correct_fresh_rollout(policy, batch, cap)))
+    def correct(policy, batch, cap, mode):  # the update's own log-probs before the first step, and the TIS weights
+        corrected.append((batch, *correct_fresh_rollout(policy, batch, cap, mode)))
         return corrected[-1][1:]
 
     monkeypatch.setattr(sampler_correction, "correct_fresh_rollout", correct)
@@ -106,6 +145,15 @@ def test_the_sampler_kl_is_zero_in_float32(tmp_path: Path, sampler_correction):
     model.learn(16)
     kl = scalars(tmp_path, "train/sampler_kl")
     assert len(kl) == 2 and all(abs(value) < 1e-9 for value in kl)  # float rounding only (the decoder's KV cache)
+
+
+def test_the_mask_correction_trains_and_logs_its_share(tmp_path: Path):
+    model = make_model(sampler_correction="mask", mixed_precision="no", tensorboard_log=str(tmp_path))
+    model.learn(16)
+    assert scalars(tmp_path, "train/sampler_masked_fraction") == [0.0, 0.0]  # float32: every ratio 1
+    ppo = make_ppo(sampler_correction="mask", mixed_precision="no", cold_start=False)
+    ppo.learn(8)
+    assert ppo._rollout.sampler_weights is not None
 
 
 def test_the_correction_arguments_are_checked():

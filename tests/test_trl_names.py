@@ -84,7 +84,8 @@ def test_a_trl_name_raises_a_type_error_naming_ours(algorithm: type) -> None:
         "per_device_train_batch_size": "ours is batch_size=...",
         "train_dataset": 'ours is gym.make("R1Zero-v0", task_kwargs=...)',
         "report_to": "ours is tensorboard_log=...",
-        "use_vllm": "we have no equivalent",
+        "use_vllm": "ours is rollout_engine=...",
+        "vllm_group_port": "we have no equivalent",
     }
     for name, hint in hints.items():
         with pytest.raises(TypeError, match=rf"{name}'.*{hint.replace('(', '.').replace(')', '.')}"):

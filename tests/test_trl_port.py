@@ -90,6 +90,39 @@ def test_a_grpo_config_ports_the_fields_you_changed(tmp_path: Path) -> None:
     assert info["prompt"] == info["problem"].prompt  # a string prompt is used as it is, as TRL does
 
 
+def test_trls_vllm_fields_map_onto_the_rollout_engine() -> None:
+    """use_vllm, vllm_mode, the server's address and timeout, vllm_max_model_length, and the importance-sampling fields
+    as TRL means them: a mode applies only with use_vllm and the correction on ("sequence_mask": ours "mask")."""
+    from algorithms.common.generation.engines.base import EngineError
+    from algorithms.grpo.trl_port import config_values, translate
+
+    args = trl.GRPOConfig(output_dir="unused", use_cpu=True, use_vllm=True, vllm_mode="server",
+                          vllm_server_base_url="http://10.0.0.2:8001", vllm_server_timeout=30.0,
+                          vllm_max_model_length=512)  # fmt: skip
+    ours = translate(*config_values(args), ["accuracy"])[0]
+    assert (ours["rollout_engine"], ours["vllm_mode"], ours["vllm_server_base_url"]) == (
+        "vllm", "server", "http://10.0.0.2:8001")  # fmt: skip
+    assert (ours["vllm_server_timeout"], ours["policy_kwargs"]["memory_length"]) == (30.0, 512)
+    assert (ours["sampler_correction"], ours["sampler_correction_cap"]) == ("mask", 3.0)  # TRL's defaults
+    plain = translate(*config_values(trl.GRPOConfig(output_dir="unused", use_cpu=True)), ["accuracy"])[0]
+    assert (plain["rollout_engine"], plain["sampler_correction"]) == ("builtin", "auto")  # no vLLM: the mode unused
+    cases = [
+        ({"use_vllm": True, "vllm_importance_sampling_mode": "token_truncate"}, "tis"),
+        ({"use_vllm": True, "vllm_importance_sampling_mode": "sequence_mask"}, "mask"),
+        ({"vllm_importance_sampling_mode": "sequence_mask", "use_vllm": True, "vllm_importance_sampling_correction":
+          False}, None),
+        ({"vllm_importance_sampling_mode": "sequence_mask"}, "unset"),
+    ]  # fmt: skip
+    for given, expected in cases:
+        assert translate(given, set(given), ["accuracy"])[0].get("sampler_correction", "unset") == expected, given
+    with pytest.raises(ValueError, match="vllm_importance_sampling_mode='token_mask' has no equivalent here"):
+        translate({"use_vllm": True, "vllm_importance_sampling_mode": "token_mask"}, set(), ["accuracy"])
+    server = {"use_vllm": True, "vllm_mode": "server", "vllm_server_port": 9, "vllm_server_host": "127.0.0.1",
+              "vllm_server_timeout": 1.0}  # fmt: skip
+    with pytest.raises(EngineError, match=r"no vLLM server answers at http://127\.0\.0\.1:9 .*grpo-gym vllm-serve"):
+        GRPO.from_trl("tiny", accuracy, server, Dataset.from_list(ROWS), **SMALL)  # the client needs no vLLM here
+
+
 def test_a_grpo_configs_generation_batch_ports_as_trl_fills_it_in(tmp_path: Path) -> None:
     """TRL generates generation_batch_size (or per_device_train_batch_size x steps_per_generation) completions per
     rollout; a GRPOConfig holding either gives that many groups here, and a batch of partial groups is refused."""
@@ -117,8 +150,8 @@ def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
         GRPO.from_trl("tiny", accuracy, {}, [{"prompt": "x", "label": "1"}])
     with pytest.raises(ValueError, match="train_dataset has no rows"):
         GRPO.from_trl("tiny", accuracy, {}, Dataset.from_list([]))
-    with pytest.warns(UserWarning, match=r"do it by hand: use_vllm \(no equivalent: no vLLM"):
-        GRPO.from_trl("tiny", accuracy, {"use_vllm": True}, data, **SMALL)
+    with pytest.warns(UserWarning, match=r"do it by hand: vllm_tensor_parallel_size \(vllm_kwargs="):
+        GRPO.from_trl("tiny", accuracy, {"vllm_tensor_parallel_size": 2}, data, **SMALL)
     for trl_value, ours in ((False, None), (True, "auto")):  # a mapped None (correction off) is ported, not dropped
         args = {"vllm_importance_sampling_correction": trl_value, "vllm_importance_sampling_clip_max": 3.0}
         model = GRPO.from_trl("tiny", accuracy, args, data, **SMALL)

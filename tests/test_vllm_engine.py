@@ -13,18 +13,11 @@ import socket
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-
-    VLLM_MISSING = ""
-except Exception as error:  # ImportError, or a broken install (a CUDA torchvision beside the CPU torch)
-    VLLM_MISSING = f"vLLM cannot be imported ({type(error).__name__}: {error}); install it: bash .ci/install_vllm.sh"
+from algorithms.common.generation.engines.base import EngineError
+from algorithms.common.generation.engines.vllm_folder import export_folder
+from tests.engine_models import PAD, VLLM_MISSING, max_gap, prompts, settings, tiny_model
 
 pytestmark = pytest.mark.skipif(bool(VLLM_MISSING), reason=VLLM_MISSING)
-
-from algorithms.common.generation.engines.base import EngineError  # noqa: E402
-from algorithms.common.generation.engines.vllm_folder import export_folder  # noqa: E402
-from tests.engine_models import PAD, max_gap, prompts, settings, tiny_model  # noqa: E402
 
 KV_BYTES = 32 << 20
 #: the built-in model's case (tied embeddings, temperature 1, nothing cut) and one where both transforms apply
@@ -168,7 +161,7 @@ def free_port() -> int:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """One vLLM OpenAI server on 127.0.0.1 for the module (~35 s to start), on a folder for FOLDED's format, LoRA on."""
-    from algorithms.common.generation.engines.vllm_server import start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
 
     folder, _ = export_folder(tiny_model(vocab_size=400), FOLDED, tmp_path_factory.mktemp("served") / "model")
     log = tmp_path_factory.mktemp("logs") / "server.log"
@@ -207,7 +200,8 @@ def test_served_lora_adapters_push(server):
 
 
 def test_served_faults_name_the_fix(server, tmp_path):
-    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine, start_vllm_server
+    from algorithms.common.generation.engines.vllm_launcher import start_vllm_server
+    from algorithms.common.generation.engines.vllm_server import VLLMServerEngine
 
     with pytest.raises(EngineError, match=r"written for temperature 0\.7"):
         VLLMServerEngine(server.base_url, tiny_model(vocab_size=400), settings(temperature=0.9))

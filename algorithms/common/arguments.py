@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.collapse_guard import GuardSettings
+from algorithms.common.generation.engines.arguments import ENGINE_ARGUMENTS
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
@@ -221,7 +222,8 @@ class Arguments(Mapping[str, Argument]):
 
 
 def check_collapse_guard(name: str, value: Any) -> Any:
-    """``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings` fields."""
+    """``"auto"``, ``True``, ``False``/``None`` or a dict of :class:`~algorithms.common.collapse_guard.GuardSettings`
+    fields."""
     try:
         GuardSettings.parse(value)
     except (TypeError, ValueError) as error:
@@ -245,12 +247,16 @@ _MIXED_PRECISION = (
 _SAMPLER_CORRECTION = (
     'the sampler/trainer mismatch correction (:mod:`~algorithms.common.sampler_correction`): ``"tis"`` (truncated '
     "importance sampling: the ratio taken against the update's own log-probs of the fresh rollout, each token's "
-    "loss weighted by ``min(pi_old / pi_sampler, cap)``), ``None`` (off: the ratio against the sampler's log-probs) "
-    'or ``"auto"`` (``"tis"`` exactly when sampling and update run in different precisions). The mismatch is logged '
-    "every update as ``train/sampler_kl``"
+    'loss weighted by ``min(pi_old / pi_sampler, cap)``), ``"mask"`` (each sequence weighted by its whole ratio, '
+    "one whose ratio exceeds ``cap`` left out: TRL's ``sequence_mask``), ``None`` (off: the ratio against the "
+    'sampler\'s log-probs) or ``"auto"`` (``"tis"`` when sampling and update run in different precisions or the '
+    'rollouts run on an external engine, ``rollout_engine="hf"`` or ``"vllm"``). The mismatch is logged every '
+    "update as ``train/sampler_kl``"
 )
 _COLLAPSE_GUARD = (
-    "watch the run's success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``True`` (its "
+    'watch the run\'s success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``"auto"`` '
+    "(on for a model from a folder or hub name on a task with held-out problems, off for the built-in model), "
+    "``True`` (its "
     "defaults: every 5 iterations the greedy success on 64 fixed held-out problems; two checks in a row more than "
     "0.1 below its best restore the best weights and optimizer state and halve the learning rate), a dict of its "
     'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"held_out"``, '
@@ -291,7 +297,9 @@ LM_ARGUMENTS = Arguments(
         "mixed_precision": Argument("auto", check_precision, _MIXED_PRECISION, "str | dict[str, str]"),
         "sampler_correction": Argument("auto", choice(*SAMPLER_CORRECTIONS), _SAMPLER_CORRECTION, "str | None"),
         "sampler_correction_cap": Argument(
-            2.0, number(low=1.0), "the truncation ``cap`` of the TIS weights (TRL's and verl's 2)", "float"
+            2.0, number(low=1.0),
+            "the ``cap`` of the correction: TIS's largest weight (TRL's and verl's 2), the mask's largest kept "
+            "sequence ratio", "float",
         ),
         "turn_cache": Argument(
             "auto", choice(True, False, "auto"),
@@ -301,6 +309,7 @@ LM_ARGUMENTS = Arguments(
             'each turn). ``"auto"``: when the env may play several turns (``max_turns > 1`` or ``tools``)',
             "bool | str",
         ),
+        **{name: Argument(*fields) for name, fields in ENGINE_ARGUMENTS.items()},
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '
@@ -323,7 +332,7 @@ LM_ARGUMENTS = Arguments(
             "S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of every env from "
             "the rolling success rate (``curriculum/difficulty``)", "bool",
         ),
-        "collapse_guard": Argument(False, check_collapse_guard, _COLLAPSE_GUARD, "bool | dict[str, Any] | None"),
+        "collapse_guard": Argument("auto", check_collapse_guard, _COLLAPSE_GUARD, "str | bool | dict[str, Any] | None"),
         "stats_window_size": Argument(
             100, integer(low=1), "episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``", "int"
         ),

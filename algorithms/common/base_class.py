@@ -33,8 +33,9 @@ from stable_baselines3.common.vec_env import VecEnv
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
-from algorithms.common.collapse_guard import CollapseGuard, GuardSettings
+from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guards_by_default
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
+from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
@@ -111,10 +112,14 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._curriculum: CurriculumCallback | None = None
         guard = GuardSettings.parse(self.collapse_guard)
         #: the collapse guard of this run (None: off): see :mod:`algorithms.common.collapse_guard`
-        self._guard = CollapseGuard(guard) if guard is not None else None
+        self._guard = CollapseGuard(guard) if guard is not None and self.collapse_guard != "auto" else None
         self._rollout_successes = (0, 0)  # (successes, episodes) of the last rollout's finished episodes
         #: what a rollout samples, called at fixed points of collect_rollouts (an algorithm may own its own)
         self._sampling = RolloutSampling()
+        spec = EngineSpec.of(self)
+        check_spec(spec, self.sharding, self.device, self._dist.world_size)
+        #: the rollout engine (built by _setup_model; "builtin": none, the policy's own sampler)
+        self._engine = EngineLink(spec)
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
@@ -134,8 +139,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self.policy = self.policy_class(self.observation_space, self.action_space, self.lr_schedule, **kwargs)
         self.policy = self.policy.to(self.device)
         self.precision = choose_precision(self.mixed_precision, self.device)
-        #: "tis" or None: see algorithms.common.sampler_correction
-        self._sampler_correction = resolve_sampler_correction(self.sampler_correction, self.precision)
+        #: "tis", "mask" or None: see algorithms.common.sampler_correction
+        self._sampler_correction = resolve_sampler_correction(self.sampler_correction, self.precision,
+                                                              self.rollout_engine)  # fmt: skip
         self.policy.autocast_dtypes = self.precision.dtypes
         self._scaler = th.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         if self.verbose >= 1:
@@ -150,9 +156,17 @@ class LMBaseAlgorithm(BaseAlgorithm):
             "frozen_parameters": self.policy.frozen_parameters,
             **({"lora": self.policy.lora} if self.policy.lora is not None else {}),  # the adapter, defaults filled in
         }
+        if self.collapse_guard == "auto" and self._guard is None and guards_by_default(self.policy, self.env):
+            self._guard = CollapseGuard(GuardSettings())
+            if self.verbose >= 1:
+                print("collapse guard on (collapse_guard='auto': a pretrained model); collapse_guard=False: off")
         if self._needs_reference():
             self.ref_model = frozen_copy(self.policy)
         self._parallel.prepare(self.policy, self.ref_model, self.precision)  # FSDP2: shards them
+        rows, sampling = self._local_groups * self.group_size, self.precision.stages["sampling"]
+        self._engine.open(self.policy, self._seeds.seed % 2**31, rows, sampling, self._dist.world_size)
+        if self.verbose >= 1 and self._engine.external:
+            print(self._engine.spec.describe)
 
     def _needs_reference(self) -> bool:
         """Whether a frozen copy of the policy is kept (for a KL term, or to sample from)."""
@@ -167,6 +181,24 @@ class LMBaseAlgorithm(BaseAlgorithm):
     def _local_groups(self) -> int:
         """The groups this process trains: K / world size."""
         return self.n_groups // self._dist.world_size
+
+    # ------------------------------------------------------------------ the rollout engine
+    def push_weights(self) -> float | None:
+        """Give the rollout engine the policy's current weights (the learn loop does after every update, the cold
+        start and a restore; :meth:`set_parameters` too); the seconds it took (``time/weight_sync_seconds``), None
+        without an engine (``rollout_engine="builtin"``)."""
+        return self._engine.push(getattr(self, "_logger", None))
+
+    def close_engine(self) -> None:
+        """Close the rollout engine (a colocated vLLM shuts down, a served one's client lets go of its server); the
+        policy samples with its own sampler afterwards. Also on leaving ``with model:`` and at the process's exit."""
+        self._engine.close()
+
+    def __enter__(self: SelfLMBaseAlgorithm) -> SelfLMBaseAlgorithm:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close_engine()
 
     # ------------------------------------------------------------------ the public face (checkpoints, the CLI)
     @property
@@ -236,7 +268,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._pending_env_states = state.get("env_states")
         if "curriculum" in state:
             self._curriculum = CurriculumCallback.from_state(state["curriculum"])
-        if "collapse_guard" in state and self._guard is not None:
+        if "collapse_guard" in state and (self._guard is not None or self.collapse_guard == "auto"):
             tensors = {key[len(GUARD_PREFIX) :]: value for key, value in rng.items() if key.startswith(GUARD_PREFIX)}
             self._guard = CollapseGuard.from_state(state["collapse_guard"], tensors)
 
@@ -375,6 +407,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
             load_full_state(reference, saved_reference)
         else:
             self._refresh_reference()
+        self.push_weights()  # the engine samples with the loaded weights
 
     def get_parameters(self) -> dict[str, dict[str, Any]]:
         """SB3's state dicts by name; with ``sharding="fsdp"`` whole tensors gathered to rank 0 on the CPU (a

@@ -20,9 +20,11 @@ subclass writes are marked *subclass*)::
     │  ├─ _sampling.after_play                play groups again (GRPO: DAPO's refills, through _play_again)
     │  ├─ log_turns                           tool-call rate, turns per episode, ... (multi-turn episodes only)
     │  └─ _build_batch            *subclass*  returns, advantages, the kept rows as a RolloutBatch
+    ├─ _engine.sleep                          a GPU vLLM engine frees its memory (vllm_enable_sleep_mode)
     ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
     │                                         restore the update is skipped
     ├─ train                      *subclass*  minibatches, loss, _optimizer_step (clip, guarded step)
+    ├─ push_weights                           the rollout engine gets the new weights (time/weight_sync_seconds)
     └─ dump_logs                              rollout/, time/, train/ at num_timesteps
 
 The cold start (S20.1, :meth:`LMAlgorithm.run_cold_start`) runs before the first rollout.
@@ -278,6 +280,7 @@ class LMAlgorithm(LMBaseAlgorithm):
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
         assert self.env is not None
+        self.push_weights()  # whatever changed the weights since the engine last got them
         while self.num_timesteps < total_timesteps:
             from_reference = self._sampling.from_reference(self._iteration, self.logger)
             sampling = [self.policy.model, self.ref_model if from_reference else None]
@@ -285,13 +288,16 @@ class LMAlgorithm(LMBaseAlgorithm):
                 collected = self.collect_rollouts(self.env, callback)
             if not collected:
                 break
+            self._engine.sleep()  # until the push
             self._iteration += 1
             self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
             if self._guard is not None and self._guard_restored(callback):
+                self.push_weights()  # the restored weights
                 self.dump_logs()  # the restore's figures; no update on the rollout the fallen policy sampled
                 continue
             with deterministic_on_cpu(self.device):
                 self.train()
+            self.push_weights()
             if log_interval is not None and self._iteration % log_interval == 0:
                 self.dump_logs()
         callback.on_training_end()
@@ -388,6 +394,7 @@ class LMAlgorithm(LMBaseAlgorithm):
             )
         self._cold_start_done = True
         self._refresh_reference()
+        self.push_weights()
         return stats
 
     def dump_logs(self) -> None:

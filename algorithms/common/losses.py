@@ -153,6 +153,33 @@ def truncated_importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: T
     return torch.where(mask.bool(), torch.exp(log_ratio).clamp(max=cap), 0.0)  # (B, T)
 
 
+def masked_sequence_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Masked sequence-level importance sampling: each sequence's ratio ``r_i = prod_t pi_old / pi_sampler`` over its
+    valid tokens weights all its tokens, and a sequence whose ratio exceeds ``cap`` is left out (weight 0), no
+    gradient.
+
+    The masked variant of :func:`truncated_importance_weights` (TRL's ``vllm_importance_sampling_mode=
+    "sequence_mask"`` with ``clip_max=cap`` and no lower bound): a sequence the sampler drew far more often than the
+    update would (its whole-sequence mismatch beyond the threshold) says more about the engine than about the
+    policy, and is dropped rather than down-weighted. A sequence with no valid token gets 0.
+
+    :param old_logp: log-probs of the sampled tokens under the update's forward pass, before any step, ``(B, T)``
+    :param sampler_logp: the same as the sampler computed them, ``(B, T)``
+    :param mask: ``True`` on valid completion tokens, ``(B, T)``
+    :param cap: the largest sequence ratio kept (``> 0``)
+    :return: ``(B, T)`` weights: ``r_i`` on the valid tokens of a kept sequence, 0 elsewhere
+    """
+    if not cap > 0:
+        raise ValueError(f"the mask threshold (cap) must be > 0, got {cap}.")
+    check_shape("sampler_logp", sampler_logp, old_logp.shape)
+    check_shape("mask", mask, old_logp.shape)
+    valid = mask.bool()
+    log_ratio = torch.where(valid, old_logp - sampler_logp, 0.0).detach().sum(dim=-1, keepdim=True)  # (B, 1)
+    ratio = torch.exp(log_ratio)  # (B, 1): the sequence's importance ratio
+    kept = (ratio <= cap) & valid.any(dim=-1, keepdim=True)  # (B, 1)
+    return torch.where(valid & kept, ratio, 0.0)  # (B, T)
+
+
 def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
     """Log-probability of each taken token under the full softmax of ``logits``.
 

@@ -42,6 +42,8 @@ def _none(names: str, note: str) -> dict[str, TrlName]:
 
 
 LOSS_TYPES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant"}
+USE_VLLM = {True: "vllm", False: "builtin"}
+IMPORTANCE_SAMPLING_MODES = {"token_truncate": "tis", "sequence_mask": "mask"}
 SCALE_REWARDS = {True: "group", False: "none", "group": "group", "batch": "batch", "none": "none"}
 
 #: ``GRPOTrainer``'s own arguments (not fields of ``GRPOConfig``)
@@ -62,7 +64,7 @@ TRAINER_ARGUMENTS: dict[str, TrlName] = {
 REMOVED: dict[str, TrlName] = {"max_prompt_length": ENV_NAMES["max_prompt_length"]}
 
 _INFRA = "Hugging Face Trainer machinery; SB3's callbacks, learn(), model.save and torchrun take its place"
-_VLLM = "no vLLM: our own sampler with a KV cache"
+_VLLM_SYNC = "weights go to vLLM by its in-place reload (colocated) or a file and its RPC (served), no NCCL group"
 _LOSS = "a loss variant we do not have"
 
 #: every field of TRL 1.16's ``GRPOConfig``, in its order
@@ -178,12 +180,19 @@ GRPO_CONFIG: dict[str, TrlName] = {
     **_none("min_p generation_kwargs", note="sampling options we do not have"),
     "chat_template_kwargs": ENV_NAMES["chat_template_kwargs"],
     **_none("repetition_penalty cache_implementation", note="sampling options we do not have"),
-    **_none(
-        "use_vllm vllm_mode vllm_model_impl vllm_enable_sleep_mode vllm_structured_outputs_regex "
-        "vllm_server_base_url vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port "
-        "vllm_gpu_memory_utilization vllm_max_model_length vllm_tensor_parallel_size",
-        note=_VLLM,
-    ),
+    "use_vllm": _arg("rollout_engine", 'True: "vllm" (ours also has "builtin" and "hf")', values=USE_VLLM),
+    "vllm_mode": _arg("vllm_mode", '"colocate" or "server" (grpo-gym vllm-serve, or your own vLLM server)'),
+    "vllm_model_impl": _arg("vllm_kwargs", 'vllm_kwargs={"model_impl": ...}', ported=False),
+    "vllm_enable_sleep_mode": _arg("vllm_enable_sleep_mode", "a GPU's colocated vLLM"),
+    **_none("vllm_structured_outputs_regex", note="sampling options we do not have"),
+    "vllm_server_base_url": _arg("vllm_server_base_url"),
+    "vllm_server_host": _arg("vllm_server_host", "TRL 0.0.0.0, ours 127.0.0.1"),
+    "vllm_server_port": _arg("vllm_server_port"),
+    "vllm_server_timeout": _arg("vllm_server_timeout", "seconds to wait for the server at setup"),
+    **_none("vllm_group_port", note=_VLLM_SYNC),
+    "vllm_gpu_memory_utilization": _arg("vllm_gpu_memory_utilization", "a colocated vLLM's share"),
+    "vllm_max_model_length": _policy("memory_length", "prompt and completion tokens; vLLM's max_model_len from it"),
+    "vllm_tensor_parallel_size": _arg("vllm_kwargs", 'vllm_kwargs={"tensor_parallel_size": n}', ported=False),
     "beta": _arg("beta", "TRL 0, ours 0.04 (k3 KL; no reference model at 0)", lmppo="kl_coef"),
     "num_iterations": _arg("n_epochs", "passes over each rollout"),
     "epsilon": _arg("clip_range"),
@@ -212,16 +221,16 @@ GRPO_CONFIG: dict[str, TrlName] = {
     "max_tool_calling_iterations": ENV_NAMES["max_tool_calling_iterations"],
     "vllm_importance_sampling_correction": _arg(
         "sampler_correction",
-        'ours corrects its own sampler against the update: "auto" (TIS when their precisions differ) or None',
+        '"auto" (TIS on an external engine or mixed precisions; from_trl: the mode\'s with use_vllm) or None',
         values={True: "auto", False: None},
     ),
     "vllm_importance_sampling_clip_max": _arg("sampler_correction_cap", "TRL 3.0, ours 2.0 (TRL's and verl's TIS cap)"),
     "vllm_importance_sampling_mode": _arg(
         "sampler_correction",
-        'ours is per-token truncation ("token_truncate"); TRL\'s default masks sequences',
-        ported=False,
+        '"token_truncate": "tis", "sequence_mask": "mask" (TRL\'s default)',
+        values=IMPORTANCE_SAMPLING_MODES,
     ),
-    **_none("vllm_importance_sampling_clip_min", note="TIS truncates from above only"),
+    **_none("vllm_importance_sampling_clip_min", note="TIS truncates from above only (the mask too)"),
     **_none("off_policy_mask_threshold use_bias_correction_kl", note=_LOSS),
     "log_completions": _always("a sample completion as TensorBoard text (samples/completion)"),
     **_none("log_multimodal num_completions_to_print log_unique_prompts log_completions_hub_repo", note=_INFRA),
@@ -229,7 +238,7 @@ GRPO_CONFIG: dict[str, TrlName] = {
         "use_transformers_continuous_batching transformers_continuous_batching_config use_transformers_paged",
         note="our sampler batches the whole rollout",
     ),
-    **_none("vllm_importance_sampling_cap", note=_VLLM),
+    "vllm_importance_sampling_cap": _arg("sampler_correction_cap", "TRL's older name of clip_max"),
 }
 
 TRL_NAMES: dict[str, TrlName] = {**TRAINER_ARGUMENTS, **GRPO_CONFIG, **REMOVED}

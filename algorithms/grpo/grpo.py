@@ -223,8 +223,11 @@ class GRPO(LMAlgorithm):
         self._start_gradient_sync()
         fresh = batch = self._rollout
         sampler_kl = None  # measured before the first step: on the whole fresh rollout, or on the first minibatch
-        if self._sampler_correction == "tis":
-            fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, self.sampler_correction_cap)
+        if self._sampler_correction is not None:  # "tis" or "mask": against the update's own log-probs
+            cap, mode = self.sampler_correction_cap, self._sampler_correction
+            fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, cap, mode)
+            if mode == "mask":
+                self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(fresh))
             batch = fresh
         drawn = None
         if self.replay_buffer is not None:

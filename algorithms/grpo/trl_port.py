@@ -16,7 +16,7 @@ but for the fields ``GRPOConfig`` fills in itself (:data:`FILLED_BY_TRL`: ``bf16
 give them in a dict to port them); a dict brings its keys, the rest taking our defaults. A ``GRPOConfig``'s
 ``steps_per_generation`` is read as TRL filled it (per process: from ``generation_batch_size`` when you gave that),
 so its generation batch ports too. A field you set (a dict's key, or a ``GRPOConfig`` field changed from TRL's
-default) that has no equivalent the port can copy (a scheduler, a callback, vLLM) is named in one warning with what
+default) that has no equivalent the port can copy (a scheduler, a callback) is named in one warning with what
 to do instead.
 Batching: ``n_groups`` (prompts per rollout) is ``generation_batch_size / num_generations``, where TRL's
 ``generation_batch_size`` is ``per_device_train_batch_size x steps_per_generation`` (or
@@ -120,6 +120,20 @@ def _batching(values: dict[str, Any], group_size: int) -> dict[str, int]:
     return {"n_groups": max(1, generation // group_size), "batch_size": per_device * accumulation}
 
 
+IS_MODE = "vllm_importance_sampling_mode"
+
+
+def _importance_sampling_mode(values: dict[str, Any]) -> dict[str, Any]:
+    """TRL's ``vllm_importance_sampling_mode`` as ``sampler_correction`` ("token_truncate": "tis", "sequence_mask":
+    "mask"), only where TRL applies it: with ``use_vllm`` and the correction on (without vLLM TRL ignores it, and
+    ours stays at what ``vllm_importance_sampling_correction`` says)."""
+    if IS_MODE not in values or not values.get("use_vllm"):
+        return {}
+    if values.get("vllm_importance_sampling_correction", True) is False:
+        return {}
+    return {"sampler_correction": _converted(IS_MODE, GRPO_CONFIG[IS_MODE], values[IS_MODE])[1]}
+
+
 def translate(
     values: dict[str, Any], changed: set[str], names: list[str]
 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
@@ -131,7 +145,7 @@ def translate(
     left: list[str] = []
     for name, value in values.items():
         entry = GRPO_CONFIG[name]
-        if name in BATCHING or name == "output_dir":
+        if name in BATCHING or name in ("output_dir", IS_MODE):
             continue
         if name == "reward_weights":
             if value is None:
@@ -154,6 +168,7 @@ def translate(
         else:
             {"arg": algorithm, "env": env, "policy": policy}[entry.where][key] = ours
     algorithm.update(_batching(values, int(algorithm.get("group_size", 8))))
+    algorithm.update(_importance_sampling_mode(values))
     if policy:
         algorithm["policy_kwargs"] = policy
     return algorithm, env, left

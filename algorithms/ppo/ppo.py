@@ -94,8 +94,10 @@ class LMPPO(LMAlgorithm):
             update_log_probs, _, batch.values = self.policy.log_probs_and_values(*args)  # (N, C) each
             ref_log_probs = self._reference_log_probs(batch) if self.kl_coef > 0 else None  # (N, C)
         self._sampler_kl = float(correction.sampler_kl(update_log_probs, batch.old_log_probs, mask))
-        if self._sampler_correction == "tis":  # the ratio against the update's own log-probs, tokens weighted
-            batch = correction.corrected(batch, update_log_probs, self.sampler_correction_cap)
+        if self._sampler_correction is not None:  # the ratio against the update's own log-probs, tokens weighted
+            batch = correction.corrected(batch, update_log_probs, self.sampler_correction_cap, self._sampler_correction)
+            if self._sampler_correction == "mask":
+                self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(batch))
         kl = None if ref_log_probs is None else th.where(mask, batch.old_log_probs - ref_log_probs, 0.0)  # (N, C) k1
         in_reward = self.kl_placement == "reward"
         rewards = objective.token_rewards(self._row_scores(rows), mask, kl, self.kl_coef if in_reward else 0.0)

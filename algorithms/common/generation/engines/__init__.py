@@ -1,5 +1,6 @@
 """Rollout engines behind one seam (:mod:`.base`): prompt ids in, completion ids and their log-probs out,
 ``update_weights`` after each update. ``"builtin"`` (:mod:`.builtin`: this project's KV-cache sampler), ``"hf"``
 (:mod:`.hf`: Hugging Face ``generate``), ``"vllm"`` colocated (:mod:`.vllm_colocate`: ``vllm.LLM`` in the training
-process) or served (:mod:`.vllm_server`: a vLLM OpenAI server on a host:port); :mod:`.vllm_folder` writes the model
-folder vLLM loads. vLLM is imported only by the vLLM engines, when one is built."""
+process) or served (:mod:`.vllm_server`: a vLLM OpenAI server on a host:port, which :mod:`.vllm_launcher` starts);
+:mod:`.vllm_folder` writes the model folder vLLM loads. :mod:`.setup` builds the engine an algorithm's arguments
+(:mod:`.arguments`) name. vLLM is imported only by the vLLM engines, when one is built."""

@@ -86,8 +86,24 @@ class SamplingSettings:
         )
 
 
+@dataclass(frozen=True)
+class Draw:
+    """How one :meth:`RolloutEngine.generate` call draws (its keyword arguments, documented there)."""
+
+    max_new_tokens: int
+    generator: torch.Generator | None = None
+    greedy: bool = False
+    noise_offset: int = 0
+    noise_rows: int | None = None
+
+    def seeds(self, batch: int) -> list[int]:
+        """One seed per row of a ``batch``-row call (:func:`row_seeds`)."""
+        return row_seeds(self.generator, batch, self.noise_offset, self.noise_rows)
+
+
 class RolloutEngine(ABC):
-    """Samples completions of token-id prompts and takes new weights; see the module doc.
+    """Samples completions of token-id prompts and takes new weights; see the module doc. A subclass implements
+    :meth:`_generate` and :meth:`_load_weights` (the public methods, their arguments and timing, are written here once).
 
     :param settings: how it samples (:class:`SamplingSettings`)
     """
@@ -104,7 +120,6 @@ class RolloutEngine(ABC):
         #: seconds the last :meth:`update_weights` took
         self.last_sync_seconds = 0.0
 
-    @abstractmethod
     def generate(
         self,
         prompts: Prompts,
@@ -129,6 +144,12 @@ class RolloutEngine(ABC):
         :return: :class:`~algorithms.common.generation.sampler.Completions` ``(B, max_new_tokens)``, on the prompts'
             device for tensor prompts, else on the CPU
         """
+        draw = Draw(max_new_tokens, generator, greedy, noise_offset, noise_rows)
+        return self._generate(prompts, attention_mask, draw)
+
+    @abstractmethod
+    def _generate(self, prompts: Prompts, attention_mask: torch.Tensor | None, draw: Draw) -> Completions:
+        """:meth:`generate`, its drawing arguments gathered in ``draw``."""
 
     def update_weights(self, weights: Weights) -> float:
         """Take new weights (after each optimizer update); the seconds it took (also :attr:`last_sync_seconds`).

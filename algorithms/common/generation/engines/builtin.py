@@ -1,13 +1,15 @@
-"""The ``"builtin"`` engine: this project's KV-cache sampler (:func:`~algorithms.common.generation.sampler.sample`).
+"""The ``"builtin"`` engine: this project's KV-cache sampler (:func:`~algorithms.common.generation.sampler.sample`),
+and :class:`ModelEngine`, what it shares with the ``"hf"`` engine: both run the trainer's own model object.
 
-It runs the trainer's own model object, so it always samples with the live weights: :meth:`update_weights` with that
-model is free, and another model's weights are copied in. Its samples and their random stream are exactly those of
-:func:`~algorithms.common.generation.sampler.sample` (the engine calls it), which is what ``TransformerPolicy.generate``
-runs without an engine.
+Such an engine always samples with the live weights: :meth:`~.base.RolloutEngine.update_weights` with that model is
+free, and another model's weights are copied in. The builtin engine's samples and their random stream are exactly
+those of :func:`~algorithms.common.generation.sampler.sample` (the engine calls it), which is what
+``TransformerPolicy.generate`` runs without an engine.
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Sequence
 
 import torch
@@ -15,6 +17,7 @@ from torch import nn
 
 from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.engines.base import (
+    Draw,
     Prompts,
     RolloutEngine,
     SamplingSettings,
@@ -37,7 +40,31 @@ def load_into(model: nn.Module, weights: Weights) -> None:
             own[name].copy_(tensor)
 
 
-class BuiltinEngine(RolloutEngine):
+class ModelEngine(RolloutEngine):
+    """An engine on a model object in this process: the prompts left-padded on its device, new weights copied in.
+
+    :param model: the Hugging Face causal LM to sample from (in eval mode; a peft model too), usually the policy's own
+    :param settings: how it samples
+    """
+
+    def __init__(self, model: nn.Module, settings: SamplingSettings) -> None:
+        super().__init__(settings)
+        self.model = model
+
+    def _generate(self, prompts: Prompts, attention_mask: torch.Tensor | None, draw: Draw) -> Completions:
+        device = next(self.model.parameters()).device
+        ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
+        return self._sample(ids.to(device), mask.to(device), draw)
+
+    @abstractmethod
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, draw: Draw) -> Completions:
+        """Completions of the left-padded prompts ``ids`` ``(B, T)`` (``mask``: 1 for tokens), on their device."""
+
+    def _load_weights(self, weights: Weights) -> None:
+        load_into(self.model, weights)
+
+
+class BuiltinEngine(ModelEngine):
     """Samples with :func:`~algorithms.common.generation.sampler.sample` on ``model``.
 
     :param model: the Hugging Face causal LM to sample from (in eval mode), usually the policy's own
@@ -50,8 +77,7 @@ class BuiltinEngine(RolloutEngine):
     keeps_turn_cache = True
 
     def __init__(self, model: nn.Module, settings: SamplingSettings, decoder: str = "auto") -> None:
-        super().__init__(settings)
-        self.model = model
+        super().__init__(model, settings)
         self.decoder = decoder
 
     def generate(
@@ -68,32 +94,14 @@ class BuiltinEngine(RolloutEngine):
         cache: TurnCache | None = None,
         cache_rows: torch.Tensor | Sequence[int] | None = None,
     ) -> Completions:
-        """See :meth:`RolloutEngine.generate`; the arguments go to the sampler unchanged, the KV cache kept across
-        turns included (``keep_cache``, ``cache``, ``cache_rows``:
-        :func:`~algorithms.common.generation.sampler.sample`)."""
-        ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
+        """See :meth:`RolloutEngine.generate`; also the KV cache kept across turns (``keep_cache``, ``cache``,
+        ``cache_rows``: :func:`~algorithms.common.generation.sampler.sample`)."""
+        draw = Draw(max_new_tokens, generator, greedy, noise_offset, noise_rows)
         device = next(self.model.parameters()).device
-        s = self.settings
-        return sample(
-            self.model,
-            ids.to(device),
-            mask.to(device),
-            max_new_tokens=max_new_tokens,
-            eos_token_id=s.eos_token_id,
-            pad_token_id=s.pad_token_id,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            vocab_size=s.vocab_size,
-            generator=generator,
-            greedy=greedy,
-            decoder=self.decoder,
-            noise_offset=noise_offset,
-            noise_rows=noise_rows,
-            keep_cache=keep_cache,
-            cache=cache,
-            cache_rows=cache_rows,
-        )
+        ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
+        turns = {"keep_cache": keep_cache, "cache": cache, "cache_rows": cache_rows}
+        return self._sample(ids.to(device), mask.to(device), draw, **turns)
 
-    def _load_weights(self, weights: Weights) -> None:
-        load_into(self.model, weights)
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, draw: Draw, **turns: object) -> Completions:
+        # the settings' fields, the draw's and the turn cache's are the sampler's keyword arguments, unchanged
+        return sample(self.model, ids, mask, decoder=self.decoder, **vars(self.settings), **vars(draw), **turns)

