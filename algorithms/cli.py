@@ -27,6 +27,7 @@ from algorithms.cli_options import (
     torchrun,
     where_it_goes,
 )
+from algorithms.cli_types import COUNT, DIFFICULTY, SEED, VERBOSITY, Integer
 from algorithms.common.arguments import ENGINE_ARGUMENTS
 from algorithms.common.env_util import make_env
 from algorithms.common.generation.engines.base import EngineError
@@ -50,6 +51,7 @@ from algorithms.interop_commands import add_interop_commands
 
 #: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
 ALGOS = {"grpo": ("GRPO", "grpo.yml"), "ppo": ("LMPPO", "lmppo.yml")}
+ITERATIONS = Integer(low=0)  # an interval in iterations, 0 for never
 
 
 def _algorithm(args: argparse.Namespace) -> Any:
@@ -334,7 +336,7 @@ def _add_config_arguments(parser: argparse.ArgumentParser, config_default: str |
     parser.add_argument(
         "--preset", default=None, help="a preset of the config: demo, seed, tools (default: published GRPO)"
     )
-    parser.add_argument("--eval-seed", type=int, default=0, help="selects the held-out problems and sampler seed")
+    parser.add_argument("--eval-seed", type=SEED, default=0, help="selects the held-out problems and sampler seed")
 
 
 def _add_algo_argument(parser: argparse.ArgumentParser) -> None:
@@ -347,18 +349,18 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     _add_algo_argument(parser)
     parser.add_argument("--hyperparams", "-params", nargs="*", help="overrides, e.g. learning_rate:1e-5 n_groups:8")
     parser.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder")
-    parser.add_argument("--seed", type=int, default=0, help="the random seed of the model and the run")
+    parser.add_argument("--seed", type=SEED, default=0, help="the random seed of the model and the run")
     parser.add_argument("--save-path", default=None, help="where to save the model (.zip)")
-    parser.add_argument("--verbose", type=int, default=0, help="1: print the logged values")
+    parser.add_argument("--verbose", type=VERBOSITY, default=0, help="1: print the logged values")
 
 
 def _add_train_arguments(command: argparse.ArgumentParser) -> None:
     add = command.add_argument
-    add("--n-timesteps", "-n", type=int, default=None, help="completions to train on (default: the preset's)")
+    add("-n", "--n-timesteps", type=COUNT, default=None, help="completions to train on (default: the preset's)")
     add("--no-progress-bar", dest="progress_bar", action="store_false", help="no progress bar")
-    add("--nproc", type=int, default=None, help="train on N processes: runs this command under torchrun (S17)")
+    add("--nproc", type=COUNT, default=None, help="train on N processes (the groups spread over them), under torchrun")
     add("--sharding", choices=["fsdp"], default=None, help="shard weights, gradients, optimizer state over processes")
-    add("--checkpoint-every", type=int, default=50, help="iterations between checkpoints (0: only on a signal)")
+    add("--checkpoint-every", type=ITERATIONS, default=50, help="iterations between checkpoints (0: on a signal only)")
     add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
     add("--resume", action="store_true", help="continue from the newest checkpoint to the same total")
     add_engine_flags(command)
@@ -379,8 +381,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("model", help="a model saved by grpo-gym train --save-path")
     _add_config_arguments(ev, config_default=None)
     _add_algo_argument(ev)
-    ev.add_argument("--difficulty", type=float, nargs="+", default=[0.1, 0.3, 0.5])
-    ev.add_argument("--n", type=int, default=100, help="held-out problems per difficulty")
+    ev.add_argument("--difficulty", type=DIFFICULTY, nargs="+", default=[0.1, 0.3, 0.5], help="in [0.1, 1]")
+    ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
     ev.add_argument("--eval-data", default=None, help="held-out split of a dataset or jsonl task (a data file)")
     ev.add_argument(
@@ -392,13 +394,13 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(func=tasks)
     demo = commands.add_parser("env-demo", help="show one R1Zero-v0 episode with a gold and a random completion")
     demo.add_argument("--task", default="arithmetic")
-    demo.add_argument("--difficulty", type=float, default=0.3)
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--difficulty", type=DIFFICULTY, default=0.3, help="in [0.1, 1]")
+    demo.add_argument("--seed", type=SEED, default=0)
     demo.set_defaults(func=env_demo)
     zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
-    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve (S25-S27)
+    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve
     add_interop_commands(commands)  # openenv-serve
     add_engine_commands(commands)  # vllm-serve
     return parser

@@ -29,7 +29,7 @@ def checkpoint_dir(args: argparse.Namespace) -> Path:
 
 
 def main_says(model: Any, say: Any) -> Any:
-    """``say`` on rank 0, nothing on the other ranks (S17: only rank 0 prints)."""
+    """``say`` on rank 0, nothing on the other ranks (several processes: only rank 0 prints)."""
     return say if model.distributed.is_main else lambda *_, **__: None
 
 

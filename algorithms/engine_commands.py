@@ -24,6 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from algorithms.cli_types import COUNT, PORT, POSITIVE, SEED, Number
+
+#: a share of a GPU's memory: above 0, at most all of it
+GPU_SHARE = Number(low=0.0, high=1.0, low_open=True)
 #: ``grpo-gym train``'s engine flags and the constructor arguments they set
 TRAIN_FLAGS = {"rollout_engine": "--rollout-engine", "vllm_mode": "--vllm-mode",
                "vllm_server_base_url": "--vllm-server-base-url"}  # fmt: skip
@@ -166,16 +170,16 @@ def add_engine_commands(commands: Any) -> None:
     s = commands.add_parser("vllm-serve", help="serve a model with vLLM for training runs to sample on (server mode)")
     s.add_argument("model", help="a model zip (model.save), a Hugging Face folder, or a built-in size (tiny, ...)")
     s.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=PORT, default=8000)
     s.add_argument("--folder", default=None, help="where to write the folder vLLM loads (default: a temporary one)")
     s.add_argument("--log", default=None, help="the server's log file (default: <folder>/server.log)")
-    s.add_argument("--temperature", type=float, default=None, help="the run's sampling temperature (a zip: its own)")
+    s.add_argument("--temperature", type=POSITIVE, default=None, help="the run's sampling temperature (a zip: its own)")
     s.add_argument("--model-kwargs", default=None, help="a built-in size's config fields, as JSON")
     s.add_argument("--dtype", default=None, help="vLLM's dtype (default: float32 on a CPU, bfloat16 on a GPU)")
-    s.add_argument("--kv-cache-memory-bytes", type=int, default=None, help="the KV cache (default on a CPU: 256 MiB)")
-    s.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="a GPU's share vLLM takes")
-    s.add_argument("--max-model-len", type=int, default=None, help="tokens per sequence (default: the model's)")
-    s.add_argument("--max-lora-rank", type=int, default=None, help="take LoRA adapters up to this rank")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for it to start")
+    s.add_argument("--kv-cache-memory-bytes", type=COUNT, default=None, help="the KV cache (default on a CPU: 256 MiB)")
+    s.add_argument("--gpu-memory-utilization", type=GPU_SHARE, default=0.9, help="a GPU's share vLLM takes")
+    s.add_argument("--max-model-len", type=COUNT, default=None, help="tokens per sequence (default: the model's)")
+    s.add_argument("--max-lora-rank", type=COUNT, default=None, help="take LoRA adapters up to this rank")
+    s.add_argument("--seed", type=SEED, default=0)
+    s.add_argument("--startup-timeout", type=POSITIVE, default=600.0, help="seconds to wait for it to start")
     s.set_defaults(func=vllm_serve_command)

@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import Any
 
+from algorithms.cli_types import COUNT, PORT
+
 
 def env_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
     """The env's arguments: a config preset's ``env_kwargs`` (``--preset``), then ``--env-kwargs``, ``--task``,
@@ -52,7 +54,7 @@ def add_interop_commands(commands: Any) -> None:
         "openenv-serve", help="serve R1Zero-v0 (any task, tools, reward functions) as an OpenEnv environment"
     )
     s.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=PORT, default=8000)
     s.add_argument("--task", default=None, help="the task (default: arithmetic; grpo-gym tasks lists them)")
     s.add_argument("--tools", nargs="+", default=None, metavar="NAME", help="built-in tools, e.g. calculator")
     s.add_argument(
@@ -62,6 +64,6 @@ def add_interop_commands(commands: Any) -> None:
     s.add_argument("--env-kwargs", default=None, help="more R1ZeroEnv arguments as JSON, e.g. '{\"max_turns\": 2}'")
     s.add_argument("--preset", default=None, help="take the env_kwargs of a config preset (demo, seed, tools)")
     s.add_argument("--config", default=None, help="the config file of --preset (default: zoo_configs/grpo.yml)")
-    s.add_argument("--max-concurrent-envs", type=int, default=64, help="sessions served at once")
+    s.add_argument("--max-concurrent-envs", type=COUNT, default=64, help="sessions served at once")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=openenv_serve_command)

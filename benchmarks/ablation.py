@@ -5,7 +5,7 @@ on the task's gold solutions) and trains with GRPO for the same budget of comple
 with ``--seeds`` seeds per arm. Arms: ``vanilla`` (published GRPO: every control off), each control alone, and
 ``all`` (every control on, as the ``seed`` preset). The env: ``arithmetic`` with the compact template, 32 new
 tokens, starting at difficulty 0.1, the reward 0.2 syntax + 0.2 consistency + 0.6 task (a non-zero reward-model
-weight, so that S20.2's ramp has something to ramp).
+weight, so that the reward ramp has something to ramp).
 
 Reported per arm: held-out success on the same 200 problems at difficulty 0.1 after training (mean and range
 over seeds), the completions needed until the rollout success rate (averaged over the last 5 iterations) first
@@ -39,15 +39,15 @@ SECTION = "## Ablation of the training controls (issue: the seed's training cont
 WEIGHTS = {"syntax": 0.2, "consistency": 0.2, "task": 0.6}
 ARMS: dict[str, dict] = {
     "vanilla": {},
-    "competition (S10)": {"competition": "fixed"},
-    "adaptive competition (S11)": {"competition": "adaptive"},
-    "diversity guard (S12)": {"diversity_guard": True},
-    "sequential updates (S14)": {"update_mode": "sequential"},
-    "value baseline (S9)": {"advantage_baseline": "value", "value_head": True},
-    "reward-model ramp (S20.2)": {"reward_ramp": True},
-    "protected rollouts (S20.3)": {"protected_rollouts": 3},
-    "curriculum (S21)": {"curriculum": True},
-    "replay 0.25 (S3, S5)": {"replay_ratio": 0.25},
+    "competition coefficient": {"competition": "fixed"},
+    "adaptive competition": {"competition": "adaptive"},
+    "diversity guard": {"diversity_guard": True},
+    "sequential updates": {"update_mode": "sequential"},
+    "value baseline": {"advantage_baseline": "value", "value_head": True},
+    "reward-model ramp": {"reward_ramp": True},
+    "protected rollouts": {"protected_rollouts": 3},
+    "curriculum": {"curriculum": True},
+    "replay 0.25": {"replay_ratio": 0.25},
 }
 ARMS["all"] = {k: v for arm in list(ARMS.values())[1:] for k, v in arm.items()} | {"competition": "adaptive"}
 

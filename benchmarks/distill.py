@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_flags, cpu_name, others_share, update_results, usage
 
-SECTION = "## Distillation and INT8: teacher, student, PTQ and QAT (S25, S26)"
+SECTION = "## Distillation and INT8: teacher, student, PTQ and QAT"
 #: the default student: narrower and shallower than the built-in tiny model (128 wide, 4 layers, 0.80M parameters)
 STUDENT = {"hidden_size": 96, "num_hidden_layers": 3, "intermediate_size": 256, "num_attention_heads": 4,
            "num_key_value_heads": 2}  # fmt: skip

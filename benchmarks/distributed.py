@@ -1,4 +1,4 @@
-"""Group parallelism (S17) on this machine: 1 process against 2 ``gloo`` processes, side by side in one run.
+"""Group parallelism on this machine: 1 process against 2 ``gloo`` processes, side by side in one run.
 
 The same GRPO job — the built-in ``small`` model (~4.7M parameters), K=4 problems x G=8 completions, 64 new
 tokens, beta 0.04, ``R1Zero-v0`` arithmetic with the compact template — runs as one process with 2 torch
@@ -9,7 +9,7 @@ included); the bytes each rank all-reduces per optimizer step.
 
 On 2 cores the processes share the cores a single process already uses, so this measures the overhead of
 going multi-process, not a speed-up; with one GPU per process the groups' generation and backward run in
-parallel. The seed claims (S17): "communication overhead -60%" from group parallelism and "32% -> 18%" of
+parallel. The seed claims: "communication overhead -60%" from group parallelism and "32% -> 18%" of
 time in communication with gradient compression.
 
 Command (what ``benchmarks/RESULTS.md`` records; about 3 minutes)::
@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_name, update_results
 
-SECTION = "## Group parallelism: 1 vs 2 processes (S17)"
+SECTION = "## Group parallelism: 1 vs 2 processes"
 COMPRESSIONS = ["none", "fp16", "powersgd"]
 
 

@@ -1,5 +1,5 @@
 """Peak training memory of one GRPO update on the ~100M-parameter built-in model, with 1024-token sequences,
-with and without mixed precision and gradient checkpointing every 4 layers (S15, S16, S18, S19).
+with and without mixed precision and gradient checkpointing every 4 layers (the seed's memory claims).
 
 One update is what ``GRPO.train()`` does with a rollout: the reference model's forward (beta 0.04), the
 policy's forward and backward through the GRPO loss, gradient clipping and an AdamW step. The batch: G=4
@@ -8,7 +8,7 @@ vocabulary (memory and time do not depend on which tokens). Each configuration r
 two updates (the first allocates AdamW's state), and reports:
 
 - training memory: peak RSS (``VmHWM``) minus the RSS after the imports, i.e. weights, reference, gradients,
-  optimizer state and the activations of the update — what S19's "GB per 100M parameters" counts;
+  optimizer state and the activations of the update — what the seed's "GB per 100M parameters" counts;
 - the time of the second update.
 
 On this CPU (no native bf16 instructions) bf16 autocast saves activation memory but its matmuls are emulated,
@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_flags, cpu_name, memory_mib, update_results
 
-SECTION = "## Training memory of one update, ~100M parameters, 1024-token sequences (S18, S19)"
+SECTION = "## Training memory of one update, ~100M parameters, 1024-token sequences"
 CONFIGS = {  # name: (mixed_precision, gradient_checkpointing)
     "fp32": ("no", False),
     "checkpoint every 4 layers": ("no", 4),

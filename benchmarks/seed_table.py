@@ -1,6 +1,6 @@
-"""The seed's comparison table (S22) measured on our tasks: PPO vs published GRPO vs the seed preset vs RLOO.
+"""The seed's comparison table measured on our tasks: PPO vs published GRPO vs the seed preset vs RLOO.
 
-S22 claims, on SuperGLUE (not reachable offline): accuracy 82.3 / 85.7 / 86.1 %, training time 72 / 68 / 54 h and
+The seed claims, on SuperGLUE (not reachable offline): accuracy 82.3 / 85.7 / 86.1 %, training time 72 / 68 / 54 h and
 sample efficiency 1.0 / 1.32 / 1.45 for a PPO baseline, GRPO and the "optimised" GRPO. Here, per task (the embedded
 default ``arithmetic`` and ``countdown``): one shared cold start (the built-in tiny model after ``--sft-steps`` SFT
 steps on the task's gold solutions), then each algorithm trains from it for the same budget of ``--completions``
@@ -15,7 +15,7 @@ completions, ``--seeds`` seeds each, at one learning rate (``--lr``) for all:
 
 Reported: held-out success after training (mean and range over seeds, ``--eval-problems`` problems of the task at
 its training difficulty, sampled at temperature 1, top-p 0.92), training wall time per run, peak resident memory
-of the worker process that ran the arm's seeds, and sample efficiency as S22 defines it: the completions PPO needs
+of the worker process that ran the arm's seeds, and sample efficiency as the seed defines it: the completions PPO needs
 to reach a held-out success threshold (the cold start's success + ``--gain``) divided by the completions the
 algorithm needs (so PPO is 1.0; linear interpolation on the seeds' mean held-out curve, measured at ``--evals``
 points). A plot of held-out success vs completions goes to ``benchmarks/seed_table.png``, the raw curves to
@@ -46,8 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: ben
 from common import cpu_name, memory_mib, run_worker, update_results
 from learning_report import cell, time_to_reach
 
-SECTION = "## The seed's comparison table (S22): PPO vs GRPO vs the seed preset vs RLOO"
-WEIGHTS = {"syntax": 0.2, "consistency": 0.2, "task": 0.6}  # the ablation's: S20.2's ramp has a weight to ramp
+SECTION = "## The seed's comparison table: PPO vs GRPO vs the seed preset vs RLOO"
+WEIGHTS = {"syntax": 0.2, "consistency": 0.2, "task": 0.6}  # the ablation's: the reward ramp has a weight to ramp
 TASKS: dict[str, dict[str, Any]] = {
     "arithmetic": {"task": "arithmetic", "difficulty": 0.1},
     "countdown": {"task": "countdown", "difficulty": 0.1},
@@ -58,7 +58,7 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
     "seed preset": ("grpo", {"preset": "seed"}),
     "RLOO": ("grpo", {"advantage_baseline": "leave_one_out", "advantage_scale": "none"}),
 }
-#: S22's figures, in the order PPO, GRPO, optimised GRPO (our seed preset)
+#: the seed's figures, in the order PPO, GRPO, optimised GRPO (our seed preset)
 SEED_S22 = {
     "PPO": ("82.3%", "72 h", "1.0"),
     "GRPO": ("85.7%", "68 h", "1.32"),
@@ -180,7 +180,7 @@ def task_table(task: str, results: dict[str, dict], start: float, args: argparse
         f"**{task}** (cold start: {start:.1%} held-out; threshold {target:.1%})",
         "",
         "| algorithm | held-out success (mean, range over seeds) | vs cold start | completions to threshold "
-        "| sample efficiency vs PPO | wall time per run | peak RSS | S22 (accuracy, time, efficiency) |",
+        "| sample efficiency vs PPO | wall time per run | peak RSS | the seed's claim (accuracy, time, efficiency) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for arm, result in results.items():
@@ -218,7 +218,7 @@ def _faster(results: dict[str, dict], a: str, b: str) -> str:
 
 
 def reading(all_results: dict[str, dict[str, dict]]) -> list[str]:
-    """S22's ordering claims checked per task, by the means over seeds."""
+    """The seed's ordering claims checked per task, by the means over seeds."""
     lines = []
     for task, results in all_results.items():
         claims = [_better(results, "GRPO", "PPO"), _better(results, "seed preset", "GRPO"),
@@ -296,13 +296,13 @@ def main() -> None:
         f"{args.sft_steps}-step cold start; then {args.completions} completions per run, lr {args.lr} for every "
         f"algorithm, {args.seeds} seeds; held-out success on {args.eval_problems} problems at the training "
         f"difficulty, sampled (temperature 1, top-p 0.92), measured at {', '.join(map(str, points))} completions. "
-        "Reward 0.2 syntax + 0.2 consistency + 0.6 task (the ablation's). S22's column is the seed's claim on "
+        "Reward 0.2 syntax + 0.2 consistency + 0.6 task (the ablation's). The seed's column is its claim on "
         "SuperGLUE, PPO baseline / GRPO / optimised GRPO (our seed preset); RLOO is not in the seed.",
         "",
     ]
     for task in all_results:
         lines += [*task_table(task, all_results[task], starts[task], args), ""]
-    lines += ["What the measurements say about S22's claims (by the means over seeds):", "", *reading(all_results)]
+    lines += ["What the measurements say about the seed's claims (by the means over seeds):", "", *reading(all_results)]
     body = "\n".join(lines) + "\n\n![held-out success vs completions](seed_table.png)"
     print(body)
     if args.results:

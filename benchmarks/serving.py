@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: ben
 from common import busy_cpu_seconds, cpu_flags, cpu_name, update_results
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = "## Serving: dynamic batching vs one at a time (S27)"
+SECTION = "## Serving: dynamic batching vs one at a time"
 CLIENTS = (1, 8, 32, 128)
 
 

@@ -5,7 +5,7 @@ the answer; no gold reasoning), two TRL reward functions in their conversational
 ``<answer>`` block equals the solution; ``think_format``: ``<think>...</think><answer>...</answer>``), and
 ``GRPOTrainer(model, reward_funcs=[accuracy, think_format], args=GRPOConfig(...), train_dataset=...)``, turned into
 ``GRPO.from_trl(model_folder, [accuracy, think_format], args={...}, train_dataset=..., eval_dataset=...)`` as the
-README documents. The model plays a TRL user's pretrained model: the built-in tiny one (0.8M parameters) taught the
+docs document. The model plays a TRL user's pretrained model: the built-in tiny one (0.8M parameters) taught the
 task's format once, by ``--pretrain-steps`` supervised steps on the arithmetic task's gold solutions in the same
 prompt layout, and exported with ``save_pretrained`` (model + tokenizer) to a folder, shared by every seed; a model
 from a folder is taken as pretrained (no cold start in the port). The problems are the ``arithmetic`` task's at

@@ -1,4 +1,4 @@
-"""The context window (S6): the token history of one episode, shown to the policy as a left-padded array.
+"""The context window: the token history of one episode, shown to the policy as a left-padded array.
 
 Truncation rules, in one place:
 

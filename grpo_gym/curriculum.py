@@ -1,4 +1,4 @@
-"""``DynamicCurriculum``: the difficulty rule of S21, exactly as the seed gives it."""
+"""``DynamicCurriculum``: the dynamic curriculum's difficulty rule, exactly as the seed gives it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from grpo_gym.validation import ArgumentError, check_float
 
 
 class DynamicCurriculum:
-    """Raise the difficulty while the policy succeeds, lower it while it fails (S21).
+    """Raise the difficulty while the policy succeeds, lower it while it fails (the original design's dynamic
+    curriculum).
 
     ``update(success_rate)``: above ``raise_above`` (0.8) the level becomes ``min(1.0, level + 0.05)``;
     else below ``lower_below`` (0.5) it becomes ``max(0.1, level - 0.03)``; otherwise it stays. Levels are

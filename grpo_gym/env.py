@@ -43,8 +43,8 @@ class R1ZeroEnv(gym.Env):
 
     **Description.** Each episode draws a problem from a task family (``arithmetic`` by default) at the
     current difficulty, shows it in the R1-Zero template, and scores the model's completion with the
-    composite reward of S2. With ``max_turns > 1`` a wrong answer gets feedback appended to the context and
-    the model answers again (S6's state transition).
+    composite reward (syntax, consistency, task). With ``max_turns > 1`` a wrong answer gets feedback
+    appended to the context and the model answers again (the episode's state transition).
 
     **Observation space.** ``Dict(input_ids=Box(0, vocab-1, (context_length,), int64),
     attention_mask=Box(0, 1, (context_length,), int64))``: the context window, left-padded so the newest
@@ -95,17 +95,17 @@ class R1ZeroEnv(gym.Env):
     :param task_kwargs: keyword arguments for the task (e.g. ``{"path": "data.jsonl"}`` for ``jsonl``,
         ``{"data": ds, "prompt": "question"}`` for ``dataset``; see :mod:`grpo_gym.tasks`)
     :param tokenizer: ``None`` for the built-in character tokenizer, a tokenizer object, or a local path
-    :param context_length: the context window size in tokens (S6: 4096)
+    :param context_length: the context window size in tokens (the original design's 4096)
     :param max_new_tokens: the completion budget of one turn
     :param action_mode: ``"sequence"`` or ``"token"``
     :param max_turns: turns per episode (1: single answer)
-    :param difficulty: the initial difficulty in [0.1, 1.0] (S21 starts at 0.3)
+    :param difficulty: the initial difficulty in [0.1, 1.0] (the dynamic curriculum starts at 0.3)
     :param template: ``"r1zero"``, ``"compact"`` or a format string with ``{prompt}``
     :param use_chat_template: use the tokenizer's chat template when it has one (``"auto"``)
     :param reward_weights: weights of the components (``syntax``, ``consistency``, ``task``, ``length`` and the names
         of ``reward_funcs``; partial dicts allowed; finite, negative allowed)
     :param reward_model: a :class:`RewardModelScorer` or a path to a sequence-classification model; when
-        given, it scores the ``consistency`` component (S6 step 3)
+        given, it scores the ``consistency`` component
     :param render_mode: ``None``, ``"ansi"`` (``render()`` returns the conversation) or ``"human"`` (prints it);
         ``"rgb_array"``, which SB3 requests by default, is accepted and renders nothing
     :param on_reward_error: ``"zero"`` (default: a reward component whose scoring raised scores 0, reported in
@@ -119,9 +119,9 @@ class R1ZeroEnv(gym.Env):
         verify (and consistency hooks) may take; past it that component scores 0 and is reported in
         ``info["reward_errors"]`` (a sync call is abandoned in a daemon thread, where it keeps running; see
         :mod:`grpo_gym.rewards.timeouts`). ``None``: no limit
-    :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the seed's
-        [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given, as TRL
-        sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
+    :param reward_clip: the total reward is clipped to ``[-reward_clip, reward_clip]``: ``"auto"`` is 1 (the original
+        design's [-1, 1]) with the built-in components alone and no clip (``None``) when ``reward_funcs`` are given,
+        as TRL sums its reward functions; a clip that changes a total warns once (``reward_fn.clipped_count``)
     :param tools: functions the model may call: a list (built-in names such as ``"calculator"`` allowed) or a dict
         ``{name: fn}`` (:mod:`grpo_gym.tools`); ``max_tool_calls`` per episode, each abandoned after ``tool_timeout`` s
 
@@ -267,7 +267,7 @@ class R1ZeroEnv(gym.Env):
         return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
     def gold_examples(self, n: int, difficulty: float | None = None, episodes: bool = False) -> list[Any]:
-        """``n`` cold-start examples (S20.1) from problems drawn like :meth:`sample_problem`: the task's gold
+        """``n`` cold-start examples from problems drawn like :meth:`sample_problem`: the task's gold
         solutions, one ``(prompt, completion)`` example per model turn, or with ``episodes`` one ``(prompt,
         completion, roles)`` example per problem, its whole episode (see :mod:`grpo_gym.gold`). :attr:`gold_stand_ins`
         counts the problems without gold reasoning, which got a stand-in (the cold start warns with the count)."""

@@ -1,4 +1,4 @@
-"""Cold-start examples (S20.1): the task's gold solutions as the token ids of ``(prompt, completion)`` pairs.
+"""Cold-start examples: the task's gold solutions as the token ids of ``(prompt, completion)`` pairs.
 
 A single-turn example is the templated prompt and ``<think>REASONING</think><answer>ANSWER</answer>`` + EOS. A
 problem whose task gives no gold reasoning (a data row without ``solution``) gets :data:`STAND_IN_REASONING`, so

@@ -113,7 +113,7 @@ def _equivalent(algorithm: str, entry: TrlName, accepted: set[str]) -> str:
     note = f" ({entry.note})" if entry.note and not own else ""
     ours = entry.lmppo if own else entry.ours
     if entry.where == "none":
-        return f"we have no equivalent ({entry.note}); see the README's 'From TRL's GRPOConfig'"
+        return f"we have no equivalent ({entry.note}); see 'From TRL's GRPOConfig' in docs/guides/from-trl.md"
     if entry.where == "always":
         return f"nothing to set, this is always so: {entry.ours}"
     if entry.where == "arg" and ours not in accepted:

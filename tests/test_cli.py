@@ -115,10 +115,10 @@ def test_train_writes_one_run_with_sft_and_grpo(trained: tuple[Path, Path, str])
     assert [e.step for e in events.Scalars("train/loss")] == [8, 16]
 
 
-def test_the_readme_tensorboard_list_names_tags_the_run_writes(trained: tuple[Path, Path, str]) -> None:
+def test_the_docs_tensorboard_list_names_tags_the_run_writes(trained: tuple[Path, Path, str]) -> None:
     folder, _, _ = trained
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    listed = text[text.index("- **TensorBoard**") : text.index("### Algorithm options")]
+    text = (Path(__file__).resolve().parent.parent / "docs" / "guides" / "tensorboard.md").read_text(encoding="utf-8")
+    listed = text[text.index("<!-- tensorboard-tags:") : text.index("<!-- tensorboard-tags end -->")]
     tags = set(re.findall(r"`((?:rollout|train|time|sft|samples|precision)/[a-z_/]+)`", listed))
     tags = (tags - {"rollout/reward/accuracy"}) | {"rollout/reward/task"}  # <name>: a function's, a built-in's
     events = EventAccumulator(str(folder / "tb x" / "GRPO_1")).Reload().Tags()

@@ -118,7 +118,7 @@ def test_curriculum_moves_the_difficulty(tmp_path: Path):
     model = make_model(curriculum=True, tensorboard_log=str(tmp_path))
     model.learn(8 * 3)
     levels = _scalars(tmp_path)["curriculum/difficulty"]
-    assert levels[0] == pytest.approx(0.3) or levels[0] == pytest.approx(0.27)  # from S21's start
+    assert levels[0] == pytest.approx(0.3) or levels[0] == pytest.approx(0.27)  # from the curriculum's start
     assert model.env.get_attr("difficulty")[0] == pytest.approx(levels[-1])
     callback = CurriculumCallback()
     assert callback.curriculum.difficulty == 0.3

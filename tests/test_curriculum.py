@@ -1,4 +1,4 @@
-"""DynamicCurriculum: the S21 rule table, bounds, and applying the level to envs and VecEnvs."""
+"""DynamicCurriculum: the rule table, bounds, and applying the level to envs and VecEnvs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Group parallelism (S17) with real processes: torchrun, 2 gloo ranks, the tiny model."""
+"""Group parallelism (several processes) with real processes: torchrun, 2 gloo ranks, the tiny model."""
 
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ def test_the_graph_is_read_from_every_kind_of_import(tmp_path: Path) -> None:
 
 def test_no_import_circle_in_the_packages() -> None:
     found = circles(import_graph())
-    assert not found, "import circles (cut each: see the README's layout): " + "; ".join(" <-> ".join(c) for c in found)
+    shown = "; ".join(" <-> ".join(c) for c in found)
+    assert not found, f"import circles (cut each; the map: docs/contributing/layout.md): {shown}"
 
 
 def test_common_imports_no_algorithm_folder() -> None:
@@ -130,9 +131,9 @@ def test_common_imports_no_algorithm_folder() -> None:
     assert not wrong, f"algorithms/common/ must build on no algorithm: {wrong}"
 
 
-def test_the_readme_layout_lists_every_module() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+def test_the_layout_page_lists_every_module() -> None:
+    page = (ROOT / "docs" / "contributing" / "layout.md").read_text(encoding="utf-8")
+    block = page.split("## The map", 1)[1].split("```", 2)[1]
     folders: list[tuple[int, str]] = []
     entries = set()
     for line in block.splitlines():  # "common/rollout/" then "    rows.py": a folder line, then its modules
@@ -150,7 +151,7 @@ def test_the_readme_layout_lists_every_module() -> None:
         relative = path.relative_to(ROOT)  # e.g. algorithms/common/rollout/rows.py -> common/rollout/rows.py
         if path.name != "__init__.py" and relative.relative_to(relative.parts[0]).as_posix() not in entries:
             missing.append(relative.as_posix())
-    assert not missing, f"the README's layout map leaves out {missing}"
+    assert not missing, f"the layout map (docs/contributing/layout.md) leaves out {missing}"
 
 
 def test_pyproject_lists_every_package() -> None:
@@ -165,12 +166,6 @@ def test_pyproject_lists_every_package() -> None:
         for path in (ROOT / package).rglob("__init__.py")
     }
     assert listed - {"algorithms.zoo_configs"} == folders
-
-
-def test_the_readme_code_blocks_are_closed() -> None:
-    """Every fenced block of the README ends (a merge that drops a fence turns the prose after it into code)."""
-    fences = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines() if line.startswith("```")]
-    assert fences[1::2] == ["```"] * (len(fences) // 2) and len(fences) % 2 == 0, fences
 
 
 def test_the_saving_room_and_the_env_import_no_algorithm() -> None:

@@ -28,7 +28,7 @@ def test_builtin_vocabulary_matches_the_builtin_tokenizer():
         assert config["vocab_size"] == len(tokenizer)
         assert config["pad_token_id"] == tokenizer.pad_token_id
         assert config["eos_token_id"] == tokenizer.eos_token_id
-        assert config["max_position_embeddings"] == 2048  # S4: 2048 tokens of memory
+        assert config["max_position_embeddings"] == 2048  # the policy's 2048 tokens of memory
         assert config["tie_word_embeddings"]
 
 

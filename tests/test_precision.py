@@ -1,4 +1,4 @@
-"""Mixed precision (S15): the precision of each stage, autocast forward passes, float32 weights/value head/loss,
+"""Mixed precision: the precision of each stage, autocast forward passes, float32 weights/value head/loss,
 skipped non-finite steps."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for grpo_gym.rewards: the template parser, the three S2 components and the composite reward."""
+"""Tests for grpo_gym.rewards: the template parser, the three components and the composite reward."""
 
 from __future__ import annotations
 

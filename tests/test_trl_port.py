@@ -1,9 +1,9 @@
-"""Coming from TRL: the README's porting recipe run as written, GRPO.from_trl with a GRPOConfig or a dict, its
-errors, LoRA from a peft_config, and Weights & Biases through wandb's SB3 callback (offline)."""
+"""Coming from TRL: the docs' porting recipe (docs/guides/from-trl.md) run as written, GRPO.from_trl with a
+GRPOConfig or a dict, its errors, LoRA from a peft_config, and Weights & Biases through wandb's SB3 callback
+(offline)."""
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -11,30 +11,23 @@ import pytest
 from datasets import Dataset
 
 from algorithms import GRPO
+from tests.docs_blocks import ROOT, python_blocks
 from tests.sizes import TINY, TINY_KWARGS
 
 trl = pytest.importorskip("trl")
-README = Path(__file__).resolve().parent.parent / "README.md"
+FROM_TRL = ROOT / "docs" / "guides" / "from-trl.md"
 SMALL = {"policy_kwargs": {"model_kwargs": TINY_KWARGS}}  # the test-size built-in model, over from_trl's "tiny"
 BUILTINS_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
 
 
-def readme_python_blocks(section: str) -> list[str]:
-    """The ```python blocks of the README's ``## <section>``, in order."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"## {section}\n")
-    end = text.find("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start : end if end > 0 else None], flags=re.S)
-
-
-def test_the_readme_porting_recipe_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_porting_recipe_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    recipe = readme_python_blocks("Coming from TRL")[0]
+    (recipe,) = [block for block in python_blocks(FROM_TRL) if "GRPO.from_trl(" in block]  # tests/test_docs.py skips it
     assert "GRPO.from_trl(" in recipe and "model.learn(" in recipe
     namespace: dict = {"__name__": "readme_recipe"}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        exec(compile(recipe, "README.md: Coming from TRL", "exec"), namespace)
+        exec(compile(recipe, "docs/guides/from-trl.md: the porting recipe", "exec"), namespace)
     # the rows' `solution` holds answers, not reasoning: the stand-in warning says how to name a reasoning column
     stand_in = [str(w.message) for w in caught if "had no gold reasoning" in str(w.message)]
     assert len(stand_in) == 1 and "task_kwargs={'solution': '<column>'}" in stand_in[0]
@@ -191,10 +184,11 @@ def test_a_peft_config_without_target_modules_adapts_what_peft_picks(tmp_path: P
 
 
 def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The README's W&B recipe: wandb's SB3 WandbCallback with sync_tensorboard, offline. wandb gets the run and
-    GRPO's arguments, and the TensorBoard run in the folder it watches holds the tags (read back with tensorboard's
-    reader). wandb's own record file is written by its service process, asynchronously (on CI it held only its
-    header when finish() returned), so the test reads neither the tags nor the run id from its contents."""
+    """The docs' W&B recipe (tests/test_docs.py runs it as written too): wandb's SB3 WandbCallback with
+    sync_tensorboard, offline. wandb gets the run and GRPO's arguments, and the TensorBoard run in the folder it
+    watches holds the tags (read back with tensorboard's reader). wandb's own record file is written by its service
+    process, asynchronously (on CI it held only its header when finish() returned), so the test reads neither the
+    tags nor the run id from its contents."""
     wandb = pytest.importorskip("wandb")
     import gymnasium as gym
     from wandb.integration.sb3 import WandbCallback

@@ -279,14 +279,18 @@ LM_ARGUMENTS = Arguments(
         ),
         "n_groups": Argument(4, integer(low=1), "K, problems (prompts) per rollout", "int"),
         "group_size": Argument(8, integer(low=1), "G, completions per problem", "int"),
-        "max_grad_norm": Argument(0.5, number(low=0.0, low_open=True), "global gradient-norm clip (S13: 0.5)", "float"),
+        "max_grad_norm": Argument(
+            0.5, number(low=0.0, low_open=True), "global gradient-norm clip (the original design's 0.5)", "float"
+        ),
         "gamma": Argument(
             0.99, number(low=0.0, high=1.0, low_open=True),
-            "discount over the turns of a multi-turn episode (S23: 0.99 generation, 0.95 dialogue)", "float",
+            "discount over the turns of a multi-turn episode (the original design's 0.99 for generation, 0.95 for "
+            "dialogue)",
+            "float",
         ),
         "gradient_compression": Argument(
             None, choice(*COMPRESSIONS),
-            'with several processes (S17, :mod:`~algorithms.common.runtime.distributed`): ``None``, ``"fp16"``, '
+            'with several processes (:mod:`~algorithms.common.runtime.distributed`): ``None``, ``"fp16"``, '
             '``"bf16"`` or ``"powersgd"`` (PyTorch\'s DDP communication hooks)', "str | None",
         ),
         "sharding": Argument(None, choice(*SHARDINGS), _SHARDING, "str | None"),
@@ -329,8 +333,8 @@ LM_ARGUMENTS = Arguments(
         ),
         "curriculum": Argument(
             False, boolean(),
-            "S21: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of every env from "
-            "the rolling success rate (``curriculum/difficulty``)", "bool",
+            "the dynamic curriculum: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of "
+            "every env from the rolling success rate (``curriculum/difficulty``)", "bool",
         ),
         "collapse_guard": Argument("auto", check_collapse_guard, _COLLAPSE_GUARD, "str | bool | dict[str, Any] | None"),
         "stats_window_size": Argument(

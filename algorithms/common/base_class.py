@@ -1,8 +1,8 @@
 """``LMBaseAlgorithm``: the parts of a language-model algorithm that are not its learning loop.
 
 The role SB3's ``BaseAlgorithm`` (``base_class.py``) plays under ``OnPolicyAlgorithm``: the constructor's shared
-arguments, the policy with its mixed precision (S15), the frozen reference, the rollouts' seeds
-(:class:`~algorithms.common.rollout.seeds.RolloutSeeds`), several processes (S17: whole replicas or FSDP2 shards,
+arguments, the policy with its mixed precision, the frozen reference, the rollouts' seeds
+(:class:`~algorithms.common.rollout.seeds.RolloutSeeds`), several processes (whole replicas or FSDP2 shards,
 :mod:`algorithms.common.runtime.parallel`), the guarded optimizer step, the
 run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`) and ``save`` / ``load``
 (the file's contents: :mod:`algorithms.common.saving.run_file`). The learning loop and rollout collection are
@@ -80,7 +80,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._dist = Distributed(timeout=values["dist_timeout"])
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array": see make_env_for_model
             env = make_env_for_model(env, values["policy_kwargs"].get("model"))
-        main = self._dist.is_main  # S17: only rank 0 logs and prints
+        main = self._dist.is_main  # several processes: only rank 0 logs and prints
         super().__init__(
             policy,
             env,
@@ -429,7 +429,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     # ------------------------------------------------------------------ steps every update shares
     def _start_gradient_sync(self) -> None:
-        """S17, once after the cold start: DDP copies rank 0's weights everywhere and makes its reducer."""
+        """Several processes, once after the cold start: DDP copies rank 0's weights everywhere and makes its
+        reducer."""
         self._parallel.start(self.policy, self.ref_model)
 
     def _optimizer_step(self, loss: th.Tensor | None) -> th.Tensor:
@@ -439,7 +440,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if loss is not None:
             optimizer.zero_grad(set_to_none=True)
             (loss if self._scaler is None else self._scaler.scale(loss)).backward()
-        self._parallel.reduce()  # S17: the sum of every rank's (share-weighted) gradient
+        self._parallel.reduce()  # several processes: the sum of every rank's (share-weighted) gradient
         if self._scaler is not None:
             self._scaler.unscale_(optimizer)
         grad_norm = clip_grad_norm(self.policy.parameters(), self.max_grad_norm)

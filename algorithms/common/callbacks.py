@@ -1,4 +1,4 @@
-"""Callbacks of the training loop: the dynamic curriculum (S21)."""
+"""Callbacks of the training loop: the dynamic curriculum."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from grpo_gym.curriculum import DynamicCurriculum
 
 
 class CurriculumCallback(BaseCallback):
-    """Feed each rollout's success rate to a :class:`DynamicCurriculum` and set its level on every env (S21).
+    """Feed each rollout's success rate to a :class:`DynamicCurriculum` and set its level on every env.
 
     After every rollout the share of its completions the env marked ``is_success`` goes to
     ``curriculum.update``; the new level is applied to the training VecEnv through ``env_method`` (so envs in
-    other processes follow) and logged as ``curriculum/difficulty``. With several training processes (S17) the
+    other processes follow) and logged as ``curriculum/difficulty``. With several training processes the
     rate is that of every process's episodes, so every rank sets the same level. The level is also applied once at the
     start of training, so the first rollout already uses ``curriculum.difficulty``.
 
-    :param curriculum: the rule and its state (default: S21's, starting at 0.3)
+    :param curriculum: the rule and its state (default: the original design's, starting at 0.3)
     """
 
     def __init__(self, curriculum: DynamicCurriculum | None = None, verbose: int = 0) -> None:

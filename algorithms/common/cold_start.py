@@ -1,4 +1,4 @@
-"""The cold-start stage (S20.1): supervised fine-tuning on gold solutions before RL.
+"""The cold-start stage: supervised fine-tuning on gold solutions before RL.
 
 Targets are checked: a task problem without gold reasoning (a data row without ``solution``, most reasoning-gym
 families) gets the env's stand-in reasoning (``<think>The answer is X.</think>``) so the target stays well formed,

@@ -27,7 +27,7 @@ subclass writes are marked *subclass*)::
     ├─ push_weights                           the rollout engine gets the new weights (time/weight_sync_seconds)
     └─ dump_logs                              rollout/, time/, train/ at num_timesteps
 
-The cold start (S20.1, :meth:`LMAlgorithm.run_cold_start`) runs before the first rollout.
+The cold start (:meth:`LMAlgorithm.run_cold_start`) runs before the first rollout.
 """
 
 from __future__ import annotations
@@ -371,7 +371,7 @@ class LMAlgorithm(LMBaseAlgorithm):
         return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
 
     def run_cold_start(self, progress_bar: bool = False) -> dict[str, float]:
-        """The cold-start SFT stage (S20.1); rebuilds the reference from its result. Logged under ``sft/``;
+        """The cold-start SFT stage; rebuilds the reference from its result. Logged under ``sft/``;
         ``progress_bar`` shows its steps (a bar on a terminal, a line per tenth otherwise)."""
         assert self.env is not None
         if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only

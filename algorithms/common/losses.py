@@ -32,7 +32,7 @@ def discounted_returns(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
     """Return from the first turn of a multi-turn episode: ``sum_t gamma^t r_t`` over valid turns.
 
     ``t`` is the turn's position (turn 0 is undiscounted). Reduces an episode to one score per
-    completion chain (S23: gamma 0.95 for dialogues, 0.99 for generation).
+    completion chain (the original design's gamma: 0.95 for dialogues, 0.99 for generation).
 
     :param rewards: per-turn rewards, shape ``(N, T_turns)``
     :param gamma: discount factor in ``[0, 1]``

@@ -50,13 +50,14 @@ class TransformerPolicy(BasePolicy):
     :param eos_token_id: the env tokenizer's EOS id (a completion ends there)
     :param pad_token_id: the env tokenizer's pad id
     :param temperature: sampling temperature, at least 1e-5 (log-probs use the same scaling)
-    :param top_p: nucleus sampling mass (S6: 0.92)
+    :param top_p: nucleus sampling mass (the original design's 0.92)
     :param top_k: top-k filter, 0 for none
-    :param memory_length: the most tokens the policy attends to, prompt and completion together (S4: 2048;
-        capped at the model's position limit); older context tokens are cut
-    :param value_head: add an FP32 value head on the last prompt token (S9's value-network baseline)
-    :param gradient_checkpointing: checkpoint the decoder's layers in chunks (S16): ``True`` for every 4 layers,
-        an int N for every N layers, ``False`` for none (:mod:`~algorithms.common.model.gradient_checkpointing`)
+    :param memory_length: the most tokens the policy attends to, prompt and completion together (the original
+        design's 2048; capped at the model's position limit); older context tokens are cut
+    :param value_head: add an FP32 value head on the last prompt token (the value-network baseline)
+    :param gradient_checkpointing: checkpoint the decoder's layers in chunks: ``True`` for every 4 layers (the
+        original design's), an int N for every N layers, ``False`` for none
+        (:mod:`~algorithms.common.model.gradient_checkpointing`)
     :param frozen_parameters: names of the model's parameters that do not train (``requires_grad=False``); the
         algorithm records a given model object's frozen ones here, so they stay frozen after ``load``
     :param seed: seeds a built-in model's initial weights
@@ -132,7 +133,7 @@ class TransformerPolicy(BasePolicy):
                 self.model, DEFAULT_EVERY if gradient_checkpointing is True else int(gradient_checkpointing)
             )
         #: the autocast dtype of the model's forward passes per stage ("sampling", "update", "sft"; None or
-        #: missing: float32); the algorithm sets it from its mixed_precision (S15, algorithms.common.runtime.precision)
+        #: missing: float32); the algorithm sets it from its mixed_precision (algorithms.common.runtime.precision)
         self.autocast_dtypes: dict[str, th.dtype | None] = {}
         #: the engine the policy's rollouts sample on (:mod:`~algorithms.common.generation.engines`); None: the
         #: built-in sampler directly. Set by the algorithm, which pushes new weights to it after each update.
@@ -261,7 +262,7 @@ class TransformerPolicy(BasePolicy):
         """The prompt tensors of a batch of observations: ``(input_ids, attention_mask)``, both ``(B, T)``.
 
         Columns that are padding in every row are dropped, and at most ``memory_length - max_new_tokens``
-        newest tokens are kept (S4's attention span, with room for the completion).
+        newest tokens are kept (the policy's attention span, with room for the completion).
         """
         input_ids, mask = obs["input_ids"].long(), obs["attention_mask"].long()  # (B, L)
         used = int(mask.sum(dim=1).max().item()) if mask.numel() else 0

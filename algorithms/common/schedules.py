@@ -9,8 +9,8 @@ from dataclasses import dataclass
 class UpdateDecay:
     """Linear decay from ``start`` to ``end`` over ``n_updates`` gradient updates, then constant at ``end``.
 
-    S23's entropy coefficient is ``UpdateDecay(0.01, 0.001, 10_000)``: it does not depend on the length of
-    the run, which an SB3 progress schedule (``f(progress_remaining)``) would.
+    The original design's entropy coefficient is ``UpdateDecay(0.01, 0.001, 10_000)``: it does not depend on the
+    length of the run, which an SB3 progress schedule (``f(progress_remaining)``) would.
 
     :param start: the value at update 0
     :param end: the value from ``n_updates`` on

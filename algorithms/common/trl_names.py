@@ -1,12 +1,12 @@
-"""TRL's names and ours: one table, read by the constructors' hints, by ``GRPO.from_trl`` and by the README.
+"""TRL's names and ours: one table, read by the constructors' hints, by ``GRPO.from_trl`` and by the docs.
 
 Every field of TRL 1.16's ``GRPOConfig`` (and the ``GRPOTrainer`` arguments a script passes) has an entry
 (:data:`TRL_NAMES`): our equivalent and where it goes, or ``None`` with what to do instead. ``GRPO(...)`` and
 ``LMPPO(...)`` given a TRL name raise a ``TypeError`` that names ours (:func:`with_trl_hints`, a decorator: the
 constructors keep their SB3-style signatures). The names whose equivalent is the env's, and the hint itself, are
 the env's own (:mod:`grpo_gym.trl_names`: ``gym.make("R1Zero-v0", max_completion_length=...)`` names ours too).
-:func:`readme_section` writes the README's table; a test checks that the README holds it and that it covers every
-``GRPOConfig`` field.
+:func:`readme_section` writes the table of docs/guides/from-trl.md; a test checks that the page holds it and that
+it covers every ``GRPOConfig`` field.
 """
 
 from __future__ import annotations
@@ -250,14 +250,15 @@ TRL_NAMES: dict[str, TrlName] = {**TRAINER_ARGUMENTS, **GRPO_CONFIG, **REMOVED}
 with_trl_hints = functools.partial(env_hints, names=TRL_NAMES)
 
 
-# ---------------------------------------------------------------------------------------------- the README table
+# ---------------------------------------------------------------------------------------------- the docs' table
 def _ours_cell(entry: TrlName) -> str:
     text = spelled("", entry)
     return f"`{text}`" if entry.where in ("arg", "env", "policy", "call") else text
 
 
 def readme_table() -> str:
-    """The README's "From TRL's GRPOConfig" table: every name with an equivalent, then those without, by reason."""
+    """The "From TRL's GRPOConfig" table (docs/guides/from-trl.md): every name with an equivalent, then those
+    without, by reason."""
     lines = ["| TRL | grpo-gym | note |", "|---|---|---|"]
     for name, entry in TRL_NAMES.items():
         if entry.where != "none":
@@ -278,5 +279,5 @@ TABLE_END = "<!-- trl-table end -->"
 
 
 def readme_section() -> str:
-    """The table between its markers, as the README holds it."""
+    """The table between its markers, as docs/guides/from-trl.md holds it."""
     return f"{TABLE_START}\n{readme_table()}\n{TABLE_END}"

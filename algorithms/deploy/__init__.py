@@ -1,4 +1,4 @@
-"""Deployment (S25-S27): distil a trained policy into a smaller student, INT8 (QAT, PTQ, export), and serve it.
+"""Deployment: distil a trained policy into a smaller student, INT8 (QAT, PTQ, export), and serve it.
 
 ``from algorithms.deploy import distill``; the server (``algorithms.deploy.server``) needs the ``serve`` extra
 (FastAPI, uvicorn) and is not imported here.

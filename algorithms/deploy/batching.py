@@ -1,4 +1,4 @@
-"""Dynamic batching of generation requests by prompt length (S27).
+"""Dynamic batching of generation requests by prompt length.
 
 Requests wait in a queue for at most ``max_wait_ms``; then the oldest one's batch is formed: requests with the same
 sampling settings (one batch is one call of the sampler), first those in its prompt-length bucket, then those in

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from algorithms.cli_types import COUNT, NON_NEGATIVE, PORT, POSITIVE, SEED, SHARE, VERBOSITY, Integer
+
 
 def size_on_disk(path: str | os.PathLike) -> int:
     """Bytes of a file, or of every file under a folder."""
@@ -175,26 +177,26 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
     """Add ``distill``, ``quantize`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
-    d = commands.add_parser("distill", help="distil a trained model into a smaller student (S25), --int8-qat (S26)")
+    d = commands.add_parser("distill", help="distil a trained model into a smaller student (--int8-qat: for INT8)")
     d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
     d.add_argument("--student", required=True,
                    help="a built-in size, a model folder, a JSON file or an inline JSON object of config fields "
                         "over the tiny model, e.g. '{\"hidden_size\": 64, \"num_hidden_layers\": 2}'")  # fmt: skip
-    d.add_argument("--steps", type=int, default=1000, help="gradient steps")
-    d.add_argument("--batch-size", type=int, default=32, help="prompts per step")
-    d.add_argument("--learning-rate", type=float, default=1e-3)
-    d.add_argument("--temperature", type=float, default=1.0, help="the KL's temperature tau")
-    d.add_argument("--reverse-kl", type=float, default=0.0, help="weight of KL(student||teacher) in the mix")
-    d.add_argument("--on-policy", type=float, default=0.0, help="share of completions sampled by the student")
-    d.add_argument("--sft-coef", type=float, default=0.0, help="weight of the gold solutions' NLL")
+    d.add_argument("--steps", type=Integer(low=0), default=1000, help="gradient steps")
+    d.add_argument("--batch-size", type=COUNT, default=32, help="prompts per step")
+    d.add_argument("--learning-rate", type=POSITIVE, default=1e-3)
+    d.add_argument("--temperature", type=POSITIVE, default=1.0, help="the KL's temperature tau")
+    d.add_argument("--reverse-kl", type=SHARE, default=0.0, help="weight of KL(student||teacher) in the mix")
+    d.add_argument("--on-policy", type=SHARE, default=0.0, help="share of completions sampled by the student")
+    d.add_argument("--sft-coef", type=NON_NEGATIVE, default=0.0, help="weight of the gold solutions' NLL")
     d.add_argument("--int8-qat", action="store_true", help="train through INT8 rounding; also write the INT8 export")
-    d.add_argument("--qat-start", type=float, default=0.0, help="share of the steps before the INT8 rounding starts")
+    d.add_argument("--qat-start", type=SHARE, default=0.0, help="share of the steps before the INT8 rounding starts")
     d.add_argument("--save-path", default=None, help="student.zip; also writes student/ and student-int8/")
     d.add_argument("--overwrite", action="store_true", help="replace the student files --save-path names if they exist")
-    d.add_argument("--n", type=int, default=None, help="held-out problems in the final table (config's eval_problems)")
+    d.add_argument("--n", type=COUNT, default=None, help="held-out problems in the final table (config: eval_problems)")
     d.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder (tags under distill/)")
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--verbose", type=int, default=0)
+    d.add_argument("--seed", type=SEED, default=0)
+    d.add_argument("--verbose", type=VERBOSITY, default=0)
     d.add_argument("--no-progress-bar", dest="progress_bar", action="store_false")
     add_config_arguments(d)
     d.set_defaults(func=distill_command)
@@ -209,24 +211,24 @@ def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.
     s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with dynamic batching")
     s.add_argument("model", help="a GRPO zip, a save_pretrained folder or an INT8 export folder")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--max-wait-ms", type=float, default=5.0, help="the longest a request waits for a batch")
-    s.add_argument("--max-batch-tokens", type=int, default=8192, help="rows x (longest prompt + largest max_tokens)")
-    s.add_argument("--max-batch-size", type=int, default=64, help="the most completions in a batch")
-    s.add_argument("--max-queue", type=int, default=512, help="completions waiting before 503 + Retry-After")
-    s.add_argument("--bucket-width", type=int, default=16, help="prompt-length bucket width, in tokens")
-    s.add_argument("--max-tokens-limit", type=int, default=256, help="the largest max_tokens a request may ask")
+    s.add_argument("--port", type=PORT, default=8000)
+    s.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0, help="the longest a request waits for a batch")
+    s.add_argument("--max-batch-tokens", type=COUNT, default=8192, help="rows x (longest prompt + largest max_tokens)")
+    s.add_argument("--max-batch-size", type=COUNT, default=64, help="the most completions in a batch")
+    s.add_argument("--max-queue", type=COUNT, default=512, help="completions waiting before 503 + Retry-After")
+    s.add_argument("--bucket-width", type=COUNT, default=16, help="prompt-length bucket width, in tokens")
+    s.add_argument("--max-tokens-limit", type=COUNT, default=256, help="the largest max_tokens a request may ask")
     s.add_argument(
         "--max-prompt-chars",
-        type=int,
+        type=COUNT,
         default=None,
         help="the most characters of a prompt, checked before tokenizing (default: 64 per window token)",
     )
-    s.add_argument("--max-body-bytes", type=int, default=8 * 2**20, help="the largest request body (413 beyond)")
+    s.add_argument("--max-body-bytes", type=COUNT, default=8 * 2**20, help="the largest request body (413 beyond)")
     s.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
     s.add_argument("--device", default="cpu")
-    s.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    s.add_argument("--seed", type=int, default=0, help="seeds the sampler")
-    s.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish requests after SIGTERM")
+    s.add_argument("--threads", type=COUNT, default=None, help="torch threads (default: torch's)")
+    s.add_argument("--seed", type=SEED, default=0, help="seeds the sampler")
+    s.add_argument("--drain-timeout", type=NON_NEGATIVE, default=30.0, help="seconds to finish requests after SIGTERM")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=serve_command)

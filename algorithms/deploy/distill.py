@@ -1,4 +1,4 @@
-"""Distillation of a trained policy into a smaller student (S25), optionally through INT8 rounding (S26).
+"""Distillation of a trained policy into a smaller student, optionally through INT8 rounding (quantisation-aware).
 
 Each step draws ``batch_size`` problems from the env's task, samples completions (the teacher's by default; with
 ``on_policy`` a share sampled by the student, as in GKD, Agarwal et al. 2024) and minimises, over every completion

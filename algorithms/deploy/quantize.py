@@ -1,4 +1,4 @@
-"""INT8 for a causal LM's linear layers (S26): fake-quantised training (QAT), post-training quantisation (PTQ), and
+"""INT8 for a causal LM's linear layers: fake-quantised training (QAT), post-training quantisation (PTQ), and
 a real INT8 export that loads with one call.
 
 One scheme, the same in training and at inference:

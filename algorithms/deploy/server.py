@@ -1,4 +1,4 @@
-"""An OpenAI-compatible completion server with dynamic batching (S27): FastAPI + uvicorn.
+"""An OpenAI-compatible completion server with dynamic batching: FastAPI + uvicorn.
 
 ``POST /v1/completions`` takes ``prompt`` (a string or a list of them), ``max_tokens`` (16), ``temperature`` (1;
 0 is greedy), ``top_p`` (1), ``n`` (1) and ``stop`` (up to 4 strings) and answers an OpenAI ``text_completion``;

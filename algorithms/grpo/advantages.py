@@ -1,9 +1,9 @@
 """GRPO's advantages, every formula of them: group-relative (:func:`group_advantages`, scaled per group, per
-batch or not at all), leave-one-out (:func:`leave_one_out_advantages`, RLOO) or against S9's value baseline
+batch or not at all), leave-one-out (:func:`leave_one_out_advantages`, RLOO) or against the value baseline
 (:func:`value_baseline`), the choice among them (:func:`relative_advantages`), the groups with no signal
 (:func:`uniform_group_mask`) and which groups an update leaves out (:func:`left_out_groups`). Pure functions over
-tensors, but for :func:`value_baseline` (the value head's estimate); the seed's competition and diversity guard,
-which change the advantages, are in :mod:`algorithms.grpo.controls`.
+tensors, but for :func:`value_baseline` (the value head's estimate); the original design's competition and diversity
+guard, which change the advantages, are in :mod:`algorithms.grpo.controls`.
 
 Where it sits in the data flow: after the rollout, the episodes' returns ``(K, G)`` (all ranks' groups) come
 here; :class:`~algorithms.grpo.grpo.GRPO` keeps the rows of the groups that are not left out, with their
@@ -101,7 +101,7 @@ def leave_one_out_advantages(rewards: Tensor) -> Tensor:
 def relative_advantages(
     returns: Tensor, scale: str = "group", baseline: Tensor | None = None, leave_one_out: bool = False
 ) -> Tensor:
-    """``(K, G)`` advantages: ``returns - baseline`` (S9's value baseline, ``(K, G)``) when a baseline is given,
+    """``(K, G)`` advantages: ``returns - baseline`` (the value baseline, ``(K, G)``) when a baseline is given,
     RLOO's when ``leave_one_out`` (:func:`leave_one_out_advantages`, not scaled), else
     GRPO's group-relative ones (:func:`group_advantages`, scaled by ``scale``)."""
     if leave_one_out:
@@ -163,7 +163,8 @@ def turn_advantages(
 
 
 def value_baseline(policy: TransformerPolicy, rows: Rows, group_size: int) -> Tensor:
-    """S9: ``(K_local, G)`` the value head's estimate of each episode's first prompt (a group shares its prompt)."""
+    """The value baseline: ``(K_local, G)`` the value head's estimate of each episode's first prompt (a group
+    shares its prompt)."""
     first = rows.first_turns()
     ids, mask = left_pad([rows.contexts[i] for i in first], policy.pad_token_id)
     with th.no_grad():
@@ -173,7 +174,7 @@ def value_baseline(policy: TransformerPolicy, rows: Rows, group_size: int) -> Te
 
 
 def left_out_groups(uniform: Tensor, drop_uniform: bool, diversity: Tensor | None = None) -> Tensor:
-    """``(K,)`` groups the update leaves out: the uniform ones when ``drop_uniform`` (S29), and those the
+    """``(K,)`` groups the update leaves out: the uniform ones when ``drop_uniform`` (DAPO's fix), and those the
     diversity guard names; when that would be every group, none (a zero-advantage update, not no update)."""
     dropped = uniform if drop_uniform else th.zeros_like(uniform)  # (K,)
     if diversity is not None:

@@ -52,13 +52,13 @@ GRPO_OWN = {
     ),
     "ent_coef": Argument(
         UpdateDecay(0.01, 0.001, 10_000), schedule(updates=True),
-        "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default S23: 0.01 decaying to "
-        "0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
+        "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default, the original design's: "
+        "0.01 decaying to 0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
     ),
     "vf_coef": Argument(
         0.5, number(low=0.0),
         "weight of the value head's MSE to the episode return, when the policy has one "
-        '(``policy_kwargs={"value_head": True}``, S9\'s FP32 value network)', "float",
+        '(``policy_kwargs={"value_head": True}``, the FP32 value-network baseline)', "float",
     ),
     "advantage_scale": Argument(
         "group", choice(*advantages.ADVANTAGE_SCALES),
@@ -70,7 +70,7 @@ GRPO_OWN = {
         '``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)', "str",
     ),
     "drop_uniform_groups": Argument(
-        False, boolean(), "leave groups whose rewards are all equal out of the update (S29)", "bool"
+        False, boolean(), "leave groups whose rewards are all equal out of the update (DAPO's fix)", "bool"
     ),
     "importance_level": Argument(
         "token", choice(*IMPORTANCE_LEVELS),
@@ -111,27 +111,30 @@ GRPO_OWN = {
     ),
     "competition": Argument(
         None, choice(None, "fixed", "adaptive"),
-        'competition between groups: ``None`` (off), ``"fixed"`` (S10: the winning group\'s advantages x '
-        '``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or ``"adaptive"`` (S11: the '
-        "coefficient follows the between-group reward variance, in [0.8, 1.5])", "str | None",
+        'competition between groups: ``None`` (off), ``"fixed"`` (the competition coefficient: the winning '
+        'group\'s advantages x ``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or '
+        '``"adaptive"`` (the coefficient follows the between-group reward variance, in [0.8, 1.5])', "str | None",
     ),
     "competition_coef": Argument(
-        controls.COMPETITION_COEF, number(low=0.0, low_open=True), "S10's coefficient (1.2)", "float"
+        controls.COMPETITION_COEF, number(low=0.0, low_open=True), "the winning group's competition coefficient (1.2)",
+        "float",
     ),
     "diversity_guard": Argument(
         False, boolean(),
-        "S12: when the spread of per-group mean entropies exceeds ``diversity_threshold``, leave out the groups "
-        "whose rewards carry no signal (all equal); logged as ``diversity/*``", "bool",
+        "the diversity guard: when the spread of per-group mean entropies exceeds ``diversity_threshold``, leave "
+        "out the groups whose rewards carry no signal (all equal); logged as ``diversity/*``", "bool",
     ),
-    "diversity_threshold": Argument(controls.DIVERSITY_SPREAD, number(low=0.0), "S12's spread (0.15)", "float"),
+    "diversity_threshold": Argument(
+        controls.DIVERSITY_SPREAD, number(low=0.0), "the diversity guard's entropy spread (0.15)", "float"
+    ),
     "update_mode": Argument(
         "joint", choice("joint", "sequential"),
-        '``"joint"`` (one step on all groups, as published) or ``"sequential"`` (S14: one step per group, in turn)',
+        '``"joint"`` (one step on all groups, as published) or ``"sequential"`` (one step per group, in turn)',
         "str",
     ),
     "advantage_baseline": Argument(
         "group", choice("group", "value", "leave_one_out"),
-        '``"group"`` (the group\'s mean reward, GRPO), ``"value"`` (S9: the value head\'s estimate for the prompt; '
+        '``"group"`` (the group\'s mean reward, GRPO), ``"value"`` (the value head\'s estimate for the prompt; '
         'needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"`` (RLOO)', "str",
     ),
     "turn_credit": Argument(
@@ -145,22 +148,23 @@ GRPO_OWN = {
     ),
     "reward_ramp": Argument(
         False, boolean(),
-        "S20.2: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000 timesteps up to the "
-        "env's configured weight", "bool",
+        "the reward ramp: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000 timesteps "
+        "up to the env's configured weight", "bool",
     ),
     "protected_rollouts": Argument(
         0, integer(low=0),
-        "S20.3: the first rollouts are sampled by the frozen cold-start policy (the seed's \"first 3 groups\" read "
-        "as the first 3 rollouts); the importance ratio corrects for it", "int",
+        "the protected rollouts: the first rollouts are sampled by the frozen cold-start policy (the original design's "
+        "\"first 3 groups\" read as the first 3 rollouts); the importance ratio corrects for it", "int",
     ),
     "diagnostics": Argument(
         False, boolean(),
-        'S24: per-group reward histograms, gradient norms and their spread, "group stability" (S18) and warnings; '
+        'per-group reward histograms, gradient norms and their spread, "group stability" and warnings; '
         "the update is then accumulated group by group (the same gradient)", "bool",
     ),
     "replay_ratio": Argument(
         0.0, number(low=0.0, high=1.0, high_open=True),
-        "fraction of each update's completions replayed from a prioritized trajectory buffer (S3, S5; "
+        "fraction of each update's completions replayed from a prioritized trajectory buffer (high-reward ones 3x as "
+        "likely; "
         ":mod:`~algorithms.grpo.replay`): their sampling log-probs, their group's advantage times an importance "
         "weight; 0 (default) is published GRPO", "float",
     ),
@@ -178,7 +182,7 @@ GRPO_OWN = {
 GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
     "group_size",
     GRPO_OWN,
-    n_groups={"doc": "K, problems per rollout (S7: 4)"},
+    n_groups={"doc": "K, problems per rollout (4: the original design's K groups)"},
     group_size={
         "rule": integer(low=2),
         "doc": "G, completions per problem (8; at least 2: a group of one has no group-relative advantage)",

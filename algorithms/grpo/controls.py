@@ -1,5 +1,5 @@
-"""The seed's training controls as pure functions: competition between groups (S10, S11), the diversity guard
-(S12), the reward-model weight ramp (S20.2) and the diagnostics (S18 "group stability", S24).
+"""The original design's training controls as pure functions: competition between groups (fixed or adaptive), the
+diversity guard, the reward-model weight ramp and the diagnostics ("group stability", gradient-norm spread).
 
 Each function reads like its rule; :class:`~algorithms.grpo.grpo.GRPO` switches them on and logs them.
 """
@@ -13,20 +13,20 @@ from torch import Tensor
 
 from algorithms.common.rollout.rows import Rows
 
-#: S10: the winning group's advantages are scaled by this, the others by 1
+#: the competition coefficient: the winning group's advantages are scaled by this, the others by 1
 COMPETITION_COEF = 1.2
-#: S11: the adaptive coefficient's range
+#: the adaptive competition coefficient's range
 ADAPTIVE_RANGE = (0.8, 1.5)
-#: S12: the per-group entropy spread above which the diversity guard acts
+#: the diversity guard: the per-group entropy spread above which the diversity guard acts
 DIVERSITY_SPREAD = 0.15
-#: S24: warning thresholds: spread of per-group gradient norms (relative), and policy entropy (nats per token)
+#: the diagnostics' warning thresholds: spread of per-group gradient norms (relative), policy entropy (nats/token)
 GRAD_SPREAD_WARNING, ENTROPY_WARNING = 0.3, 0.5
 
 
 def winning_groups(group_rewards: Tensor) -> Tensor:
     """``(K,)`` bool: the group(s) with the highest mean reward, when that mean beats another group's.
 
-    "Winning" (S10, left undefined by the seed): the group whose completions scored best on average this
+    "Winning" (left undefined by the seed): the group whose completions scored best on average this
     rollout. When every group has the same mean there is no winner (no group is favoured by a tie).
 
     :param group_rewards: ``(K, G)`` rewards (returns) of each group's completions
@@ -39,17 +39,18 @@ def winning_groups(group_rewards: Tensor) -> Tensor:
 
 
 def competition_scale(group_rewards: Tensor, coef: float = COMPETITION_COEF) -> Tensor:
-    """``(K,)`` advantage multipliers: ``coef`` for the winning group(s), 1 for the others (S10)."""
+    """The competition coefficient: ``(K,)`` advantage multipliers, ``coef`` for the winning group(s), 1 for the
+    others."""
     return torch.where(winning_groups(group_rewards), coef, 1.0)
 
 
 def adaptive_competition_coef(
     between_variance: float, reference_variance: float, base: float = COMPETITION_COEF, bounds=ADAPTIVE_RANGE
 ) -> float:
-    """S11's adaptive coefficient: ``clip(base * variance / reference, low, high)``.
+    """The adaptive competition coefficient: ``clip(base * variance / reference, low, high)``.
 
     The rule (the seed gives only the range): the coefficient follows the between-group variance of the mean
-    rewards relative to its running average (``reference_variance``): as strong as S10's 1.2 when the groups
+    rewards relative to its running average (``reference_variance``): as strong as the fixed 1.2 when the groups
     differ as much as usual, up to 1.5 when they differ more (a clear winner is worth following), down to 0.8
     when they differ less (the "winner" is noise). With no reference yet (0), it is ``base``.
     """
@@ -72,8 +73,8 @@ def group_entropies(log_probs: Tensor, mask: Tensor, groups: Tensor, n_groups: i
 
 
 def first_turn_entropies(rows: Rows, group_size: int, n_groups: int) -> Tensor:
-    """S12: ``(K_local,)`` each group's mean policy entropy (:func:`group_entropies`), estimated from its episodes'
-    first turns' sampled tokens."""
+    """The diversity guard: ``(K_local,)`` each group's mean policy entropy (:func:`group_entropies`), estimated
+    from its episodes' first turns' sampled tokens."""
     first = rows.first_turns()
     log_probs, masks = torch.stack([rows.log_probs[i] for i in first]), torch.stack([rows.masks[i] for i in first])
     groups = torch.as_tensor([rows.episodes[i] // group_size for i in first])
@@ -81,7 +82,7 @@ def first_turn_entropies(rows: Rows, group_size: int, n_groups: int) -> Tensor:
 
 
 def diversity_spread(entropies: Tensor) -> float:
-    """The spread of per-group entropies, ``max - min`` (S12 acts when it exceeds 0.15)."""
+    """The spread of per-group entropies, ``max - min`` (the diversity guard acts when it exceeds 0.15)."""
     return float(entropies.max() - entropies.min())
 
 
@@ -91,18 +92,19 @@ def signal_free_groups(group_rewards: Tensor) -> Tensor:
 
 
 def reward_model_weight(target: float, timesteps: int, step: float = 0.05, every: int = 1000) -> float:
-    """S20.2: the reward-model (semantic) weight rises by ``step`` every ``every`` timesteps up to ``target``."""
+    """The reward ramp: the reward-model (semantic) weight rises by ``step`` every ``every`` timesteps up to
+    ``target``."""
     return float(min(target, step * (timesteps // every)))
 
 
 def gradient_spread(norms: Tensor) -> float:
-    """Relative spread of per-group gradient norms: ``std / mean`` (S24 warns above 0.3)."""
+    """Relative spread of per-group gradient norms: ``std / mean`` (the diagnostics warn above 0.3)."""
     mean = norms.mean()
     return float(norms.std(unbiased=False) / mean) if mean > 0 else 0.0
 
 
 def group_stability(gradients: Tensor) -> float:
-    """ "Group stability" (S18, undefined by the seed): how much the K groups' gradients agree, in [0, 1].
+    """ "Group stability" (undefined by the seed): how much the K groups' gradients agree, in [0, 1].
 
     The mean pairwise cosine similarity of the per-group gradient vectors, mapped from [-1, 1] to [0, 1]:
     1 when every group pushes the weights the same way, 0.5 when their directions are unrelated, 0 when they
@@ -124,20 +126,21 @@ def group_stability(gradients: Tensor) -> float:
 # ---------------------------------------------------------------------------------------------- as GRPO applies them
 @dataclass(frozen=True)
 class Competition:
-    """What the competition between groups (S10, S11) did to one rollout's advantages."""
+    """What the competition between groups (fixed or adaptive) did to one rollout's advantages."""
 
     scale: Tensor  # (K,) the multiplier of each group's advantages
     coef: float  # the winning groups' multiplier
-    between_variance: float  # the running mean of the between-group variance after this rollout (S11's reference)
+    between_variance: float  # the running between-group variance after this rollout (the adaptive form's reference)
 
 
 def competition(returns: Tensor, mode: str, coef: float, between_variance: float) -> Competition:
-    """S10 (``mode="fixed"``: the winning group's advantages x ``coef``) or S11 (``"adaptive"``: the coefficient
+    """The competition coefficient (``mode="fixed"``: the winning group's advantages x ``coef``) or its adaptive
+    form (``"adaptive"``: the coefficient
     follows this rollout's between-group reward variance relative to its running mean ``between_variance``).
 
     :param returns: ``(K, G)`` the rollout's returns
     :param mode: ``"fixed"`` or ``"adaptive"``
-    :param coef: S10's coefficient (the adaptive one's base)
+    :param coef: the competition coefficient (the adaptive one's base)
     :param between_variance: the running mean so far (0: none yet)
     """
     if mode == "adaptive":
@@ -148,8 +151,8 @@ def competition(returns: Tensor, mode: str, coef: float, between_variance: float
 
 
 def diversity_left_out(entropies: Tensor, returns: Tensor, threshold: float) -> tuple[Tensor, float]:
-    """S12: ``(K,)`` groups to leave out (the signal-free ones, when the spread of the per-group entropies
-    ``(K,)`` exceeds ``threshold``), and that spread."""
+    """The diversity guard: ``(K,)`` groups to leave out (the signal-free ones, when the spread of the per-group
+    entropies ``(K,)`` exceeds ``threshold``), and that spread."""
     spread = diversity_spread(entropies)
     if spread > threshold:
         return signal_free_groups(returns), spread

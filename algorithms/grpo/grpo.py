@@ -2,7 +2,7 @@
 
 The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
 them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout.rows`, dynamic sampling
-in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the seed's controls in
+in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the original design's controls in
 :mod:`algorithms.grpo.controls`, the update in :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`),
 replay in :mod:`algorithms.grpo.replay`.
 """
@@ -41,7 +41,7 @@ class GRPO(LMAlgorithm):
     :class:`~algorithms.common.lm_algorithm.LMAlgorithm` rather than SB3's ``OnPolicyAlgorithm``, whose
     ``RolloutBuffer`` and GAE do not fit completions scored per group. ``num_timesteps`` counts completions (one
     env step each). With a freshly initialised built-in model the first ``learn()`` runs the cold-start SFT stage
-    (S20.1) before GRPO. The options' details are in the README.
+    before GRPO. The options' details are in the docs (docs/algorithms.md).
 
     The arguments (declared once, with their defaults and rules: :mod:`algorithms.grpo.arguments`):
 
@@ -62,7 +62,7 @@ class GRPO(LMAlgorithm):
                 "diagnostics=True measures each group's whole gradient: not with sharding='fsdp'; "
                 "pass diagnostics=False (or sharding=None)"
             )
-        self._between_variance = 0.0  # running mean of the between-group reward variance (S11's reference)
+        self._between_variance = 0.0  # running between-group reward variance (the adaptive competition's reference)
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
         self._prompt_pool: LearnabilityPool | None = None
         self._groups_seen = 0
@@ -154,7 +154,7 @@ class GRPO(LMAlgorithm):
         self.logger.record("rollout/frac_uniform_groups", uniform.float().mean().item())
         if self.mask_truncated:
             self.logger.record("rollout/truncated_fraction", self._dist.sum(sum(cut)) / self._dist.sum(len(cut)))
-        if self.diagnostics:  # S24: one reward histogram per group
+        if self.diagnostics:  # the diagnostics: one reward histogram per group
             for k, group_returns in enumerate(returns.cpu().numpy()):
                 self.logger.record(f"groups/rewards_{k}", group_returns, exclude=TEXT_ONLY)
         first_group = self._groups_seen + self._dist.rank * local  # group ids across rollouts and ranks
@@ -180,12 +180,12 @@ class GRPO(LMAlgorithm):
         return {"row_advantages": row_scores, "row_returns": to_go}
 
     def _advantages(self, rows: Rows, returns: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        """``(K, G)`` advantages of the ``(K, G)`` returns: relative to the group (or S9's value baseline, or RLOO's
-        leave-one-out mean), then S10/S11's competition between groups; and ``(K,)`` each group's weight of a return
-        difference (:func:`~algorithms.grpo.advantages.turn_weights` times the competition's coefficient), which
-        per-turn credit uses (:func:`~algorithms.grpo.advantages.turn_advantages`)."""
+        """``(K, G)`` advantages of the ``(K, G)`` returns: relative to the group (or the value baseline, or RLOO's
+        leave-one-out mean), then the competition between groups (fixed or adaptive); and ``(K,)`` each group's
+        weight of a return difference (:func:`~algorithms.grpo.advantages.turn_weights` times the competition's
+        coefficient), which per-turn credit uses (:func:`~algorithms.grpo.advantages.turn_advantages`)."""
         baseline = None
-        if self.advantage_baseline == "value":  # S9: the value head's estimate of each group's prompt
+        if self.advantage_baseline == "value":  # the value baseline: the value head's estimate of each group's prompt
             baseline = self._dist.gather(advantages.value_baseline(self.policy, rows, self.group_size))  # (K, G)
             self.logger.record("train/value_baseline", baseline.mean().item())
         loo = self.advantage_baseline == "leave_one_out"  # RLOO
@@ -201,7 +201,7 @@ class GRPO(LMAlgorithm):
 
     def _left_out_groups(self, rows: Rows, returns: th.Tensor, uniform: th.Tensor) -> th.Tensor:
         """``(K,)`` the groups the update leaves out: uniform ones (``drop_uniform_groups``, and what dynamic
-        sampling could not fix) and S12's diversity guard's."""
+        sampling could not fix) and the diversity guard's."""
         dropped = None
         if self.diversity_guard:
             entropies = controls.first_turn_entropies(rows, self.group_size, self._local_groups)  # (K_local,)

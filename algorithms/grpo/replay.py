@@ -1,4 +1,4 @@
-"""Mixing prioritized replay (S3, S5) into GRPO's updates.
+"""Mixing prioritized replay into GRPO's updates.
 
 Where it sits in the data flow: before an update, :func:`draw` takes ``replay_ratio`` of the update's rows from
 the :class:`~algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (with their sampling log-probs,

@@ -1,6 +1,6 @@
 """What GRPO's rollout samples (:class:`GRPOSampling`, the object the rollout calls at its fixed points, see
-:mod:`algorithms.common.rollout.sampling`): the reward ramp (S20.2), the learnability-prioritised prompts
-(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`), the protected rollouts (S20.3) and DAPO's dynamic
+:mod:`algorithms.common.rollout.sampling`): the reward ramp, the learnability-prioritised prompts
+(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`), the protected rollouts and DAPO's dynamic
 sampling that refills; and the completions ``mask_truncated`` leaves out.
 
 Where it sits in the data flow: after the rollout's episodes are played, :meth:`GRPOSampling.after_play` runs
@@ -115,8 +115,8 @@ class GRPOSampling(RolloutSampling):
     :param local_groups: the groups this process plays (K / processes)
     :param gamma: the discount of multi-turn returns
     :param dist: the job's processes (outcomes are all-gathered: every rank decides the same rounds)
-    :param reward_ramp: S20.2: raise the env's reward-model (consistency) weight with the timesteps
-    :param protected_rollouts: S20.3: the first rollouts the frozen reference samples
+    :param reward_ramp: the reward ramp: raise the env's reward-model (consistency) weight with the timesteps
+    :param protected_rollouts: the protected rollouts: the first rollouts the frozen reference samples
     """
 
     def __init__(
@@ -138,7 +138,7 @@ class GRPOSampling(RolloutSampling):
         self.reward_model_target: float | None = None
 
     def before_rollout(self, env: VecEnv, num_timesteps: int, logger: Logger) -> None:
-        """S20.2: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
+        """The reward ramp: set the consistency (reward-model) weight of every env to its value at ``num_timesteps``."""
         if not self.reward_ramp:
             return
         if self.reward_model_target is None:
@@ -159,8 +159,8 @@ class GRPOSampling(RolloutSampling):
         return [key for _, key in self.pool.draw(n, fresh)]
 
     def from_reference(self, iteration: int, logger: Logger) -> bool:
-        """S20.3: the frozen cold-start policy (the reference; with LoRA the base model) samples the first
-        ``protected_rollouts`` rollouts."""
+        """The protected rollouts: the frozen cold-start policy (the reference; with LoRA the base model) samples
+        the first ``protected_rollouts`` rollouts."""
         if not self.protected_rollouts:
             return False
         protected = iteration < self.protected_rollouts

@@ -1,5 +1,5 @@
 """GRPO's update: the minibatches of a rollout, the loss of one minibatch, and the group-by-group backward of
-the diagnostics (S24).
+the diagnostics.
 
 Where it sits in the data flow: :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
 :class:`~algorithms.common.rollout.batch.RolloutBatch` (plus replayed rows), splits it with
@@ -38,7 +38,8 @@ class LossSettings:
 
 @dataclass(frozen=True)
 class GroupDiagnostics:
-    """S24: per-group gradient norms ``(K,)``, their relative spread, and the groups' agreement (S18)."""
+    """The diagnostics: per-group gradient norms ``(K,)``, their relative spread, and the groups' agreement ("group
+    stability")."""
 
     norms: th.Tensor
     spread: float
@@ -74,7 +75,7 @@ def minibatch_loss(
         importance_level=settings.importance_level,
         sampler_weights=minibatch.sampler_weights,  # (B, C) the sampler correction, or None
     )
-    if policy.value_net is not None:  # S9: the FP32 value head learns the episode return
+    if policy.value_net is not None:  # the value baseline: the FP32 value head learns the episode return
         values = policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
         stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
         loss = loss + settings.vf_coef * stats["value_loss"]
@@ -88,8 +89,8 @@ def backward_by_group(
     rank_share: float = 1.0,
     loss_scale: float = 1.0,
 ) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor, GroupDiagnostics]:
-    """S24: accumulate the minibatch's gradient one group at a time, each group's loss weighted by its share of
-    the minibatch's aggregation (so the sum is the joint gradient), and measure each group's gradient.
+    """The diagnostics: accumulate the minibatch's gradient one group at a time, each group's loss weighted by its
+    share of the minibatch's aggregation (so the sum is the joint gradient), and measure each group's gradient.
 
     :param rank_share: this rank's share of the job's minibatch (see :func:`minibatches`)
     :param loss_scale: the fp16 gradient scaler's current scale (1 without one)
@@ -123,13 +124,14 @@ def backward_by_group(
 
 
 def log_group_gradients(logger: Logger, groups: GroupDiagnostics) -> None:
-    """S24: per-group gradient norms, their spread (warning above 0.3) and the groups' agreement."""
+    """The diagnostics: per-group gradient norms, their spread (warning above 0.3) and the groups' agreement."""
     logger.record("groups/grad_norm_mean", float(groups.norms.mean()))
     logger.record("groups/grad_norm_spread", groups.spread)
     logger.record("groups/stability", groups.stability)
     if groups.spread > controls.GRAD_SPREAD_WARNING:
         warnings.warn(
-            f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (S24)", stacklevel=4
+            f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (diagnostics)",
+            stacklevel=4,
         )
 
 
@@ -141,11 +143,13 @@ def log_train(
     n_updates: int,
     diagnostics: bool,
 ) -> None:
-    """Record the update's means (``train/<stat>``), its counters and coefficients; with the diagnostics (S24), warn
+    """Record the update's means (``train/<stat>``), its counters and coefficients; with the diagnostics, warn
     when the policy's entropy fell below 0.5."""
     if diagnostics and np.mean(history["entropy"]) < controls.ENTROPY_WARNING:
         warnings.warn(
-            f"policy entropy {np.mean(history['entropy']):.3f} < {controls.ENTROPY_WARNING} (S24)", stacklevel=3
+            f"policy entropy {np.mean(history['entropy']):.3f} < {controls.ENTROPY_WARNING}: too little exploration "
+            "(diagnostics)",
+            stacklevel=3,
         )
     for key, values in history.items():
         logger.record(f"train/{key}", float(np.mean(values)))

@@ -1,4 +1,4 @@
-"""Rewards for R1-Zero-style completions: template parsing, the S2 components and their weighted sum.
+"""Rewards for R1-Zero-style completions: template parsing, the composite reward's three components and their sum.
 
 Importing this package never imports ``torch`` or ``transformers``; :class:`RewardModelScorer` loads them
 when it first scores.

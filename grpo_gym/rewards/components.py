@@ -1,11 +1,11 @@
-"""The built-in reward components as pure functions of one parsed completion: S2's syntax, consistency and task,
-and DAPO's soft overlong penalty (``length``).
+"""The built-in reward components as pure functions of one parsed completion: the composite reward's syntax, consistency
+and task, and DAPO's soft overlong penalty (``length``).
 
 Each returns ``(score, reason)`` with a short, non-empty, human-readable ``reason``; ``score`` is in ``[0, 1]``
 (``length``: in ``[-1, 0]``), or ``None`` when the component does not apply to this completion (consistency on a
 task that cannot say what a reasoning concluded; length without a token budget). The task is only ever handed the
-*extracted* answer string (never the whole completion) and never executes it (S30). An exception raised by a task's
-methods propagates: :class:`CompositeReward` catches it per component, counts it, reports it in
+*extracted* answer string (never the whole completion) and never executes it (model output is data). An exception raised
+by a task's methods propagates: :class:`CompositeReward` catches it per component, counts it, reports it in
 ``RewardResult.errors`` and applies its ``on_error`` policy (see :mod:`grpo_gym.rewards.composite`), so one buggy
 verifier is visible and cannot crash training.
 """

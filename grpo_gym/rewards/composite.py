@@ -2,7 +2,7 @@
 
 ``total = sum(weight[name] * score[name])`` over the components that apply to this completion (``None`` scores
 are left out, as TRL leaves out ``None`` rewards), then clipped to ``[-clip, clip]`` when ``clip`` is set. ``clip``
-(the env's ``reward_clip``) is ``"auto"`` by default: 1 (the seed's ``[-1, 1]``, S5) with the built-in components
+(the env's ``reward_clip``) is ``"auto"`` by default: 1 (the original design's ``[-1, 1]``) with the built-in components
 alone, **no clip** when reward functions are given, as TRL sums its reward functions without clipping (a clip
 would score a correct, well-formatted answer and a wrong, well-formatted one alike once both reach it). When a clip
 is set and changes a total, the reward warns once and counts it (:attr:`CompositeReward.clipped_count`). The
@@ -11,7 +11,7 @@ built-in components:
 - ``syntax`` (0.3): the R1-Zero template followed exactly once (:func:`~grpo_gym.rewards.components.syntax_score`);
 - ``consistency`` (0.4): rule-based (:func:`~grpo_gym.rewards.components.consistency_score`; ``None`` where the task
   cannot say what a reasoning concluded), or the reward model's score of ``(prompt_text, completion)`` when one is
-  configured (S6 step 3);
+  configured;
 - ``task`` (0.3): the task's verifier, with partial credit where the verdict gives a score;
 - ``length`` (0): DAPO's soft overlong penalty, in ``[-1, 0]`` (:func:`~grpo_gym.rewards.components.length_score`),
   when the token budget and the completion's token ids are known.
@@ -19,7 +19,7 @@ built-in components:
 Your functions (``reward_funcs=[fn, ...]`` or ``{"name": fn}``, TRL's signature, see
 :mod:`grpo_gym.rewards.functions`) are components too, of weight 1 by default. Components the env scores itself
 (``env_components``: ``tool_calls`` and ``tool_errors`` when it has tools, :mod:`grpo_gym.tools`) have weight 0 by
-default; the env supplies their scores. Weights may be negative (a penalty). The progressive activation of S20 is a
+default; the env supplies their scores. Weights may be negative (a penalty). The progressive reward activation is a
 schedule over ``set_weights({"consistency": w})``. A batch is scored with one call per function and one reward-model
 forward (:meth:`CompositeReward.score_batch`).
 
@@ -60,7 +60,7 @@ ENV_COMPONENT_WEIGHT = 0.0
 """The default weight of a component the env scores itself (``env_components``)."""
 ON_ERROR = ("zero", "raise")
 SEED_CLIP = 1.0
-"""The seed's clip (S5): totals in ``[-1, 1]``, the default without reward functions."""
+"""The original design's clip: totals in ``[-1, 1]``, the default without reward functions."""
 _MAX_ERROR_CHARS = 300
 Scored = tuple[float | None, str, str | None]  # (score, reason, error text)
 ModelScore = float | BaseException | None

@@ -1,4 +1,4 @@
-"""Score completions with a pretrained Hugging Face reward model (S6 step 3).
+"""Score completions with a pretrained Hugging Face reward model (the episode's instant reward).
 
 ``torch`` and ``transformers`` are imported inside methods only, so ``import grpo_gym.rewards`` works on a
 machine without them; the model itself is loaded on the first call to :meth:`RewardModelScorer.score`

@@ -2,7 +2,7 @@
 
 A task family maps a ``difficulty`` in ``[MIN_DIFFICULTY, MAX_DIFFICULTY]`` to problem hardness monotonically,
 checks an answer string without ever executing it, and writes a gold step-by-step solution (the cold-start
-SFT data of S20). Tasks hold no per-episode state, so one instance can serve many environments.
+SFT data). Tasks hold no per-episode state, so one instance can serve many environments.
 
 Beyond that contract a task says which fields of a problem reward functions receive (:meth:`Task.reward_columns`),
 whether the rule-based consistency score applies to a problem (:meth:`Task.concludes`), and where its held-out

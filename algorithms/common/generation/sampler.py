@@ -166,7 +166,7 @@ def sample(
     :param pad_token_id: id written after the EOS; never drawn unless it is also an EOS id (log-probs stay those
         of the full softmax, pad included)
     :param temperature: logits are divided by it before sampling and in the log-probs
-    :param top_p: nucleus sampling mass (S6: 0.92); 1 disables it
+    :param top_p: nucleus sampling mass (the original design's 0.92); 1 disables it
     :param top_k: keep only the ``top_k`` most likely ids before top-p; 0 disables it
     :param vocab_size: ids ``>= vocab_size`` are never sampled and excluded from the softmax
     :param generator: the ``torch.Generator`` to sample with (on the model's device); ``None``: global RNG

@@ -1,4 +1,5 @@
-"""Gradient checkpointing every N decoder layers (S16), for built-in and Hugging Face models alike.
+"""Gradient checkpointing every N decoder layers (the original design's: every 4), for built-in and Hugging Face
+models alike.
 
 The decoder's layers are split into chunks of N consecutive layers. During a forward pass with gradients,
 the first layer of a chunk runs the whole chunk under ``torch.utils.checkpoint`` (non-reentrant) and the
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-#: S16's chunk size: a checkpoint every 4 layers
+#: the original design's chunk size: a checkpoint every 4 layers
 DEFAULT_EVERY = 4
 
 

@@ -3,7 +3,7 @@
 The built-in models are small Llama-style decoders (``transformers.LlamaForCausalLM``) sized for the
 built-in character tokenizer (359 tokens with byte fallback, ``<pad>`` = 0, ``<eos>`` = 1, see
 :mod:`grpo_gym.tokenizer`).
-They attend to at most 2048 positions (``max_position_embeddings``): the policy's memory of S4. They are
+They attend to at most 2048 positions (``max_position_embeddings``): the policy's 2048-token memory. They are
 standard Hugging Face models, so ``model.save_pretrained(dir)`` writes a folder that ``load_model(dir)``
 (or ``AutoModelForCausalLM.from_pretrained``) reads back.
 

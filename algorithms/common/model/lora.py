@@ -5,7 +5,7 @@
 ``peft.PeftModel`` (one LoRA adapter, trainable) is accepted as ``model`` too. What follows from it:
 
 - **Training**: only the adapters (and peft's ``modules_to_save``) train; the base weights are frozen, kept out
-  of the optimizer, and stay frozen after ``load``. The cold start (S20.1), when it runs, trains the adapters too.
+  of the optimizer, and stay frozen after ``load``. The cold start, when it runs, trains the adapters too.
 - **Reference** (the KL term's, and the sampler of ``protected_rollouts``): the same network with its adapters
   disabled (``PeftModel.disable_adapter()``), i.e. the **base model**, as TRL's trainers do with a peft model; no
   second copy is kept (``ref_model`` stays None). With a cold start the reference is therefore the base model, not

@@ -1,5 +1,5 @@
 """FIFO storage of variable-length token trajectories in one flat arena, bounded by a slot capacity and a token
-budget (S5), numpy only. Used by :class:`algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`."""
+budget, numpy only. Used by :class:`algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Proportional prioritized sampling on a flat-array sum tree (Schaul et al., 2016), numpy only.
 
-Used by :class:`algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer` (S3, S5); usable on its own
+Used by :class:`algorithms.common.replay.trajectory_buffer.PrioritizedTrajectoryBuffer`; usable on its own
 over any indexed storage.
 """
 

@@ -1,4 +1,4 @@
-"""Replay buffer of GRPO trajectories with prioritized sampling (S3, S5), numpy only.
+"""Replay buffer of GRPO trajectories with prioritized sampling, numpy only.
 
 - :class:`PrioritizedTrajectoryBuffer`: reward normalisation into [-1, 1] on ingest, the 3x sampling boost of
   high-reward trajectories, ``sample_batch``, priority updates, staleness eviction, ``save`` / ``load``.
@@ -97,14 +97,14 @@ _FIELDS = {
 
 
 class PrioritizedTrajectoryBuffer:
-    """Replay buffer of GRPO trajectories with prioritized sampling (S3, S5).
+    """Replay buffer of GRPO trajectories with prioritized sampling (high-reward trajectories 3x as likely).
 
     Ingest: each reward is normalised into [-1, 1] (``reward_range=(lo, hi)``: ``clip(2 (r - lo) / (hi - lo) - 1,
     -1, 1)``, the identity plus clipping for the env's default range (-1, 1); ``reward_range=None``: the same with
     the running min and max of every reward ingested so far, 0 while they are equal; stored values are not
     rescaled later). A trajectory is **high-reward** when its normalised reward is ``>= high_reward_threshold``;
-    its sampling mass is multiplied by ``high_reward_boost`` (S3: 3), so with equal priorities it is drawn exactly
-    3x as often as another (the boost multiplies ``p ** alpha``; it is not raised to ``alpha``).
+    its sampling mass is multiplied by ``high_reward_boost`` (the original design's 3), so with equal priorities it is
+    drawn exactly 3x as often as another (the boost multiplies ``p ** alpha``; it is not raised to ``alpha``).
 
     Priorities: a new trajectory gets ``priority`` if given, else the largest priority set so far (1.0 at first),
     as in Schaul et al. (2016), so it is likely drawn soon; :meth:`update_priorities` changes them (e.g. to
@@ -132,14 +132,14 @@ class PrioritizedTrajectoryBuffer:
     Indices returned by :meth:`sample_batch` name slots: update their priorities before adding more trajectories,
     which may overwrite them.
 
-    :param capacity: maximum number of trajectories held (S5: 1e6)
+    :param capacity: maximum number of trajectories held (the original design's 1e6)
     :param max_tokens: token budget: arena size in 4-byte words (a prompt token takes one, a completion token two)
-    :param alpha: prioritization exponent (S5: 0.6)
+    :param alpha: prioritization exponent (the original design's 0.6)
     :param beta: importance-sampling exponent at the start of the anneal
     :param beta_end: importance-sampling exponent at the end of the anneal
     :param beta_steps: number of ``sample_batch`` calls over which beta anneals linearly
     :param high_reward_threshold: normalised reward at or above which a trajectory is high-reward
-    :param high_reward_boost: sampling-mass multiplier of high-reward trajectories (S3: 3)
+    :param high_reward_boost: sampling-mass multiplier of high-reward trajectories (the original design's 3)
     :param reward_range: ``(lo, hi)`` mapped onto [-1, 1], or None for the running min and max
     :param pad_id: the id written into padding of sampled batches
     :param seed: seed of the sampling RNG

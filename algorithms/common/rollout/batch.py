@@ -173,7 +173,7 @@ def minibatches(
     placeholder: bool = False,
 ) -> Iterator[tuple[RolloutBatch, float]]:
     """Shuffled minibatches of ``batch_size`` rows (``None``: the whole batch), or one group after the other
-    (``sequential``, S14).
+    (``sequential``: sequential per-group updates).
 
     Each comes with its ``share``: the part of the whole job's minibatch (all ranks) it holds, by rows, or by
     tokens with ``aggregation="token"``; the loss is weighted by it, so the gradients summed over the ranks are

@@ -59,7 +59,7 @@ class Rows:
 
 
 def contexts_from_obs(obs: dict[str, np.ndarray], limit: int) -> list[th.Tensor]:
-    """The unpadded context of each env's observation, cut to its newest ``limit`` tokens (S4)."""
+    """The unpadded context of each env's observation, cut to its newest ``limit`` tokens (the policy's memory)."""
     pairs = zip(obs["input_ids"], obs["attention_mask"], strict=True)
     return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
 
@@ -74,9 +74,9 @@ def episode_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
 
 
 def merge_episode_infos(dist: Distributed, finished: list[tuple[Any, Any]], infos: deque, successes: deque) -> None:
-    """S17: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``: SB3's ``ep_info_buffer`` and
-    ``ep_success_buffer``, ``infos`` and ``successes`` here) cover every rank's ``finished`` episodes (Monitor
-    episode, is_success)."""
+    """Several processes: rank 0's episode statistics (``rollout/ep_rew_mean``, ``success_rate``: SB3's
+    ``ep_info_buffer`` and ``ep_success_buffer``, ``infos`` and ``successes`` here) cover every rank's ``finished``
+    episodes (Monitor episode, is_success)."""
     if not dist.enabled:
         return
     for rank, episodes in enumerate(dist.gather_objects(finished)):

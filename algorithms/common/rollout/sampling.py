@@ -2,10 +2,10 @@
 :meth:`LMAlgorithm.collect_rollouts <algorithms.common.lm_algorithm.LMAlgorithm.collect_rollouts>` (as it calls its
 parallel object), instead of methods a subclass overrides:
 
-1. :meth:`~RolloutSampling.before_rollout`: at the start of every rollout (e.g. GRPO's reward ramp, S20.2);
+1. :meth:`~RolloutSampling.before_rollout`: at the start of every rollout (e.g. GRPO's reward ramp);
 2. :meth:`~RolloutSampling.problem_keys`: which problems the rollout draws (the env's stream; GRPO: its prompt pool);
 3. :meth:`~RolloutSampling.from_reference`: whether the frozen reference samples instead of the policy (GRPO's
-   protected rollouts, S20.3);
+   protected rollouts);
 4. :meth:`~RolloutSampling.after_play`: what happens once the episodes are played (GRPO: DAPO's refill rounds, the
    prompt pool's update), before the batch is built.
 

@@ -1,4 +1,4 @@
-"""Group parallelism on ``torch.distributed`` (S17): the K groups of a rollout spread over processes.
+"""Group parallelism on ``torch.distributed``: the K groups of a rollout spread over processes.
 
 Launch like any PyTorch job — ``torchrun --nproc_per_node=N -m algorithms.cli train ...`` (or
 ``grpo-gym train --nproc N``, which runs exactly that) on one machine, ``torchrun --nnodes ... --rdzv-endpoint

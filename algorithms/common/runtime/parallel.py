@@ -1,4 +1,4 @@
-"""How the job's processes share the training (S17, issue 26): whole replicas (DDP) or shards (FSDP2).
+"""How the job's processes share the training (several processes): whole replicas (DDP) or shards (FSDP2).
 
 The algorithm (:class:`~algorithms.common.base_class.LMBaseAlgorithm`) owns one of two objects with the same methods
 and calls them at fixed points: once the policy and the reference are built (:meth:`~Sharded.prepare`), before the

