@@ -131,7 +131,7 @@ def preset_save_path(args: argparse.Namespace) -> str | None:
 def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tuple[Any, Any, dict[str, Any]]:
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
-    from algorithms.common.saving.checkpoints import MODEL, REPLAY, latest_checkpoint, read_run_json
+    from algorithms.common.saving.checkpoints import MODEL, REPLAY, read_run_json, resume_point
     from algorithms.common.saving.run_file import read_saved_run
 
     if not args.resume:
@@ -147,13 +147,18 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
         say(format_table({"before GRPO": before}), flush=True)
         run = {"total_timesteps": plan["n_timesteps"], "before": [dataclasses.asdict(r) for r in before]}
         return model, env, {**plan, "run": run}
-    folder = latest_checkpoint(directory)
-    if folder is None:
-        raise ValueError(f"--resume: no checkpoint in {os.fspath(directory)!r}; start the run without --resume")
+    folder, skipped = resume_point(directory)  # the newest complete one; newer incomplete ones are named
     run = read_run_json(folder)
-    taken = resumed_params(args.hyperparams, read_saved_run(folder / MODEL).arguments, run)
+    try:
+        saved = read_saved_run(folder / MODEL)
+    except ValueError as error:  # a damaged model.zip: the checkpoint before it may be whole
+        moved = f"or move {os.fspath(folder)!r} away to resume from the one before"
+        raise ValueError(f"--resume: {error}, {moved}") from None
+    taken = resumed_params(args.hyperparams, saved.arguments, run)
     model, env, plan = _setup(args, load=folder / MODEL)
     say = main_says(model, say)
+    for note in skipped:
+        say(note, flush=True)
     if taken:
         say(f"resuming with the saved settings; -params taken: {', '.join(taken)}", flush=True)
     if (folder / REPLAY).exists():

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from algorithms.cli_types import COUNT, PORT
@@ -22,12 +21,11 @@ def env_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
         config = load_hyperparams(args.config or DEFAULT_CONFIG, "R1Zero-v0", args.preset, {})
         kwargs.update(config.get("env_kwargs") or {})
     if args.env_kwargs is not None:
-        try:
-            extra = json.loads(args.env_kwargs)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--env-kwargs {args.env_kwargs!r} is not JSON ({error})") from None
+        from grpo_gym.validation import read_json
+
+        extra = read_json(args.env_kwargs, "--env-kwargs", fix="""write a JSON object, e.g. '{"max_turns": 2}'""")
         if not isinstance(extra, dict):
-            raise ValueError(f"--env-kwargs must be a JSON object of R1ZeroEnv arguments, got {args.env_kwargs!r}")
+            raise ValueError(f"--env-kwargs must be a JSON object of R1ZeroEnv arguments, got {args.env_kwargs!r:.80}")
         kwargs.update(extra)
     if args.task is not None:
         kwargs["task"] = args.task
@@ -40,11 +38,12 @@ def env_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def openenv_serve_command(args: argparse.Namespace) -> int:
     """Serve ``R1Zero-v0`` over OpenEnv's HTTP/WebSocket API until Ctrl-C or SIGTERM."""
+    env_kwargs = env_kwargs_of(args)  # the flags are checked first, with or without openenv-core
     try:
         from grpo_gym.interop.openenv_server import serve
     except ImportError as error:
         raise ValueError(str(error)) from None
-    serve(args.host, args.port, env_kwargs_of(args), None, args.max_concurrent_envs, args.log_level)
+    serve(args.host, args.port, env_kwargs, None, args.max_concurrent_envs, args.log_level)
     return 0
 
 

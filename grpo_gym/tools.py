@@ -18,8 +18,12 @@ values fit the tool's schema (JSON types, ``enum``, array items, nullable; no ar
 
 **Running.** A call that passes runs in a fresh daemon thread, for at most ``timeout`` seconds; past it the call is
 abandoned (the thread is left to finish in the background, its result dropped) and reported as an error, and the env
-goes on. A tool's return value is shown as is when it is a string, else as ``json.dumps`` of it (``str`` when that
-fails), cut to ``max_result_chars`` characters.
+goes on. The tool gets its own deep copy of the arguments: ``info["tool_calls"][i]["arguments"]`` keeps what the
+model sent, whatever the tool does to them. A tool's return value is shown as is when it is a string, else as
+``json.dumps`` of it (``str`` when that fails), cut to ``max_result_chars`` characters; a lone surrogate in it (no
+tokenizer encodes one) is shown as ``?``. A generator function (sync or async) is refused as a tool when the
+``Toolbox`` is made: it would return a generator, not run; a tool that returns a generator or a coroutine anyway
+(an ``async def`` returning a generator) gets an error naming the fix, and a warning once.
 
 **Errors are messages, never exceptions:** malformed JSON, an unknown tool, missing, unknown or mistyped arguments,
 an oversized or too deeply nested call, too many calls, a tool that raises, one that times out: each becomes the
@@ -34,27 +38,21 @@ themselves are gone (the server that runs them stopped answering), and it propag
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_gym.validation import ArgumentError, check_float, check_int
+from grpo_gym.tool_checks import check_arguments, check_schema, check_tool, function_schema, resolve_tools
+from grpo_gym.validation import ArgumentError, check_float, check_int, json_depth, unicode_error
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 DEFAULT_TIMEOUT = 10.0
-_JSON_TYPES = {
-    "string": (str,),
-    "integer": (int,),
-    "number": (int, float),
-    "boolean": (bool,),
-    "array": (list,),
-    "object": (dict,),
-    "null": (type(None),),
-}
 _MAX_ERROR_CHARS = 300
 
 
@@ -72,6 +70,10 @@ class ToolLimits:
     max_depth: int = 8
     max_calls_per_turn: int = 4
     max_result_chars: int = 2000
+
+    def __post_init__(self) -> None:
+        for name in ("max_call_chars", "max_depth", "max_calls_per_turn", "max_result_chars"):
+            check_int(f"ToolLimits.{name}", getattr(self, name), low=1)
 
 
 @dataclass(frozen=True)
@@ -115,28 +117,6 @@ def has_tool_call(text: str) -> bool:
     return TOOL_CALL_OPEN in text
 
 
-def json_depth(text: str) -> int:
-    """The deepest nesting of ``{``/``[`` in a JSON text, brackets inside strings ignored (one linear scan)."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for char in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-        elif char == '"':
-            in_string = True
-        elif char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    return deepest
-
-
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -178,56 +158,6 @@ def parse_tool_calls(text: str, limits: ToolLimits) -> list[ParsedCall]:
     return calls
 
 
-def _type_name(value: Any) -> str:
-    for name, types in _JSON_TYPES.items():
-        if isinstance(value, types) and not (isinstance(value, bool) and name in ("integer", "number")):
-            return name
-    return type(value).__name__
-
-
-def check_value(value: Any, schema: Mapping[str, Any], where: str) -> str | None:
-    """Why ``value`` does not fit the JSON ``schema`` (the subset :func:`get_json_schema` writes), or None."""
-    if value is None and schema.get("nullable"):
-        return None
-    wanted = schema.get("type")
-    wanted = [wanted] if isinstance(wanted, str) else list(wanted or [])
-    if wanted and _type_name(value) not in wanted and not (_type_name(value) == "integer" and "number" in wanted):
-        return f"{where} must be {' or '.join(wanted)}, got {_type_name(value)}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where} must be one of {schema['enum']}, got {value!r}"
-    if isinstance(value, list):
-        prefix = schema.get("prefixItems")
-        if prefix is not None and len(value) != len(prefix):
-            return f"{where} must hold {len(prefix)} items, got {len(value)}"
-        for i, item in enumerate(value):
-            item_schema = prefix[i] if prefix is not None else schema.get("items", {})
-            reason = check_value(item, item_schema, f"{where}[{i}]")
-            if reason:
-                return reason
-    if isinstance(value, dict):
-        for key, item in value.items():
-            reason = check_value(item, schema.get("additionalProperties") or {}, f"{where}[{key!r}]")
-            if reason:
-                return reason
-    return None
-
-
-def check_arguments(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
-    """Why ``arguments`` do not fit a tool's parameters schema (missing, unknown or mistyped), or None."""
-    properties = schema.get("properties", {})
-    unknown = [name for name in arguments if name not in properties]
-    if unknown:
-        return f"unexpected argument(s) {', '.join(map(repr, unknown))}; it takes {', '.join(properties) or 'none'}"
-    missing = [name for name in schema.get("required", []) if name not in arguments]
-    if missing:
-        return f"missing required argument(s) {', '.join(map(repr, missing))}"
-    for name, value in arguments.items():
-        reason = check_value(value, properties[name], f"argument {name!r}")
-        if reason:
-            return reason
-    return None
-
-
 def result_text(value: Any, max_chars: int) -> str:
     """A tool's return value as the text the model reads: a string as is, else JSON (``str`` when not JSON
     data), cut to ``max_chars`` characters with a note saying so."""
@@ -240,7 +170,17 @@ def result_text(value: Any, max_chars: int) -> str:
             text = str(value)
     if len(text) > max_chars:
         text = f"{text[:max_chars]}... [cut: {len(text)} characters]"
-    return text
+    return valid_text(text)
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate (``"\\ud800"``: a JSON escape the model or a tool may produce; no tokenizer
+    encodes one) replaced by ``?``, so the env can show it to the model."""
+    return text if unicode_error(text) is None else text.encode("utf-8", "replace").decode("utf-8")
+
+
+#: what a call's value is when the tool was written as a generator: the tool returns it instead of a result
+_NOT_RESULTS = (inspect.isgenerator, inspect.isasyncgen, inspect.iscoroutine)
 
 
 def run_call(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float, max_chars: int) -> dict[str, Any]:
@@ -253,16 +193,23 @@ def run_call(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float, 
             value = fn(**arguments)
             if inspect.isawaitable(value):
                 value = asyncio.run(_awaited(value))
+            if any(test(value) for test in _NOT_RESULTS):
+                outcome["broken"] = True
+                value.close()  # never started: closing it runs nothing and leaves no "never awaited" warning
+                raise TypeError(
+                    f"the tool returned a {type(value).__name__}, not a result: a tool returns its result (a string "
+                    "or JSON data); collect what it yields, e.g. return list(...) or ''.join(...)"
+                )
             outcome["result"] = result_text(value, max_chars)
         except ToolsUnavailable as exc:  # not the call's failure: the tools are gone
             outcome["unavailable"] = exc
         except BaseException as exc:  # a tool's failure is the model's information, whatever it is
-            outcome["error"] = error_text(exc)
+            outcome["error"] = valid_text(error_text(exc))
 
     started = time.perf_counter()
     thread = threading.Thread(target=work, name="grpo-gym-tool", daemon=True)
     thread.start()
-    thread.join(timeout)
+    thread.join(min(timeout, threading.TIMEOUT_MAX))  # a huge limit is no limit (join refuses one past TIMEOUT_MAX)
     seconds = time.perf_counter() - started
     if thread.is_alive():  # abandoned: the thread finishes (or not) on its own, its result is dropped
         return {"error": f"timed out after {timeout:g} s (the call was abandoned)", "seconds": seconds}
@@ -273,48 +220,6 @@ def run_call(fn: Callable[..., Any], arguments: dict[str, Any], timeout: float, 
 
 async def _awaited(value: Any) -> Any:
     return await value
-
-
-def _function_schema(name: str, fn: Any) -> dict[str, Any]:
-    from transformers.utils import get_json_schema
-
-    if not callable(fn):
-        raise ArgumentError(f"tools[{name!r}] must be a function, got {type(fn).__name__}")
-    try:
-        schema = get_json_schema(fn)
-    except Exception as error:  # transformers' DocstringParsingException / TypeHintParsingException
-        raise ArgumentError(
-            f"tool {name!r}: cannot derive its JSON schema ({error}); give it type hints on every argument and a "
-            "Google-style docstring with an 'Args:' entry per argument"
-        ) from None
-    schema["function"]["name"] = name
-    return schema
-
-
-def resolve_tools(tools: Any) -> dict[str, Callable[..., Any]]:
-    """``tools`` (a list of functions and built-in names, or a dict of names to functions) as ``{name: fn}``."""
-    from grpo_gym.builtin_tools import BUILTIN_TOOLS
-
-    def one(item: Any) -> tuple[str, Any]:
-        if isinstance(item, str):
-            if item not in BUILTIN_TOOLS:
-                raise ArgumentError(
-                    f"unknown built-in tool {item!r}; built-in: {', '.join(BUILTIN_TOOLS)} (or pass a function)"
-                )
-            return item, BUILTIN_TOOLS[item]
-        return getattr(item, "__name__", None) or type(item).__name__, item
-
-    if isinstance(tools, Mapping):
-        pairs = [(name, BUILTIN_TOOLS.get(fn, fn) if isinstance(fn, str) else fn) for name, fn in tools.items()]
-    elif isinstance(tools, Sequence) and not isinstance(tools, str):
-        pairs = [one(item) for item in tools]
-    else:
-        raise ArgumentError(f"tools must be a list of functions or a dict {{name: function}}, got {type(tools)}")
-    names = [name for name, _ in pairs]
-    for name in names:
-        if not isinstance(name, str) or not name.isidentifier() or names.count(name) > 1:
-            raise ArgumentError(f"tools: names must be distinct identifiers, got {names}")
-    return dict(pairs)
 
 
 class Toolbox:
@@ -337,10 +242,15 @@ class Toolbox:
         self.functions = resolve_tools(tools)
         if not self.functions:
             raise ArgumentError("tools is empty: pass at least one function, or tools=None for no tools")
+        for name, fn in self.functions.items():
+            check_tool(name, fn)
+        self._warned: set[str] = set()  # the tools warned about (one returned a generator)
         if schemas is None:
-            self.schemas = [_function_schema(name, fn) for name, fn in self.functions.items()]
+            self.schemas = [function_schema(name, fn) for name, fn in self.functions.items()]
         else:
             self.schemas = [dict(schema) for schema in schemas]
+            for name, schema in zip(self.functions, self.schemas, strict=True):
+                check_schema(name, schema)
         self.timeout: float = check_float("tool_timeout", timeout, low=0.0, low_open=True)  # type: ignore[assignment]
         self.limits = limits or ToolLimits()
         check_int("max_calls_per_turn", self.limits.max_calls_per_turn, low=1)
@@ -365,7 +275,7 @@ class Toolbox:
             else:
                 record.update(self._outcome(call))
             records.append(record)
-        messages = [r["result"] if "error" not in r else f"Error: {r['error']}" for r in records]
+        messages = [valid_text(r["result"] if "error" not in r else f"Error: {r['error']}") for r in records]
         errors = sum("error" in r for r in records)
         return ToolTurn(records, messages, calls=min(len(records), allowed), errors=errors)
 
@@ -378,4 +288,9 @@ class Toolbox:
         reason = check_arguments(schema, call.arguments)
         if reason:
             return {"error": f"{call.name}: {reason}"}
-        return run_call(self.functions[call.name], call.arguments, self.timeout, self.limits.max_result_chars)
+        arguments = copy.deepcopy(call.arguments)  # the record keeps what the model sent, whatever the tool changes
+        outcome = run_call(self.functions[call.name], arguments, self.timeout, self.limits.max_result_chars)
+        if outcome.pop("broken", False) and call.name not in self._warned:  # the tool's bug, not the model's
+            self._warned.add(call.name)
+            warnings.warn(f"tool {call.name!r}: {outcome['error']}", RuntimeWarning, stacklevel=4)
+        return outcome

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from grpo_gym.validation import ArgumentError
+
 __all__ = ["ENV_NAMES", "TrlName", "hint", "spelled", "with_trl_hints"]
 
 WHERE = ("arg", "env", "policy", "call", "always", "none")
@@ -128,7 +130,8 @@ Init = TypeVar("Init", bound=Callable[..., None])
 
 def with_trl_hints(init: Init | None = None, *, names: Mapping[str, TrlName] = ENV_NAMES, otherwise: str = ""):
     """Wrap a constructor (R1ZeroEnv's; GRPO's and LMPPO's with the whole table) so that a keyword it does not take
-    raises a ``TypeError`` naming our equivalent of a TRL name in ``names`` or the close matches (:func:`hint`),
+    raises an :class:`~grpo_gym.validation.ArgumentError` (a ``TypeError``, as Python's own, and a ``ValueError``)
+    naming our equivalent of a TRL name in ``names`` or the close matches (:func:`hint`),
     else ``otherwise``; its signature (what ``inspect`` and ``save`` read) is unchanged. ``@with_trl_hints`` or
     ``@with_trl_hints(names=..., otherwise=...)``."""
 
@@ -142,7 +145,7 @@ def with_trl_hints(init: Init | None = None, *, names: Mapping[str, TrlName] = E
                 message = hint(type(self).__name__, unknown[0], accepted, names)
                 if otherwise and message.endswith(repr(unknown[0])):  # nothing better found
                     message += f"; {otherwise}"
-                raise TypeError(message)
+                raise ArgumentError(message)  # a TypeError, as Python's own; a ValueError too: the CLI's one line
             function(self, *args, **kwargs)
 
         return checked  # type: ignore[return-value]

@@ -27,6 +27,7 @@ The rules, in one place:
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import numbers
 import os
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_JSON_DEPTH",
     "MAX_LINE_BYTES",
     "ArgumentError",
     "check_bool",
@@ -45,6 +47,8 @@ __all__ = [
     "check_mapping",
     "check_path",
     "describe_range",
+    "json_depth",
+    "read_json",
     "read_lines",
     "unicode_error",
 ]
@@ -250,6 +254,64 @@ def unicode_error(text: str) -> str | None:
     except UnicodeEncodeError as error:
         return f"a lone surrogate U+{ord(text[error.start]):04X} at character {error.start + 1}"
     return None
+
+
+# ---------------------------------------------------------------------------------------------- JSON
+MAX_JSON_DEPTH = 100
+"""The deepest nesting of arrays and objects :func:`read_json` reads by default (a model file's ``data``, a
+``run.json``, a data row hold a few levels; Python's own recursion gives out near 1000)."""
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of ``{``/``[`` in a JSON text, brackets inside strings ignored (one linear scan)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def read_json(text: str | bytes, where: str, *, max_depth: int = MAX_JSON_DEPTH, fix: str = "") -> Any:
+    """``text`` parsed as JSON, or a ``ValueError`` that names ``where``, what is wrong and ``fix``: not UTF-8, not
+    JSON, nested deeper than ``max_depth`` levels (checked before parsing, so no ``RecursionError``), or a number
+    too long to read (Python reads at most 4300 digits). ``NaN`` and ``Infinity`` are read as floats, as ``json``
+    reads them.
+
+    :param text: the JSON text (``bytes`` are decoded as UTF-8, a byte-order mark skipped)
+    :param where: the file (and line) or argument the text came from, for the message
+    :param max_depth: the deepest nesting read
+    :param fix: what to do about it, appended to the message
+    """
+    tail = f"; {fix}" if fix else ""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8-sig")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{where}: not UTF-8 text (byte 0x{text[error.start]:02x} at {error.start}){tail}"
+            ) from None
+    if text.count("[") + text.count("{") > max_depth and json_depth(text) > max_depth:  # counting first: C speed
+        raise ValueError(f"{where}: JSON nested deeper than {max_depth} levels, which is never read{tail}")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply to read{tail}") from None
+    except ValueError as error:  # JSONDecodeError, or a number past Python's 4300-digit limit
+        detail = error.msg if isinstance(error, json.JSONDecodeError) else "a number longer than 4300 digits"
+        raise ValueError(f"{where}: not valid JSON ({detail}){tail}") from None
 
 
 # ---------------------------------------------------------------------------------------------- text files

@@ -59,7 +59,7 @@ def test_quantize_writes_the_int8_export(teacher: Path, tmp_path: Path, capsys: 
     ("argv", "message"),
     [
         (["distill", "--teacher", "missing.zip", "--student", "tiny", "--steps", "1"], "does not exist"),
-        (["distill", "--teacher", "t.zip", "--student", "{oops"], "is not valid JSON"),
+        (["distill", "--teacher", "t.zip", "--student", "{oops"], "--student: not valid JSON"),
         (["serve", "missing-model"], "does not exist"),
     ],
 )

@@ -48,7 +48,7 @@ from algorithms.common.runtime.parallel import parallelism
 from algorithms.common.runtime.precision import choose_precision
 from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
 from algorithms.common.sampler_correction import resolve_sampler_correction
-from algorithms.common.saving import run_file
+from algorithms.common.saving import checks, run_file
 from algorithms.common.saving.checkpoints import MODEL
 from algorithms.common.saving.model_file import encode, read_model_file
 from algorithms.common.saving.sharded import load_policy
@@ -347,6 +347,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
+        checks.check_saved_arguments(saved, cls, name)
         wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
         env, env_missing = run_file.env_to_load(saved, env, env_objects, rebuild_env, name, wrap)
         taken = set(saved.arguments) | {name for name, argument in cls.arguments.items() if argument.saved}
@@ -362,6 +363,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
             if not load_policy(path, model.policy, model.ref_model):
                 model._refresh_reference()
         else:
+            checks.check_weights_fit(model.policy.completed_state_dict(saved.state_dicts["policy"]),
+                                       model.policy.state_dict(), name)  # fmt: skip
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)
         check_finite_weights(model.policy, f"the model {name!r}")  # whole or sharded: each rank checks what it holds
         model.set_run_state(saved.state, saved.rng)

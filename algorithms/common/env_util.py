@@ -7,6 +7,7 @@ run's env that could not be rebuilt.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -16,12 +17,34 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0)
 from algorithms.common.model.tokenizer_check import model_tokenizer
+from grpo_gym.validation import ArgumentError
 
 
 def make_env(env_id: str, n_envs: int = 1, env_kwargs: dict[str, Any] | None = None, seed: int | None = None) -> VecEnv:
     """``n_envs`` copies of the registered env ``env_id`` made with ``env_kwargs``, in a ``DummyVecEnv`` (each
-    wrapped in SB3's ``Monitor``), seeded from ``seed``."""
-    return make_vec_env(env_id, n_envs=n_envs, seed=seed, env_kwargs=env_kwargs or {}, vec_env_cls=DummyVecEnv)
+    wrapped in SB3's ``Monitor``), seeded from ``seed``; a bad argument's error as the env raised it
+    (:func:`unwrapped_errors`)."""
+    kwargs = env_kwargs or {}
+    return unwrapped_errors(make_vec_env, env_id, n_envs=n_envs, seed=seed, env_kwargs=kwargs, vec_env_cls=DummyVecEnv)
+
+
+#: what gymnasium appends to a ``TypeError`` an env's constructor raised (then the whole kwargs' repr: a dataset)
+GYMNASIUM_SUFFIX = " was raised from the environment creator for "
+
+
+def unwrapped_errors(make: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``make(*args, **kwargs)`` (``gym.make`` or a function that calls it), with the error an env's constructor
+    raised for a bad argument as it raised it: gymnasium re-raises a ``TypeError`` (our
+    :class:`~grpo_gym.validation.ArgumentError` is one) with every argument's repr appended, a dataset's rows
+    included. An :class:`ArgumentError` keeps its type (a ``ValueError`` too: the command line prints it as one
+    line), any other ``TypeError`` becomes one."""
+    try:
+        return make(*args, **kwargs)
+    except TypeError as error:
+        cause = error.__cause__
+        if not (GYMNASIUM_SUFFIX in str(error) and isinstance(cause, TypeError)):
+            raise
+        raise (cause if isinstance(cause, ArgumentError) else ArgumentError(str(cause))) from None
 
 
 def make_env_for_model(env_id: str, model: Any) -> gym.Env:

@@ -79,7 +79,10 @@ _FLOAT_LOOKING = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+$")
 
 def _schedule(key: str, value: Any) -> Any:
     if isinstance(value, str) and value.startswith("lin_"):
-        start = float(value[len("lin_") :])
+        try:
+            start = float(value[len("lin_") :])
+        except ValueError:
+            raise ValueError(f"{key}: {value!r} is not a lin_<x> schedule; write e.g. lin_1.0e-5") from None
         return LinearSchedule(start, 0.0, 1.0)
     if isinstance(value, str):
         raise ValueError(f"{key}: {value!r} is not a number or a lin_<x> schedule (write floats as 1.0e-5)")
@@ -98,8 +101,8 @@ def _mapping(key: str, value: Any) -> dict[str, Any]:
             value = ast.literal_eval(value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             raise ValueError(
-                f"{key}: {value!r} is not a Python dict literal; write a mapping such as {example} (on the command "
-                f'line: -params "{key}:{example}"); dict(...) and other code is never evaluated'
+                f"{key}: {value!r:.120} is not a Python dict literal; write a mapping such as {example} (on the "
+                f'command line: -params "{key}:{example}"); dict(...) and other code is never evaluated'
             ) from None
     if not isinstance(value, dict):
         raise ValueError(f"{key} must be a mapping such as {example}, got {type(value).__name__} {value!r}")
@@ -113,21 +116,93 @@ def _check_floats(config: dict[str, Any]) -> None:
             raise ValueError(f"{key}: {value!r} was read as a string; write it as {float(value):.1e} (e.g. 1.0e-5)")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key written twice in one mapping (PyYAML keeps the last without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str):
+                if key in seen:
+                    problem = f"the key {key!r} is written twice (only the last would count); keep one"
+                    raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_config(path: Path) -> dict[str, Any]:
+    """The YAML document of a config file, a mapping of entries; ``ValueError`` naming the file (and the line of a
+    syntax error) when it is not one. Read with ``yaml.SafeLoader``: a tag that would build a Python object is an
+    error, never a call; a key written twice in one mapping is an error too."""
+    if not path.exists():
+        raise ValueError(f"config file {path} does not exist; pass --config <file> (see zoo_configs/grpo.yml)")
+    try:
+        with path.open(encoding="utf-8") as handle:
+            document = yaml.load(handle, Loader=_UniqueKeyLoader)  # a SafeLoader
+    except OSError as error:
+        raise ValueError(f"config file {path} cannot be read ({error.strerror or error}); pass a YAML file") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"config file {path} is not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or " ".join(str(error).split())[:200]
+        raise ValueError(f"config file {path} is not valid YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ValueError(f"config file {path} nests lists or mappings too deeply to read; flatten it") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ValueError(f"config file {path} must map env ids to hyperparameters, got a {type(document).__name__}")
+    return document
+
+
+#: the most envs a config may ask for: each is a whole env in this process (tool episodes want up to K x G)
+MAX_ENVS = 4096
+
+
+def check_run_keys(config: dict[str, Any], where: str) -> None:
+    """The run keys of a preset (:data:`RUN_KEYS`) with the types ``grpo-gym train`` reads them in; ``ValueError``
+    naming ``where``, the key and what it takes."""
+    from grpo_gym.validation import check_float, check_int
+
+    try:
+        for key, high in (("n_timesteps", None), ("n_envs", MAX_ENVS), ("eval_problems", None)):
+            if key in config:
+                check_int(key, config[key], low=1, high=high)
+        levels = config.get("eval_difficulties")
+        if levels is not None and not (isinstance(levels, list) and levels):
+            raise ValueError(f"eval_difficulties must be a list of difficulties, e.g. [0.1, 0.5], got {levels!r:.60}")
+        for level in levels or []:
+            check_float("eval_difficulties", level, low=0.1, high=1.0)
+    except ValueError as error:
+        raise ValueError(f"{where}: {error}") from None
+    if config.get("policy", "TransformerPolicy") != "TransformerPolicy":
+        raise ValueError(f"{where}: policy must be 'TransformerPolicy', got {config['policy']!r:.60}")
+    save_path = config.get("save_path")
+    if save_path is not None and not (isinstance(save_path, str) and save_path.strip()):
+        raise ValueError(f"{where}: save_path must be a file name such as model.zip, got {save_path!r:.60}")
+
+
 def load_hyperparams(
     path: str | Path, env_id: str, preset: str | None = None, overrides: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """The hyperparameters of ``env_id``'s ``preset`` in ``path``, with ``overrides`` applied and schedules built."""
     path = Path(path)
-    if not path.exists():
-        raise ValueError(f"config file {path} does not exist; pass --config <file> (see zoo_configs/grpo.yml)")
-    with path.open(encoding="utf-8") as handle:
-        document = yaml.safe_load(handle) or {}
+    document = read_config(path)
     key = preset_key(env_id, preset)
     if key not in document:
         presets = sorted(k for k in document if k == env_id or k.startswith(f"{env_id}-"))
         raise ValueError(f"{path} has no entry {key!r}; entries for {env_id}: {presets}")
+    if not isinstance(document[key], dict):
+        raise ValueError(
+            f"{path}: the entry {key!r} must be a mapping of hyperparameters (n_timesteps: ..., learning_rate: ...), "
+            f"got {type(document[key]).__name__} {document[key]!r:.60}"
+        )
     config = {**document[key], **(overrides or {})}
     _check_floats(config)
+    check_run_keys(config, f"{path} [{key}]")
     for name in ("policy_kwargs", "env_kwargs"):
         if config.get(name) is not None:
             config[name] = _mapping(name, config[name])

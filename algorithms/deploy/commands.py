@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -23,10 +22,9 @@ def size_on_disk(path: str | os.PathLike) -> int:
 def _student(text: str) -> Any:
     """``--student``: an inline JSON object of config fields, else a name, folder or JSON file."""
     if text.lstrip().startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"--student {text!r} is not valid JSON ({error})") from None
+        from grpo_gym.validation import read_json
+
+        return read_json(text, "--student", fix="""write an object of config fields, e.g. '{"hidden_size": 64}'""")
     return text
 
 
@@ -41,6 +39,7 @@ def distill_command(args: argparse.Namespace) -> int:
     from algorithms.deploy.loading import load_policy
     from grpo_gym.validation import check_int
 
+    student_config = _student(args.student)  # an inline JSON object is read before any work
     check_int("--n", args.n, low=1, allow_none=True)  # the numbers distill() does not check itself: before any work
     check_int("--eval-seed", args.eval_seed, low=0)
     if args.save_path is not None:  # the outputs' places, before any work: new, or replaced only with --overwrite
@@ -57,7 +56,7 @@ def distill_command(args: argparse.Namespace) -> int:
     env = make_env(args.env, 1, env_kwargs, args.seed)
     student = distill(
         args.teacher,
-        _student(args.student),
+        student_config,
         env,
         steps=args.steps,
         batch_size=args.batch_size,

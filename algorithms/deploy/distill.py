@@ -14,7 +14,6 @@ normal zip that ``GRPO.load`` reads and ``learn()`` trains further.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ from algorithms.common.rollout.batch import left_pad, right_pad
 from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import prepare_qat, quantize_int8, save_int8, strip_qat
 from algorithms.grpo import GRPO
-from grpo_gym.validation import check_bool, check_float, check_int
+from grpo_gym.validation import check_bool, check_float, check_int, read_json
 
 
 def kl_terms(teacher_logits: th.Tensor, student_logits: th.Tensor, tau: float = 1.0) -> tuple[th.Tensor, th.Tensor]:
@@ -55,9 +54,10 @@ def student_policy_kwargs(student: str | os.PathLike | dict[str, Any]) -> dict[s
     tiny), a JSON file holding such a dict, or a Hugging Face folder (pretrained weights)."""
     if isinstance(student, (str, os.PathLike)) and str(student).endswith(".json"):
         try:
-            student = json.loads(Path(student).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as error:
-            raise ValueError(f"student config {os.fspath(student)!r} is not a readable JSON file ({error})") from None
+            text = Path(student).read_bytes()
+        except OSError as error:
+            raise ValueError(f"student config {os.fspath(student)!r} cannot be read ({error.strerror})") from None
+        student = read_json(text, f"student config {os.fspath(student)!r}", fix="write an object of config fields")
     if isinstance(student, dict):
         overrides = dict(student)
         base = overrides.pop("model", "tiny")

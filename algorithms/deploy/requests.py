@@ -2,14 +2,17 @@
 
 :func:`read_body` reads at most ``max_body_bytes`` (413 beyond, without reading the rest); :func:`parse_request` then
 requires UTF-8, standard JSON (no ``NaN``/``Infinity``) and :class:`CompletionRequest`'s fields with their exact
-types (``max_tokens: true`` or ``1.0`` is not an integer; ``temperature: true`` is not a number), and OpenAI's fields
-the server does not implement (``stream``, ``seed``, ``presence_penalty``, ...) unset; every prompt and stop
-string must be valid Unicode (no lone surrogate) and a prompt at most ``max_prompt_chars`` characters, checked
-before it is tokenized. Each failure is a :class:`BadRequest`: OpenAI's JSON error, naming the field (``param``).
+types (``max_tokens: true`` or ``1.0`` is not an integer; ``temperature: true`` is not a number), no other field
+(``"max_token"`` or ``"temperture"`` is refused naming the field it meant, not answered with the defaults), and
+OpenAI's fields the server does not implement (``stream``, ``seed``, ``presence_penalty``, ...) unset; every
+prompt and stop string must be valid Unicode (no lone surrogate) and a prompt at most ``max_prompt_chars``
+characters, checked before it is tokenized. Each failure is a :class:`BadRequest`: OpenAI's JSON error, naming the
+field (``param``).
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
@@ -28,11 +31,14 @@ class BadRequest(ValueError):
 
 
 class CompletionRequest(BaseModel):
-    """The body of ``POST /v1/completions``: OpenAI's fields with their JSON types, strictly (others are ignored)."""
+    """The body of ``POST /v1/completions``: OpenAI's fields with their JSON types, strictly; any other field is
+    refused (:func:`check_fields`). ``model`` is accepted whatever it names (one model is served, and clients name it
+    as they were configured); ``user`` (OpenAI's end-user id) is accepted and not used."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
+    user: str | None = None
     prompt: str | list[str]
     max_tokens: int = Field(16, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
@@ -40,6 +46,7 @@ class CompletionRequest(BaseModel):
     n: int = Field(1, ge=1)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     echo: bool = False
     logprobs: int | None = None
     seed: int | None = None
@@ -90,6 +97,7 @@ def parse_request(raw: bytes, max_prompt_chars: int) -> tuple[CompletionRequest,
     except (ValueError, RecursionError) as error:
         detail = "nested too deeply" if isinstance(error, RecursionError) else " ".join(str(error).split())[:200]
         raise BadRequest(None, f"the request body is not valid JSON ({detail})") from None
+    check_fields(data)
     try:
         body = CompletionRequest.model_validate(data)
     except ValidationError as error:
@@ -100,6 +108,7 @@ def parse_request(raw: bytes, max_prompt_chars: int) -> tuple[CompletionRequest,
 
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "stream": (False, "stream=true is not supported by this server"),
+    "stream_options": (None, "stream_options is not supported by this server (nor is stream)"),
     "echo": (False, "echo=true is not supported by this server"),
     "logprobs": (None, "logprobs are not supported by this server"),
     "seed": (None, "seed is not supported when sampling: sampled completions come from the server's one generator "
@@ -112,6 +121,23 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
 }  # fmt: skip
 """OpenAI fields the server does not implement: ``{name: (neutral value, message)}``. A request that sets one to
 other than ``None`` or its neutral value is refused, naming it, rather than answered as if it had not asked."""
+
+
+def check_fields(data: Any) -> None:
+    """:class:`BadRequest` naming the first field of ``data`` (a JSON object) that is not one of OpenAI's completion
+    fields, with the close match (``"max_token"``: ``max_tokens``): a misspelt field would otherwise be answered
+    with the default it meant to change."""
+    if not isinstance(data, dict):
+        return  # the model's own validation says what the body must be
+    known = list(CompletionRequest.model_fields)
+    for name in data:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise BadRequest(
+                str(name),
+                f"unknown field {str(name)!r:.80}; {hint}the fields of a completion request: {', '.join(known)}",
+            )
 
 
 def check_supported(body: CompletionRequest) -> None:

@@ -13,9 +13,10 @@ prompts are tokenized off the event loop, so ``/health`` keeps answering), 413 f
 400 for a request with more completions than the queue can ever hold, 503 with ``Retry-After`` when the queue is
 full. ``temperature`` or ``top_p`` below ``1e-5`` decode greedily (as vLLM does: their samples are the argmax
 anyway, and float32 cannot scale logits by less). A model with NaN or infinite weights is refused when the app is
-made. A client that disconnects while waiting frees its place in the queue. On SIGTERM uvicorn stops accepting
-connections, the requests already received finish, then the process exits. Stop strings are applied to the decoded
-text after generation (the sampler stops rows at EOS only). Greedy answers do not depend on batching (a row's tokens
+made. A client that disconnects while waiting frees its place in the queue; one that leaves (while its body is read
+or while it waits) leaves nothing in the log. On SIGTERM uvicorn stops accepting connections, the requests already
+received finish, then the process exits. Stop strings are applied to the decoded text after generation (the sampler
+stops rows at EOS only). Greedy answers do not depend on batching (a row's tokens
 depend on its own prompt only); sampled ones are drawn from the server's generator and are not reproducible request
 by request.
 """
@@ -37,6 +38,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.policies import TransformerPolicy
@@ -232,6 +234,8 @@ def create_app(
             body, jobs = await loop.run_in_executor(tokenizing, make_jobs, raw, policy, runner, settings)
             for job in jobs:
                 batcher.check(job)
+        except ClientDisconnect:  # the client left before its body was read: nobody to answer, nothing to log
+            return JSONResponse(error_body("client disconnected", None), status_code=499)
         except BadRequest as error:
             return JSONResponse(error_body(str(error), error.param), status_code=error.status)
         except ValueError as error:  # the batcher's limits: the message starts with the field
@@ -270,8 +274,15 @@ async def _wait_or_disconnect(request: Any, futures: list[asyncio.Future], jobs:
             for job in jobs:
                 batcher.cancel(job)
             results.cancel()
+            results.add_done_callback(_retrieved)  # else asyncio logs "exception was never retrieved", 3 lines a client
         watcher.cancel()
     return results.result() if results in done else None
+
+
+def _retrieved(future: asyncio.Future) -> None:
+    """Read a cancelled gathering's outcome, so that nothing is logged for a client that left."""
+    if not future.cancelled():
+        future.exception()
 
 
 def _response(body: Any, jobs: list[Job], results: list[Any], runner: CompletionRunner, model_name: str) -> dict:

@@ -28,12 +28,15 @@ Batching: ``n_groups`` (prompts per rollout) is ``generation_batch_size / num_ge
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from algorithms.common.env_util import unwrapped_errors
 from algorithms.common.trl_names import GRPO_CONFIG
 from grpo_gym.trl_names import TrlName, spelled
+from grpo_gym.validation import check_float, check_int
 
 if TYPE_CHECKING:
     from algorithms.common.lm_algorithm import LMAlgorithm
@@ -86,7 +89,9 @@ def config_values(args: Any) -> tuple[dict[str, Any], set[str]]:
         raise TypeError(f"args must be a trl.GRPOConfig or a dict of its fields, got {type(args).__name__}")
     unknown = sorted(name for name in values if name not in GRPO_CONFIG)
     if unknown:
-        raise TypeError(f"args: {', '.join(unknown)} are not fields of TRL's GRPOConfig (1.16)")
+        close = difflib.get_close_matches(unknown[0], list(GRPO_CONFIG), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise TypeError(f"args: {', '.join(unknown)} are not fields of TRL's GRPOConfig (1.16){hint}")
     return values, changed
 
 
@@ -107,10 +112,15 @@ def _batching(values: dict[str, Any], group_size: int) -> dict[str, int]:
     """``n_groups`` and ``batch_size`` from TRL's batch fields (see the module docstring); only those they set."""
     if not any(name in values for name in BATCHING):
         return {}
-    per_device = int(values.get("per_device_train_batch_size", 8))
-    accumulation = int(values.get("gradient_accumulation_steps", 1))
-    steps = int(values.get("steps_per_generation") or accumulation)
-    generation = int(values.get("generation_batch_size") or per_device * steps)
+
+    def count(name: str, default: int) -> int:  # TRL's None (unset) is its default; anything else a count >= 1
+        value = values.get(name)
+        return default if value is None else check_int(f"args[{name!r}]", value, low=1)  # type: ignore[return-value]
+
+    per_device = count("per_device_train_batch_size", 8)
+    accumulation = count("gradient_accumulation_steps", 1)
+    steps = count("steps_per_generation", accumulation)
+    generation = count("generation_batch_size", per_device * steps)
     if generation % group_size:
         raise ValueError(
             f"the generation batch ({generation}: generation_batch_size, or per_device_train_batch_size x "
@@ -150,9 +160,13 @@ def translate(
         if name == "reward_weights":
             if value is None:
                 continue
+            if not isinstance(value, (list, tuple)):
+                raise ValueError(f"reward_weights must be a list of weights, one per reward function as in TRL, got "
+                                 f"{value!r:.60}")  # fmt: skip
             if len(value) != len(names):
                 raise ValueError(f"reward_weights has {len(value)} weights for {len(names)} reward functions")
-            env["reward_weights"] = dict(zip(names, map(float, value), strict=True))
+            weights = [check_float(f"reward_weights[{i}]", weight) for i, weight in enumerate(value)]
+            env["reward_weights"] = dict(zip(names, weights, strict=True))
             continue
         if not entry.ported:
             if name in changed:
@@ -197,7 +211,12 @@ def port_env(
     records = load_records(train_dataset, "train_dataset")[0]
     if not records:
         raise ValueError("from_trl: train_dataset has no rows; give at least one row with a 'prompt' column")
-    first = records[0][1] if records and isinstance(records[0][1], Mapping) else {}
+    first = records[0][1]
+    if not isinstance(first, Mapping):
+        raise ValueError(
+            f"from_trl: train_dataset's rows must be dicts of columns, row 1 is a {type(first).__name__} "
+            f"({first!r:.60}); give rows like {{'prompt': '...', 'answer': '...'}}"
+        )
     conversational = isinstance(first.get("prompt"), (list, tuple))
     task_kwargs = {"data": train_dataset, "answer": _answer_column(first, answer)}
     if eval_dataset is not None:
@@ -212,7 +231,7 @@ def port_env(
         **env_args,
         "reward_weights": {**BUILTIN_OFF, **env_args.get("reward_weights", {})},  # TRL scores with your functions
     }
-    return gym.make("R1Zero-v0", **kwargs)
+    return unwrapped_errors(gym.make, "R1Zero-v0", **kwargs)
 
 
 def _lora(peft_config: Any) -> dict[str, Any]:
@@ -257,7 +276,9 @@ def from_trl(
     :param cls: the algorithm class (GRPO)
     :param model: a built-in size, a model folder or hub name, or a model object (TRL's ``model``)
     :param reward_funcs: TRL's reward functions: one, a list (named after them) or a dict; ``"module:function"``
-        strings are imported
+        strings are imported. An empty list is refused (the port scores with them alone); a batch that every
+        function scores ``None`` (not applicable) is warned about, not refused (see
+        :mod:`grpo_gym.rewards.composite`)
     :param args: a ``trl.GRPOConfig`` or a dict of its fields (those with an equivalent are ported)
     :param train_dataset: the rows (a ``datasets.Dataset``, a list of dicts, a data file) with a ``prompt`` column
     :param eval_dataset: the held-out rows, or ``None``
@@ -279,6 +300,11 @@ def from_trl(
             "folder as the env's reward_model= (env_kwargs), or name functions as 'module:function'"
         )
     funcs = named_reward_funcs(reward_funcs)
+    if not funcs:
+        raise ValueError(
+            "from_trl: reward_funcs is empty; TRL scores completions with your reward functions alone (the "
+            "built-in components are off), so every completion would score 0: pass at least one function"
+        )
     algorithm, env_args, left = translate(*config_values(args), list(funcs))
     if left:
         warnings.warn(

@@ -23,6 +23,12 @@ default; the env supplies their scores. Weights may be negative (a penalty). The
 schedule over ``set_weights({"consistency": w})``. A batch is scored with one call per function and one reward-model
 forward (:meth:`CompositeReward.score_batch`).
 
+A batch that no component of non-zero weight scores at all (every reward function returned ``None`` for every
+completion, the built-ins at weight 0 or not applicable) is a broken reward, not TRL's per-completion "not
+applicable": the reward warns (once; a warning, not an error, so a run with a batch of another kind of data goes
+on) and counts it (:attr:`CompositeReward.unscored_batches`); those completions score 0. Weights that are all 0
+are refused when the reward is made.
+
 Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
 a reward function, a function's bad output, a call past ``reward_timeout``) is caught for that component alone. It is
 counted (:attr:`CompositeReward.error_counts`, per completion), reported in ``RewardResult.errors`` (component name ->
@@ -192,6 +198,11 @@ class CompositeReward:
         }
         if weights is not None:
             self.set_weights(weights)
+        if not any(self._weights.values()):
+            raise ArgumentError(
+                f"reward_weights: every component has weight 0 ({', '.join(self._weights)}), so every completion "
+                "would score 0 and nothing would be learned; give at least one a non-zero weight"
+            )
         if isinstance(reward_model, (str, os.PathLike)):
             reward_model = RewardModelScorer(reward_model)
         elif reward_model is not None and not callable(getattr(reward_model, "score", None)):
@@ -214,6 +225,9 @@ class CompositeReward:
         )
         self.error_counts = dict.fromkeys(self._weights, 0)
         """How many completions each component's scoring raised for, since construction."""
+        self.unscored_batches = 0
+        """How many batches no weighted component scored at all (every reward function returned None), since
+        construction."""
         self._warned = False
 
     def __repr__(self) -> str:
@@ -305,7 +319,28 @@ class CompositeReward:
                 scored[name] = self._function_value(name, values[i])
             extra = {column: values[i] for column, values in logs.extra.items()}
             results.append(self._result(scored, parsed[i], logs.metrics, extra))
+        if self.reward_funcs and results and not any(self._applies(result) for result in results):
+            self._unscored(len(results))
         return results
+
+    def _applies(self, result: RewardResult) -> bool:
+        """Whether a component of non-zero weight scored ``result`` (its total is not a default 0)."""
+        return any(self._weights[name] and value is not None for name, value in result.components.items())
+
+    def _unscored(self, n: int) -> None:
+        """A batch that nothing scored: counted, and warned about once (see :attr:`unscored_batches`)."""
+        self.unscored_batches += 1
+        if self.unscored_batches == 1:
+            warnings.warn(
+                f"reward: no weighted component scored any of the {n} completions of this batch: every reward "
+                f"function ({', '.join(self.reward_funcs)}) returned None (not applicable) for each, so they all "
+                "score 0 and the batch teaches nothing. This is a warning, not an error: TRL reads None as 'not "
+                "applicable' for one function and one completion, but a whole batch of them means the functions do "
+                "not fit the data (check the columns they read, e.g. the answer column) or a function that scores "
+                "these completions is missing. Further such batches are counted in reward_fn.unscored_batches",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def score_without_answer(
         self,

@@ -89,13 +89,19 @@ def check_reward_function(name: str, fn: Any, column_names: Callable[[], Collect
     :param name: the function's name in ``reward_funcs``
     :param fn: the function
     :param column_names: called (only when ``fn`` requires a named argument) for the problem columns the task gives
-    :raises ArgumentError: when ``fn`` is not callable, takes no ``**kwargs``, takes a required argument positionally
-        only, or requires an argument that is neither passed nor a column of the task
+    :raises ArgumentError: when ``fn`` is not callable, is a generator function, takes no ``**kwargs``, takes a
+        required argument positionally only, or requires an argument that is neither passed nor a column of the task
     """
     if not callable(fn):
         raise ArgumentError(
             f"reward_funcs[{name!r}] must be a function fn(prompts, completions, **kwargs) -> list[float | None] "
             f"(TRL's signature), got {type(fn).__name__}"
+        )
+    call = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else getattr(fn, "__call__", fn)  # noqa: B004
+    if inspect.isgeneratorfunction(call) or inspect.isasyncgenfunction(call):
+        raise ArgumentError(
+            f"reward function {name!r} is a generator function (it yields): a call would return a generator, not "
+            "the rewards; return a list with one float (or None) per completion"
         )
     try:
         parameters = list(inspect.signature(fn).parameters.values())

@@ -54,6 +54,10 @@ def _json_records(where: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
             raise ValueError(f"{where}: not valid JSON ({error.msg} at line {error.lineno})") from None
         yield from _jsonl_records(where, max_line_bytes)
         return
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply to read; flatten the rows") from None
+    except ValueError:  # a number past Python's 4300 digits
+        raise ValueError(f"{where}: not valid JSON (a number longer than 4300 digits)") from None
     if isinstance(value, dict):
         value = [value]
     if not isinstance(value, list):
@@ -63,11 +67,19 @@ def _json_records(where: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
 
 def _jsonl_records(where: str, max_line_bytes: int) -> Iterator[tuple[int, Any]]:
     for line, text in read_lines(where, max_line_bytes=max_line_bytes, what="data file"):
-        if text.strip():
-            try:
-                yield line, json.loads(text)
-            except (json.JSONDecodeError, RecursionError) as error:
-                raise ValueError(f"{where}:{line}: not a JSON object ({error}); write one object per line") from None
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except RecursionError:
+            raise ValueError(
+                f"{where}:{line}: JSON nested too deeply to read; write one flat object per line"
+            ) from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{where}:{line}: not valid JSON ({error.msg}); write one object per line") from None
+        except ValueError:  # a number past Python's 4300 digits
+            raise ValueError(f"{where}:{line}: not valid JSON (a number longer than 4300 digits)") from None
+        yield line, record
 
 
 def _parquet_records(where: str) -> Iterator[tuple[int, Any]]:
@@ -198,7 +210,10 @@ class Columns:
         difficulty = None
         if self.difficulty is not None:
             difficulty = self._difficulty(record[self.difficulty], at)
-        columns = plain(dict(record))
+        try:
+            columns = plain(dict(record))
+        except ValueError as error:
+            raise ValueError(f"{at}: {error}; flatten the column") from None
         return Row(prompt, answer.strip(), solution or None, difficulty, line, columns, messages)
 
     def _messages(self, value: Sequence[Any], at: str) -> list[dict[str, str]]:

@@ -72,6 +72,8 @@ def load_rows(path: str | os.PathLike[str], max_line_bytes: int = MAX_LINE_BYTES
             obj = json.loads(text)
         except json.JSONDecodeError as error:
             raise ValueError(f"{where}:{line}: not valid JSON ({error.msg}); write one object per line") from None
+        except ValueError:  # a number past Python's 4300 digits
+            raise ValueError(f"{where}:{line}: not valid JSON (a number longer than 4300 digits)") from None
         except RecursionError:
             raise ValueError(f"{where}:{line}: JSON nested too deeply; write one flat object per line") from None
         rows.append(_check_row(obj, line, where))

@@ -34,7 +34,7 @@ from grpo_gym.tasks.base import (
     numbers_agree,
     parse_number,
 )
-from grpo_gym.validation import check_int, unicode_error
+from grpo_gym.validation import MAX_JSON_DEPTH, check_int, unicode_error
 
 
 class Row(NamedTuple):
@@ -83,21 +83,24 @@ def _normalise(text: str) -> str:
     return " ".join(text.split()).casefold()
 
 
-def plain(value: Any) -> Any:
+def plain(value: Any, depth: int = 0) -> Any:
     """``value`` as plain JSON data: numbers, strings, booleans, ``None``, lists and string-keyed dicts (numpy
     values become Python ones; anything else its ``str``), so problems stay JSON-serialisable and cheap to pickle.
     NaN and the infinities stay floats, as a dataset's column gives them to a TRL reward function (``json`` writes
-    and reads them back)."""
+    and reads them back). A value nested deeper than :data:`~grpo_gym.validation.MAX_JSON_DEPTH` levels is a
+    ``ValueError`` (it could not be saved, copied for each reward function or read back)."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
+    if depth >= MAX_JSON_DEPTH:
+        raise ValueError(f"a value nested deeper than {MAX_JSON_DEPTH} levels (lists and dicts), which is never read")
     if isinstance(value, np.ndarray):
-        return plain(value.tolist())
+        return plain(value.tolist(), depth)
     if isinstance(value, np.generic):
-        return plain(value.item())
+        return plain(value.item(), depth)
     if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
+        return [plain(v, depth + 1) for v in value]
     return str(value)
 
 

@@ -32,6 +32,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from algorithms.common.saving.atomic import atomic_directory, check_writable, remove_stale_temporaries
 from algorithms.common.saving.model_file import CHECKPOINT_MODEL as MODEL
 from algorithms.common.saving.model_file import model_file_path
+from grpo_gym.validation import read_json
 
 PREFIX = "iteration_"
 REPLAY, RUN = "replay.npz", "run.json"
@@ -59,19 +60,51 @@ def check_writable_dir(path: str | os.PathLike, what: str = "--checkpoint-dir") 
     return path
 
 
-def checkpoints(directory: str | os.PathLike) -> list[Path]:
-    """The complete checkpoints in ``directory``, oldest first."""
+def _folders(directory: str | os.PathLike) -> list[Path]:
+    """Every ``iteration_<n>`` folder in ``directory``, complete or not, oldest first."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / RUN).is_file()]
+    found = [p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX)]
     return sorted(found, key=lambda p: int(p.name.removeprefix(PREFIX)) if p.name[len(PREFIX) :].isdigit() else -1)
+
+
+def missing_files(folder: Path) -> list[str]:
+    """The files a checkpoint folder lacks to be resumed from (``run.json``, ``model.zip``): ``[]`` when complete."""
+    return [name for name in (RUN, MODEL) if not (folder / name).is_file()]
+
+
+def checkpoints(directory: str | os.PathLike) -> list[Path]:
+    """The complete checkpoints in ``directory`` (``run.json`` and ``model.zip`` both there), oldest first."""
+    return [folder for folder in _folders(directory) if not missing_files(folder)]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     """The newest complete checkpoint folder in ``directory`` (None: none yet)."""
     found = checkpoints(directory)
     return found[-1] if found else None
+
+
+def resume_point(directory: str | os.PathLike) -> tuple[Path, list[str]]:
+    """The newest complete checkpoint of ``directory`` and what to say about the newer folders it skipped (one that
+    lacks ``model.zip`` or ``run.json``: deleted, or copied in part); ``ValueError`` naming the fix when there is
+    none to resume from."""
+    folders = _folders(directory)
+    newest = latest_checkpoint(directory)
+    newer = folders[folders.index(newest) + 1 :] if newest is not None else folders
+    notes = [
+        f"--resume: skipped {os.fspath(folder)}: it has no {' or '.join(missing_files(folder))} (an incomplete "
+        "checkpoint, left as it is)"
+        for folder in newer
+    ]
+    if newest is None:
+        detail = f" ({'; '.join(note.removeprefix('--resume: skipped ') for note in notes)})" if notes else ""
+        raise ValueError(
+            f"--resume: no complete checkpoint in {os.fspath(directory)!r}{detail}; start the run without --resume"
+        )
+    if notes:
+        notes.append(f"--resume: resuming from {os.fspath(newest)}, the newest complete checkpoint")
+    return newest, notes
 
 
 def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, Any], keep: int = 2) -> Path | None:
@@ -108,14 +141,48 @@ def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, An
     return target
 
 
+#: the held-out results a run.json records before GRPO, per difficulty: ``EvalResult``'s number fields (and ``source``)
+RESULT_FIELDS = ("difficulty", "n_problems", "success_rate", "mean_reward", "mean_length")
+
+
 def read_run_json(folder: str | os.PathLike) -> dict[str, Any]:
     """The ``run.json`` of a checkpoint folder (the command line's total and held-out results; the model's own
-    run state is its ``model.zip``, :func:`~algorithms.common.saving.run_file.read_saved_run`)."""
+    run state is its ``model.zip``, :func:`~algorithms.common.saving.run_file.read_saved_run`), checked: a
+    ``ValueError`` names the file, the key and the fix."""
     path = Path(folder) / RUN
+    where = os.fspath(path)
+    move = f"or move {os.fspath(folder)!r} out of its folder to resume from the checkpoint before it"
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{os.fspath(path)} cannot be read ({error}); resume from another checkpoint") from None
+        text = path.read_bytes()
+    except OSError as error:
+        raise ValueError(f"{where} cannot be read ({error.strerror or error}); {move.removeprefix('or ')}") from None
+    run = read_json(text, where, fix=f"restore the file, {move}")
+    if not isinstance(run, dict):
+        raise ValueError(f"{where} must hold a JSON object, got {type(run).__name__}; restore the file, {move}")
+    total = run.get("total_timesteps")
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(
+            f"{where}: 'total_timesteps' must be an integer >= 1 (the completions the run trains to), got "
+            f"{total!r:.40}; write the run's total there (its n_timesteps, e.g. 20000), {move}"
+        )
+    before = run.get("before", [])
+    if not isinstance(before, list) or not all(_is_result(row) for row in before):
+        fields = ", ".join(RESULT_FIELDS)
+        raise ValueError(
+            f"{where}: 'before' must be the held-out results measured before GRPO, a list of {{{fields}, source}} "
+            f"(numbers, and a text); write [] there to report none, {move}"
+        )
+    return run
+
+
+def _is_result(row: Any) -> bool:
+    """Whether ``row`` is an ``EvalResult`` as ``dataclasses.asdict`` wrote it."""
+    if not isinstance(row, dict) or not set(row) <= {*RESULT_FIELDS, "source"}:
+        return False
+    numbers = [row.get(key) for key in RESULT_FIELDS]
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers) and isinstance(
+        row.get("source", ""), str
+    )
 
 
 class IterationCheckpoint(BaseCallback):

@@ -39,6 +39,7 @@ from stable_baselines3.common.utils import ConstantSchedule, FloatSchedule, Line
 
 from algorithms.common.saving.atomic import atomic_write
 from algorithms.common.schedules import UpdateDecay
+from grpo_gym.validation import read_json
 
 FORMAT = "grpo-gym/1"
 #: the markers of described values in ``data``
@@ -222,6 +223,8 @@ def read_model_file(
         if not path.exists() and path.with_name(path.name + ".zip").exists():
             path = path.with_name(path.name + ".zip")
         check_not_checkpoint_folder(path)
+        if path.is_dir():
+            raise ValueError(f"{name!r} is a folder, not a model file; pass the .zip that model.save() wrote")
         if not path.is_file():
             raise ValueError(f"no model file at {name!r}")
     try:
@@ -230,7 +233,9 @@ def read_model_file(
             names = archive.namelist()
             if "data" not in names:
                 raise ValueError(f"{name} is not a grpo-gym model file: it has no 'data' entry")
-            data = json.loads(archive.read("data").decode("utf-8"))
+            data = read_json(
+                archive.read("data"), f"{name}: its 'data' entry", fix="the file is damaged or not a model"
+            )
             tensors = {
                 entry.removesuffix(".pth"): _read_weights(archive, entry, name, device)
                 for entry in names
@@ -240,8 +245,6 @@ def read_model_file(
         raise ValueError(
             f"{name} is truncated or corrupt (not a complete zip file: {error}); use another save"
         ) from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{name}: its 'data' entry is not valid JSON ({error}); the file is corrupt") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         found = data.get("format") if isinstance(data, dict) else None
         raise ValueError(

@@ -44,6 +44,7 @@ import torch as th
 from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.env_util import make_env
+from algorithms.common.saving.checks import check_run_state, check_weight_entries
 from algorithms.common.saving.model_file import decode, encode, read_model_file, write_model_file
 from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
 from grpo_gym.env import R1ZeroEnv
@@ -80,16 +81,25 @@ def read_saved_run(
     data, state_dicts, variables = read_model_file(path)
     name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
     _check_data(data, variables, name)
+    if data.get("weights") != SHARDED_WEIGHTS:
+        check_weight_entries(state_dicts, name)
     custom = dict(custom_objects or {})
     arguments = {
         key: custom[key] if key in custom else decode(value, key, allow_pickle)
         for key, value in data.get("arguments", {}).items()
     }
+    spaces = {}
+    for key in ("observation_space", "action_space"):
+        try:
+            spaces[key] = decode(data[key], key)
+        except (KeyError, TypeError, ValueError, OverflowError) as error:
+            raise ValueError(f"{name}: its {key} is not a space ({type(error).__name__}: {error}); the file is "
+                             "damaged: use another save") from None  # fmt: skip
     return SavedRun(
         algorithm=str(data.get("algorithm")),
         policy_class=data["policy_class"],
-        observation_space=decode(data["observation_space"], "observation_space"),
-        action_space=decode(data["action_space"], "action_space"),
+        observation_space=spaces["observation_space"],
+        action_space=spaces["action_space"],
         arguments=arguments,
         state=decode(data["state"], "state", allow_pickle),
         state_dicts=state_dicts,
@@ -158,6 +168,7 @@ def _check_data(data: dict[str, Any], variables: dict[str, Any], name: str) -> N
     if absent or not isinstance(rng, dict) or not {"torch", "generator"} <= rng.keys():
         missing = absent + ([] if isinstance(rng, dict) and {"torch", "generator"} <= rng.keys() else ["rng"])
         raise ValueError(f"{name}: the run state lacks {missing}; the file is damaged")
+    check_run_state(data["state"], rng, name)
 
 
 def check_recorded_envs(saved: Any, name: str = "the record") -> int:
