@@ -140,7 +140,8 @@ def main() -> None:
             f"({datetime.date.today()}); each run: `{runs[0]['command']}`.",
             f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), torch threads {args.threads}, shared "
             "with other workers (their CPU share per run below).",
-            "Held-out success (200 problems per difficulty, sampled as in training), median (worst) over the seeds:",
+            f"Held-out success ({runs[0]['rows'][0]['n']} problems per difficulty, sampled as in training), median "
+            "(worst) over the seeds:",
             table(runs),
             "Per run:",
             per_run(runs),

@@ -10,7 +10,7 @@ from gymnasium.envs.registration import register, registry
 
 from grpo_gym.curriculum import DynamicCurriculum
 from grpo_gym.env import R1ZeroEnv
-from grpo_gym.rewards import DEFAULT_WEIGHTS, CompositeReward, RewardModelScorer, parse_completion
+from grpo_gym.rewards import DEFAULT_WEIGHTS, CompositeReward, RewardModelScorer, parse_completion, per_turn
 from grpo_gym.tasks import Problem, Task, Verdict, list_tasks, make_task, register_task
 from grpo_gym.tokenizer import build_char_tokenizer, load_tokenizer
 
@@ -35,5 +35,6 @@ __all__ = [
     "load_tokenizer",
     "make_task",
     "parse_completion",
+    "per_turn",
     "register_task",
 ]

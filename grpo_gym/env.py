@@ -16,6 +16,7 @@ from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import StateLimits, make_state, problem_state, read_state
 from grpo_gym.gold import gold_examples
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
+from grpo_gym.rewards.composite import TurnInput
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT
 from grpo_gym.scoring import ScoreAhead, check_ahead
 from grpo_gym.tasks import Problem, Task, Verdict, check_difficulty, make_task
@@ -60,7 +61,9 @@ class R1ZeroEnv(gym.Env):
     clipped to [-1, 1] unless you give reward functions (``reward_clip``): the built-ins ``syntax``,
     ``consistency``, ``task`` (0.3 / 0.4 / 0.3) and ``length`` (DAPO's overlong penalty, weight 0), and your
     ``reward_funcs`` (TRL's signature, weight 1); 0 for the tokens of an unfinished turn in token mode. A
-    component that does not apply to a completion (``None``) is left out.
+    component that does not apply to a completion (``None``) is left out. A multi-turn episode is scored per model
+    turn: each answer by all of them, each tool turn by ``length``, the tool components and the reward functions
+    marked :func:`~grpo_gym.rewards.functions.per_turn`.
     ``info["reward_components"]`` holds every component (``None`` where not applicable), ``info["reward_reasons"]``
     why, ``info["is_success"]`` whether the task gave full credit. :meth:`score_ahead` scores a batch of
     completions in one call per reward function; ``step`` then takes each pair's result.
@@ -263,11 +266,12 @@ class R1ZeroEnv(gym.Env):
         ``problem.prompt_input``), and the completion followed by EOS."""
         return self.encode_prompt(question)[0], np.append(self.codec.encode(completion), self.codec.eos_id)
 
-    def gold_examples(self, n: int, difficulty: float | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    def gold_examples(self, n: int, difficulty: float | None = None, episodes: bool = False) -> list[Any]:
         """``n`` cold-start examples from problems drawn like :meth:`sample_problem`: the task's gold
-        solutions, one example per model turn (see :mod:`grpo_gym.gold`). :attr:`gold_stand_ins` counts the problems
-        without gold reasoning, which got a stand-in (the cold start warns with the count)."""
-        examples, stand_ins = gold_examples(self, n, difficulty)
+        solutions, one ``(prompt, completion)`` example per model turn, or with ``episodes`` one ``(prompt,
+        completion, roles)`` example per problem, its whole episode (see :mod:`grpo_gym.gold`). :attr:`gold_stand_ins`
+        counts the problems without gold reasoning, which got a stand-in (the cold start warns with the count)."""
+        examples, stand_ins = gold_examples(self, n, difficulty, episodes)
         self.gold_stand_ins += stand_ins
         return examples
 
@@ -456,6 +460,7 @@ class R1ZeroEnv(gym.Env):
                 [ids[:length]],
                 transcripts=[transcript],
                 supplied=[self.tool_session.answer_scores()],
+                turns=[self._turn],
             )[0]
         self._turn += 1
         self._transcript.append(completion)
@@ -477,6 +482,8 @@ class R1ZeroEnv(gym.Env):
     ) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         """Run a tool turn's calls and append their results (see the class docstring)."""
         turn, text = self.tool_session.play(completion)
+        scoring = TurnInput(self.task, self.problem, self._transcript[0], completion,
+                            "".join(self._transcript[1:]) + completion, self._turn, turn.records)  # fmt: skip
         self._turn += 1
         self._transcript.append(completion)
         fits = in_window or self.window.append(body)
@@ -484,7 +491,8 @@ class R1ZeroEnv(gym.Env):
             fits = self.window.append(self.codec.encode(text)) and fits
             self._transcript.append(text)
         truncated = text is None or not fits or self.window.free <= self.max_new_tokens
-        result = self.reward_fn.score_without_answer(TOOL_TURN_REASON, ids[:length], ToolSession.scores(turn))
+        scores = ToolSession.scores(turn)
+        result = self.reward_fn.score_without_answer(TOOL_TURN_REASON, ids[:length], scores, scoring)
         info = turn_info(result, completion, body, length, self._turn, self.problem.difficulty, turn.records)
         return self.window.observation(), float(result.total), False, bool(truncated), info
 

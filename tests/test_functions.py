@@ -130,8 +130,14 @@ def test_functions_named_by_module_path() -> None:
 def kwargs_for(completions: list[str], **columns: Any) -> dict[str, Any]:
     logs = RewardLogs(len(completions))
     ids = [list(range(len(c) + 1)) for c in completions]
+    turns = {
+        "turn": [0] * len(completions),
+        "turn_completions": list(completions),
+        "tool_calls": [[] for _ in completions],
+    }  # one-turn episodes, as the env passes them
     return {"prompts": ["p"] * len(completions), "completions": completions, "completion_ids": ids,
-            "trainer_state": None, "log_extra": logs.log_extra, "log_metric": logs.log_metric, **columns}  # fmt: skip
+            "trainer_state": None, "log_extra": logs.log_extra, "log_metric": logs.log_metric,
+            **turns, **columns}  # fmt: skip
 
 
 def test_call_passes_trl_arguments_and_keeps_nones() -> None:

@@ -361,3 +361,44 @@ def test_a_recorded_env_id_never_imports_a_module(tmp_path: Path, monkeypatch: p
         loaded = GRPO.load(tmp_path / "evil.zip")
     assert loaded.env is None and not marker.exists()
     assert GRPO.load(tmp_path / "m.zip", rebuild_env=False).env is None
+
+
+def feedback_env() -> DummyVecEnv:
+    kwargs = {**ENV_KWARGS, "max_new_tokens": 16, "max_turns": 3}
+    return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**kwargs))] * 4)
+
+
+class SaveInALaterTurn(BaseCallback):
+    """Save during the second rollout's second turn (its episodes half played), keeping the rollout's locals then."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path, self.rollouts = path, 0
+        self.scope: dict = {}
+
+    def _on_rollout_start(self) -> None:
+        self.rollouts += 1
+
+    def _on_step(self) -> bool:
+        if self.rollouts == 2 and not self.scope and self.locals.get("turn") == 1:
+            self.model.save(self.path)
+            self.scope = dict(self.locals)
+        return True
+
+
+def test_a_save_mid_episode_with_the_turn_cache_resumes_exactly(tmp_path: Path) -> None:
+    """Multi-turn episodes (up to three answers) whose later turns are sampled from the KV cache of the turn before:
+    a save inside a later turn of the second rollout resumes to the uninterrupted run (the cache is a rollout's own,
+    never saved: the resumed run plays that rollout again from its start)."""
+    settings = {"sft_steps": 0, "turn_cache": True, "n_groups": 1}
+    whole = make_model(feedback_env(), **settings)
+    whole.learn(20)  # 4 episodes of up to 3 turns a rollout: two rollouts
+    first = make_model(feedback_env(), **settings)
+    callback = SaveInALaterTurn(tmp_path / "mid.zip")
+    first.learn(20, callback=callback)
+    assert callback.scope["cache"] is not None and callback.scope["live"]  # mid-episode, the cache held
+    data, _, _ = read_model_file(tmp_path / "mid.zip")
+    assert data["state"]["_iteration"] == 1
+    second = GRPO.load(tmp_path / "mid.zip", env=feedback_env())
+    second.learn(whole.num_timesteps - data["state"]["num_timesteps"], reset_num_timesteps=False)
+    assert_same_training_state(whole, second)

@@ -239,3 +239,29 @@ def test_lmppo_trains_on_tool_episodes() -> None:
     model = LMPPO("TransformerPolicy", make_env(n_envs=2), n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
     model.learn(2)
     assert model.num_timesteps >= 2
+
+
+def test_an_episode_example_trains_what_its_turns_train() -> None:
+    """The cold start's episode examples (tool call, tool result, answer in one row; each turn's EOS hidden from the
+    tokens after it) give each model token the log-prob that the per-turn example with the rollout's context gives
+    it, and their turns are the per-turn examples exactly."""
+    from algorithms.common.cold_start import _example_log_probs
+    from grpo_gym.gold import episode_turns, tool_episode, tool_examples
+
+    env = grpo_gym.R1ZeroEnv(**TOOL_ENV)
+    env.reset(seed=0)
+    problems = [env.sample_problem() for _ in range(3)]
+    episodes = [tool_episode(env, problem) for problem in problems]
+    for problem, episode in zip(problems, episodes, strict=True):
+        for (p, c), (q, d) in zip(episode_turns(episode), tool_examples(env, problem), strict=True):
+            assert np.array_equal(p, q) and np.array_equal(c, d)
+    model = GRPO("TransformerPolicy", make_env(), n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY, seed=0,
+                 mixed_precision="no")  # fmt: skip
+    with th.no_grad():
+        whole, trained = _example_log_probs(model.policy, episodes)
+        turns = [turn for episode in episodes for turn in episode_turns(episode)]
+        apart, mask = _example_log_probs(model.policy, turns)
+    for i in range(len(episodes)):
+        separate = th.cat([apart[2 * i + j][mask[2 * i + j]] for j in range(2)])
+        assert th.allclose(whole[i][trained[i]], separate, atol=1e-5)
+    assert int(trained.sum()) == int(mask.sum())  # the same tokens trained, the tool results not among them

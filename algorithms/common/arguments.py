@@ -317,6 +317,14 @@ LM_ARGUMENTS = Arguments(
             "sequence ratio", "float",
         ),
         "max_staleness": Argument(0, integer(low=0), _MAX_STALENESS, "int"),
+        "turn_cache": Argument(
+            "auto", choice(True, False, "auto"),
+            "keep each turn's KV cache for the next turn of multi-turn episodes (tool calls, feedback): a later turn "
+            "then runs only the tokens the env added, and a row whose window dropped old tokens is prefilled afresh "
+            "(:mod:`~algorithms.common.generation.continuation`; the builtin sampler only: other engines prefill "
+            'each turn). ``"auto"``: when the env may play several turns (``max_turns > 1`` or ``tools``)',
+            "bool | str",
+        ),
         **{name: Argument(*fields) for name, fields in ENGINE_ARGUMENTS.items()},
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
@@ -324,7 +332,11 @@ LM_ARGUMENTS = Arguments(
             "model), ``True`` or ``False``", "bool | str",
         ),
         "sft_steps": Argument(300, integer(low=0), "SFT gradient steps (the seed preset: 5000)", "int"),
-        "sft_batch_size": Argument(32, integer(low=1), "examples per SFT step", "int"),
+        "sft_batch_size": Argument(
+            32, integer(low=1),
+            "examples per SFT step (the task's gold: that many model turns; with tools, whole episodes holding them)",
+            "int",
+        ),
         "sft_learning_rate": Argument(1e-3, number(low=0.0, low_open=True), "SFT learning rate", "float"),
         "sft_data": Argument(
             None, optional_path(existing_file="a JSONL file of prompt/response rows"),

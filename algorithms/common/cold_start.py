@@ -21,10 +21,12 @@ from typing import Any
 import numpy as np
 import torch as th
 
+from algorithms.common.generation.sampler import position_ids_from_mask
 from algorithms.common.losses import aggregate
 from algorithms.common.progress import progress
 from algorithms.common.rollout.batch import left_pad, right_pad
 from algorithms.common.runtime.sharding import clip_grad_norm
+from grpo_gym.gold import ENV_TOKEN, TURN_END, episode_turns
 from grpo_gym.rewards import parse_completion
 from grpo_gym.tasks.base import HELD_OUT_SEED
 from grpo_gym.validation import MAX_LINE_BYTES, read_lines
@@ -61,9 +63,11 @@ def load_sft_rows(path: str | os.PathLike, max_line_bytes: int = MAX_LINE_BYTES)
 
 
 def sft_examples(env: Any, n: int, data: list[tuple[str, str]] | None, rng: np.random.Generator) -> list[Any]:
-    """``n`` tokenized examples: from ``data`` rows (sampled with ``rng``) or the env task's gold solutions."""
+    """Tokenized examples: ``n`` from ``data`` rows (sampled with ``rng``), or the env task's gold solutions, ``n``
+    model turns of them (with tools, one whole episode per example: :mod:`grpo_gym.gold`)."""
     if data is None:
-        return env.env_method("gold_examples", n, indices=[0])[0]
+        episodes = env.has_attr("tools") and env.get_attr("tools", indices=[0])[0] is not None
+        return env.env_method("gold_examples", n, None, episodes, indices=[0])[0]
     picks = rng.integers(len(data), size=n)
     return [env.env_method("encode_example", *data[i], indices=[0])[0] for i in picks]
 
@@ -139,7 +143,14 @@ def supervised_finetune(
 
 
 def _example_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor]:
-    """``(B, C)`` log-probs of the examples' completions, in the cold start's precision, and their mask."""
+    """``(B, C)`` log-probs of the examples' completions, in the cold start's precision, and the mask of the tokens
+    trained on; episode examples ``(prompt, completion, roles)`` through :func:`_episode_log_probs`, or as one
+    example per turn when a turn's context is longer than the policy's window (a rollout cuts it)."""
+    if examples and len(examples[0]) == 3:
+        turns = [turn for example in examples for turn in episode_turns(example)]
+        if max(len(context) for context, _ in turns) <= policy.context_limit:
+            return _episode_log_probs(policy, examples)
+        examples = turns
     device = next(policy.parameters()).device
     prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _ in examples]  # what rollouts show the policy
     prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
@@ -147,6 +158,31 @@ def _example_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.
     batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
     log_probs, _ = policy.log_probs(*(t.to(device) for t in batch), stage="sft")
     return log_probs, completion_mask.to(device)
+
+
+def _episode_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor]:
+    """``(B, C)`` log-probs of episode examples' completion tokens (:mod:`grpo_gym.gold`: the model's turns, the env's
+    tokens, each turn's EOS), one forward pass per batch, and the mask of those trained on (the model's tokens and
+    EOSes). A turn's EOS is hidden from every later position (attention mask 0; the positions after it continue
+    without it), so each turn sees the context a rollout shows it; the log-prob definition is the sampler's (full
+    softmax of the temperature-scaled logits over the vocabulary)."""
+    device = next(policy.parameters()).device
+    prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _, _ in examples]  # what rollouts show the policy
+    prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
+    completion_ids, present = right_pad([th.as_tensor(c) for _, c, _ in examples], policy.pad_token_id)
+    roles, _ = right_pad([th.as_tensor(r).long() for _, _, r in examples], ENV_TOKEN)  # (B, C)
+    visible = present & (roles != TURN_END)  # (B, C): what later positions attend to
+    attention = th.cat([prompt_mask, visible.long()], dim=1).to(device)  # (B, T + C)
+    ids = th.cat([prompt_ids, completion_ids], dim=1).to(device)
+    with policy.autocast("sft"):
+        logits = policy.model(
+            input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention), use_cache=False
+        ).logits[:, prompt_ids.shape[1] - 1 : -1]  # (B, C, V): the logits predicting each completion token
+    scaled = logits[..., : policy.vocab_size].float() / policy.temperature
+    targets = completion_ids.to(device)
+    log_probs = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - th.logsumexp(scaled, dim=-1)  # (B, C)
+    trained = (present & (roles != ENV_TOKEN)).to(device)
+    return th.where(trained, log_probs, 0.0), trained
 
 
 def gold_nll(policy: Any, env: Any, n: int = 8) -> float | None:

@@ -19,6 +19,7 @@ import torch as th
 from algorithms.common.rollout.batch import left_pad
 from algorithms.common.rollout.env_steps import stack_obs, step_envs
 from algorithms.common.rollout.rows import contexts_from_obs
+from algorithms.common.rollout.turns import keeps_turn_cache
 from grpo_gym.tasks.base import HELD_OUT_SEED
 
 __all__ = [
@@ -138,22 +139,29 @@ def play_episodes(
     policy: Any, env: Any, problems: list[Any], generator: th.Generator, greedy: bool = False
 ) -> list[tuple[bool, float, int]]:
     """Env ``i`` plays ``problems[i]`` (at most ``n_envs`` of them) to the end of the episode; every turn of the
-    episodes still playing is sampled in one batch, and each env is stepped alone (``env_method``, so an ended
-    episode is not auto-reset). Per problem: success, the sum of the rewards, the tokens the model wrote."""
+    episodes still playing is sampled in one batch, from the KV cache of the turn before when the env may play
+    several turns (:mod:`~algorithms.common.generation.continuation`), and each env is stepped alone
+    (``env_method``, so an ended episode is not auto-reset). Per problem: success, the sum of the rewards, the
+    tokens the model wrote."""
     device = next(policy.parameters()).device
+    keep_cache = keeps_turn_cache("auto", env)
     obs = [env.env_method("reset", options={"problem": p}, indices=[i])[0][0] for i, p in enumerate(problems)]
     live = list(range(len(problems)))
     results = [(False, 0.0, 0) for _ in problems]
+    cache, rows = None, None
     while live:
         ids, mask = left_pad(contexts_from_obs(stack_obs(obs), policy.context_limit), policy.pad_token_id)
-        completions = policy.generate(ids.to(device), mask.to(device), generator=generator, greedy=greedy)
+        turns = {"keep_cache": True, **({"cache": cache, "cache_rows": rows} if cache is not None else {})}
+        completions = policy.generate(
+            ids.to(device), mask.to(device), generator=generator, greedy=greedy, **(turns if keep_cache else {})
+        )
         obs, rewards, dones, infos = step_envs(env, live, completions.tokens.cpu().numpy())
         for j, i in enumerate(live):
             _, total, length = results[i]
             written = int(completions.lengths[j])
             results[i] = (bool(infos[j].get("is_success", False)), total + float(rewards[j]), length + written)
-        live = [i for i, done in zip(live, dones, strict=True) if not done]
-        obs = [o for o, done in zip(obs, dones, strict=True) if not done]
+        rows = [j for j, done in enumerate(dones) if not done]
+        live, obs, cache = [live[j] for j in rows], [obs[j] for j in rows], completions.cache
     return results
 
 

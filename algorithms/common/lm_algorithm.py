@@ -15,8 +15,10 @@ subclass writes are marked *subclass*)::
     │  ├─ _play                               sample the K x G first turns in one batch (_sample: the policy, or
     │  │  │                                   the reference when _sampling.from_reference), score them ahead,
     │  │  │                                   step them through the env(s) n_envs at a time
-    │  │  └─ _play_later_turns, _record_step  multi-turn episodes; every step counted, its rows kept (Rows)
+    │  │  └─ play_later_turns, _record_step   multi-turn episodes (rollout/turns.py: each later turn from the KV
+    │  │                                      cache of the last); every step counted, its rows kept (Rows)
     │  ├─ _sampling.after_play                play groups again (GRPO: DAPO's refills, through _play_again)
+    │  ├─ log_turns                           tool-call rate, turns per episode, ... (multi-turn episodes only)
     │  └─ _build_batch            *subclass*  returns, advantages, the kept rows as a RolloutBatch
     ├─ _engine.sleep                          a GPU vLLM engine frees its memory (vllm_enable_sleep_mode)
     ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
@@ -52,8 +54,9 @@ from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.reference import reference_network
 from algorithms.common.overlapped_learning import OverlappedLearning
 from algorithms.common.rollout.batch import RolloutBatch, left_pad
-from algorithms.common.rollout.env_steps import Obs, score_ahead, split_obs, stack_obs, step_envs
+from algorithms.common.rollout.env_steps import score_ahead, split_obs
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
+from algorithms.common.rollout.turns import keeps_turn_cache, log_turns, play_later_turns
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
@@ -61,12 +64,12 @@ SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
 
 @dataclass(frozen=True)
 class RolloutStart:
-    """A rollout before its first turn is sampled: each episode's problem and prompt, and the sampler's noise
-    placement (``noise_offset``, ``noise_rows``)."""
+    """A rollout before its first turn is sampled: each episode's problem and prompt, and the sampler's keyword
+    arguments (the noise's placement, ``noise_offset`` and ``noise_rows``; ``keep_cache`` for later turns)."""
 
     problems: list[Any]
     prompts: list[th.Tensor]
-    noise: dict[str, int]
+    sampling: dict[str, Any]
 
 
 class LMAlgorithm(OverlappedLearning):
@@ -82,7 +85,8 @@ class LMAlgorithm(OverlappedLearning):
         Episode ``e`` plays problem ``e // G``. The first turn of every episode is sampled in one batch; the
         episodes are then stepped ``n_envs`` at a time (reset with the pinned problem, step the completion).
         Multi-turn episodes (feedback, tool calls) answer again from the env's new context until they end: the later
-        turns of a chunk's episodes still playing are sampled in one batch (:meth:`_play_later_turns`). A subclass
+        turns of a chunk's episodes still playing are sampled in one batch, each from the KV cache of the turn before
+        (:func:`~algorithms.common.rollout.turns.play_later_turns`, ``turn_cache``). A subclass
         may then play more and change the rows (``_sampling.after_play``, e.g. dynamic sampling) before the batch is
         built.
         Returns False when a callback stopped training.
@@ -91,7 +95,7 @@ class LMAlgorithm(OverlappedLearning):
         callback.on_rollout_start()
         start = self._start_rollout(env)
         timer = time.perf_counter()
-        first = self._sample(start.prompts, **start.noise)
+        first = self._sample(start.prompts, **start.sampling)
         return self._finish_rollout(env, callback, start, first, time.perf_counter() - timer)
 
     def _start_rollout(self, env: VecEnv) -> RolloutStart:
@@ -101,8 +105,12 @@ class LMAlgorithm(OverlappedLearning):
         self._sampling.before_rollout(env, self.num_timesteps, self.logger)
         episode_problems = [p for p in self._draw_problems(env) for _ in range(self.group_size)]
         self._seeds.reseed_for_rollout(self._iteration)
-        noise = {"noise_offset": self._dist.rank * len(episode_problems), "noise_rows": self.n_groups * self.group_size}
-        return RolloutStart(episode_problems, self._prompts(env, episode_problems), noise)
+        sampling = {
+            "noise_offset": self._dist.rank * len(episode_problems),
+            "noise_rows": self.n_groups * self.group_size,
+        }
+        sampling["keep_cache"] = keeps_turn_cache(self.turn_cache, env)  # for the later turns of multi-turn episodes
+        return RolloutStart(episode_problems, self._prompts(env, episode_problems), sampling)
 
     def _finish_rollout(
         self, env: VecEnv, callback: BaseCallback, start: RolloutStart, first: Completions, first_seconds: float
@@ -124,6 +132,7 @@ class LMAlgorithm(OverlappedLearning):
         merge_episode_infos(self._dist, finished, self.ep_info_buffer, self.ep_success_buffer)
         self._rollout_successes = (sum(bool(success) for _, success in finished), len(finished))
         check_reward_errors(self._dist, rows, self.logger)
+        log_turns(self.logger, self._dist, rows)  # tool-call rate, turns per episode, ... (multi-turn only)
         self._rollout = self._build_batch(rows, generation_seconds + extra_seconds)
         self._boundary = None
         if self._overlap is not None:  # the producer samples the next rollout while the update shuffles
@@ -157,7 +166,8 @@ class LMAlgorithm(OverlappedLearning):
         timesteps; else ``n_envs`` (the caller adds the other ranks' completions)."""
         prompts = self._prompts(env, episode_problems)
         timer = time.perf_counter()
-        first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows)
+        keep_cache = keeps_turn_cache(self.turn_cache, env)  # for the later turns of multi-turn episodes
+        first = self._sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows, keep_cache=keep_cache)
         generation_seconds = time.perf_counter() - timer
         later = self._play_sampled(env, callback, episode_problems, prompts, first, rows, finished, job_steps)
         return None if later is None else generation_seconds + later
@@ -179,52 +189,22 @@ class LMAlgorithm(OverlappedLearning):
         n_envs, generation_seconds = env.num_envs, 0.0
         chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
         score_ahead(env, episode_problems, first.tokens.cpu().numpy())
+        record = functools.partial(self._record_step, callback, rows, finished, job_steps=job_steps)
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
             completions = first.tokens[chunk.start : chunk.stop], first.mask[chunk.start : chunk.stop]
             played = [prompts[e] for e in chunk], completions, first.log_probs[chunk.start : chunk.stop]
             new_obs, rewards, dones, infos = env.step(completions[0].cpu().numpy())
-            outcome = rewards, dones, infos
-            if not self._record_step(callback, rows, finished, list(chunk), 0, played, outcome, job_steps, locals()):
+            if not record(list(chunk), 0, played, (rewards, dones, infos), locals()):
                 return None
             live = [i for i, done in enumerate(dones) if not done]  # env i of the chunk plays episode chunk[i]
-            obs = split_obs(new_obs, live)
-            later = self._play_later_turns(env, callback, rows, finished, chunk, live, obs, job_steps)
+            episodes = [chunk[i] for i in live]  # also their rows in the first turn's cache
+            later = play_later_turns(env, self._sample, record, self.policy.context_limit, episodes, live,
+                                     split_obs(new_obs, live), first.cache, episodes)  # fmt: skip
             if later is None:
                 return None
             generation_seconds += later
-        return generation_seconds
-
-    def _play_later_turns(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        rows: Rows,
-        finished: list[tuple[Any, Any]],
-        chunk: range,
-        live: list[int],
-        obs: list[Obs],
-        job_steps: bool,
-    ) -> float | None:
-        """Multi-turn episodes: the chunk's envs ``live`` (their observations ``obs``) answer again from the env's new
-        context, sampled in one batch per turn, until every episode ended; each env is stepped alone, so an ended
-        episode is not reset (:func:`~algorithms.common.rollout.env_steps.step_envs`). The generation seconds, or
-        None when a callback stopped training."""
-        generation_seconds, turn = 0.0, 0
-        while live:
-            turn += 1
-            contexts = contexts_from_obs(stack_obs(obs), self.policy.context_limit)
-            timer = time.perf_counter()
-            answer = self._sample(contexts)
-            generation_seconds += time.perf_counter() - timer
-            obs, rewards, dones, infos = step_envs(env, live, answer.tokens.cpu().numpy())
-            played = contexts, (answer.tokens, answer.mask), answer.log_probs
-            episodes, outcome = [chunk[i] for i in live], (rewards, dones, infos)
-            if not self._record_step(callback, rows, finished, episodes, turn, played, outcome, job_steps, locals()):
-                return None
-            live = [i for i, done in zip(live, dones, strict=True) if not done]
-            obs = [o for o, done in zip(obs, dones, strict=True) if not done]
         return generation_seconds
 
     def _record_step(
@@ -236,8 +216,8 @@ class LMAlgorithm(OverlappedLearning):
         turn: int,
         played: tuple[list[th.Tensor], tuple[th.Tensor, th.Tensor], th.Tensor],
         outcome: tuple[Any, Any, list[dict[str, Any]]],
-        job_steps: bool,
         scope: dict[str, Any],
+        job_steps: bool = True,
     ) -> bool:
         """Count the completions of one step (``job_steps``: every rank's), tell the callback (``scope``: the caller's
         locals, as SB3 passes them), keep the episodes that ended and add the rows of ``episodes`` (contexts,
@@ -294,9 +274,12 @@ class LMAlgorithm(OverlappedLearning):
         mine = [(k, key) for k, key in local if 0 <= k < self._local_groups]
         return [env.env_method("sample_problem", **key, indices=[k % env.num_envs])[0] for k, key in mine]
 
-    def _sample(self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None) -> Completions:
-        """Sample one turn for ``prompts`` now (:meth:`_sampling_call`)."""
-        return self._sampling_call(prompts, noise_offset, noise_rows)()
+    def _sample(
+        self, prompts: list[th.Tensor], noise_offset: int = 0, noise_rows: int | None = None, **turns: Any
+    ) -> Completions:
+        """The completions of one batch of ``prompts`` now (:meth:`_sampling_call`); ``turns``: the KV cache kept
+        across turns (``keep_cache``, ``cache``, ``cache_rows``: ``policy.generate``)."""
+        return self._sampling_call(prompts, noise_offset, noise_rows, **turns)()
 
     def _sampling_call(
         self,
@@ -304,10 +287,11 @@ class LMAlgorithm(OverlappedLearning):
         noise_offset: int = 0,
         noise_rows: int | None = None,
         generator: th.Generator | None = None,
+        **turns: Any,
     ) -> Callable[[], Completions]:
-        """The sampling of one turn for ``prompts``, to call now or on the producer: the sampler's network is
-        chosen here (the policy, the frozen reference when ``_sampling.from_reference``, or with ``max_staleness``
-        the producer's copy of a scheduled version); the call draws from ``generator`` (default: the rollouts')."""
+        """The sampling of one batch of ``prompts``, to call now or on the producer: the sampler's network is chosen
+        here (the policy, the frozen reference for a protected rollout, or with ``max_staleness`` the producer's copy
+        of a scheduled version); the call draws from ``generator`` (default: the rollouts')."""
         ids, mask = left_pad(prompts, self.policy.pad_token_id)
         ids, mask = ids.to(self.device), mask.to(self.device)
         from_reference = self._sampling.from_reference(self._iteration, self.logger)
@@ -322,7 +306,13 @@ class LMAlgorithm(OverlappedLearning):
         def call() -> Completions:
             with network as model:
                 return self.policy.generate(
-                    ids, mask, generator=generator, model=model, noise_offset=noise_offset, noise_rows=noise_rows
+                    ids,
+                    mask,
+                    generator=generator,
+                    model=model,
+                    noise_offset=noise_offset,
+                    noise_rows=noise_rows,
+                    **turns,
                 )
 
         return call

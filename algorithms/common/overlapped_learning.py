@@ -52,7 +52,7 @@ class OverlappedLearning(LMBaseAlgorithm):
                     start = self._start_rollout(self.env)
                     version = versions.load(self._iteration, trainable(producer.model))
                     producer.generator.set_state(self._seeds.generator.get_state())  # the noise, drawn over there
-                    producer.submit(self._sampling_call(start.prompts, **start.noise, generator=producer.generator))
+                    producer.submit(self._sampling_call(start.prompts, **start.sampling, generator=producer.generator))
                     if pending:
                         self._train_overlapped(log_interval)
                     self._boundary = self._overlap_boundary(boundary)

@@ -12,6 +12,7 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.engines.base import RolloutEngine
 from algorithms.common.generation.sampler import MIN_TEMPERATURE, Completions, completion_log_probs, sample
 from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY, checkpoint_every
@@ -280,6 +281,9 @@ class TransformerPolicy(BasePolicy):
         noise_rows: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
+        keep_cache: bool = False,
+        cache: TurnCache | None = None,
+        cache_rows: th.Tensor | list[int] | None = None,
     ) -> Completions:
         """Sample completions for left-padded prompts ``(B, T)``; returns tokens and their log-probs.
 
@@ -287,7 +291,10 @@ class TransformerPolicy(BasePolicy):
         ``noise_offset`` and ``noise_rows``: see :func:`~algorithms.common.generation.sampler.sample`; ``temperature``
         and ``top_p`` replace the policy's for this call (the server's per-request settings). With a
         :attr:`rollout_engine` set, the policy's own sampling (no ``model``, ``temperature`` or ``top_p`` given) runs
-        on that engine."""
+        on that engine. ``keep_cache``, ``cache`` and ``cache_rows``: the KV cache kept across the turns of
+        multi-turn episodes (:mod:`~algorithms.common.generation.continuation`), by the builtin sampler; an engine
+        that keeps none (vLLM has its own prefix cache) ignores them and returns no cache."""
+        turns = {"keep_cache": keep_cache, "cache": cache, "cache_rows": cache_rows}
         with th.no_grad(), self.autocast("sampling"):
             engine = self.rollout_engine
             if engine is not None and model is None and temperature is None and top_p is None:
@@ -299,6 +306,7 @@ class TransformerPolicy(BasePolicy):
                     greedy=greedy,
                     noise_offset=noise_offset,
                     noise_rows=noise_rows,
+                    **(turns if engine.keeps_turn_cache else {}),
                 )
             return sample(
                 model if model is not None else self.model,
@@ -315,6 +323,7 @@ class TransformerPolicy(BasePolicy):
                 greedy=greedy,
                 noise_offset=noise_offset,
                 noise_rows=noise_rows,
+                **turns,
             )
 
     def log_probs(

@@ -111,6 +111,57 @@ def relative_advantages(
     return group_advantages(returns, scale=scale)  # (K, G)
 
 
+TURN_CREDITS = ("episode", "reward_to_go")
+"""The values of GRPO's ``turn_credit``: what each model turn of a multi-turn episode trains on."""
+
+
+def turn_weights(returns: Tensor, scale: str = "group", relative: bool = True, eps: float = 1e-4) -> Tensor:
+    """``(K,)`` the weight ``w_g`` of a return difference in each group's advantages (per-turn credit,
+    :func:`turn_advantages`): ``1 / (std_g + eps)`` for GRPO's ``scale="group"`` (0 for a group whose returns are all
+    equal, whose advantages are 0: no signal, and no division by a vanishing std), ``1 / (std + eps)`` of the
+    rollout for ``"batch"`` (0 when every return is equal), 1 for ``"none"`` and when not ``relative`` (RLOO, the
+    value baseline: not divided); 0 for groups of one under a relative scale (their advantages are 0)."""
+    _check_rewards(returns)
+    k, g = returns.shape
+    returns = returns if returns.is_floating_point() else returns.to(torch.get_default_dtype())
+    if not relative or scale == "none":
+        return returns.new_ones(k)
+    if g < 2:
+        return returns.new_zeros(k)
+    if scale == "group":
+        return torch.where(uniform_group_mask(returns), 0.0, 1.0 / (returns.std(dim=1) + eps))  # (K,)
+    if bool(returns.amax() == returns.amin()):
+        return returns.new_zeros(k)
+    return (1.0 / (returns.std() + eps)).expand(k).clone()  # (K,)
+
+
+def turn_advantages(
+    episode_advantages: Tensor, episode_returns: Tensor, row_returns: Tensor, row_episodes: Tensor, weights: Tensor
+) -> Tensor:
+    """``(N,)`` per-turn advantages (``turn_credit="reward_to_go"``): row ``n`` (turn ``t`` of episode ``i``) gets
+    ``A_{i,t} = A_i + w_i (G_{i,t} - G_{i,0})``, i.e. with GRPO's group-relative ``A_i = (G_{i,0} - mean_g) / s_g``::
+
+        A_{i,t} = (G_{i,t} - mean_{j in g} G_{j,0}) / s_g
+
+    ``G_{i,t}`` the discounted reward-to-go from turn ``t`` (:func:`~algorithms.common.rollout.turns.turn_returns`),
+    ``mean_g`` and ``s_g`` the baseline and scale of the episode's group computed on the episode returns
+    ``G_{j,0}`` exactly as for ``turn_credit="episode"`` (RLOO: the others' mean, no scale; the value baseline: the
+    value head's estimate), and ``w_i`` the weight of the episode's group (:func:`turn_weights`: ``1 / s_g``, 0 for
+    a group without signal) times the competition's coefficient. The episode-level baseline is one number per
+    group, not a mean over the episodes that reached turn ``t`` (whose presence there depends on their own earlier
+    turns); with only a final reward and ``gamma = 1`` every ``G_{i,t}`` equals ``G_{i,0}`` and this is the episode
+    credit exactly.
+
+    :param episode_advantages: ``(E,)`` the episodes' advantages ``A_i``
+    :param episode_returns: ``(E,)`` the returns ``G_{i,0}`` (from the same computation as ``row_returns``)
+    :param row_returns: ``(N,)`` each row's ``G_{i,t}``
+    :param row_episodes: ``(N,)`` each row's episode
+    :param weights: ``(E,)`` each episode's ``w_i``
+    """
+    offset = row_returns - episode_returns[row_episodes]  # (N,)
+    return episode_advantages[row_episodes] + weights[row_episodes] * offset  # (N,)
+
+
 def value_baseline(policy: TransformerPolicy, rows: Rows, group_size: int) -> Tensor:
     """The value baseline: ``(K_local, G)`` the value head's estimate of each episode's first prompt (a group
     shares its prompt)."""

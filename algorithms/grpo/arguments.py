@@ -137,6 +137,15 @@ GRPO_OWN = {
         '``"group"`` (the group\'s mean reward, GRPO), ``"value"`` (the value head\'s estimate for the prompt; '
         'needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"`` (RLOO)', "str",
     ),
+    "turn_credit": Argument(
+        "episode", choice(*advantages.TURN_CREDITS),
+        "what each model turn of a multi-turn episode trains on (tool calls, feedback; one-turn episodes are the "
+        'same either way): ``"episode"`` (every turn gets its episode\'s advantage, from the discounted return '
+        '``G_{i,0} = sum_t gamma^t r_{i,t}``) or ``"reward_to_go"`` (turn ``t`` gets '
+        "``A_{i,t} = (G_{i,t} - mean_g G_{j,0}) / s_g``, its own discounted reward-to-go ``G_{i,t}`` against its "
+        "group's episode-level baseline and scale: :func:`~algorithms.grpo.advantages.turn_advantages`); the value "
+        "head's target follows", "str",
+    ),
     "reward_ramp": Argument(
         False, boolean(),
         "the reward ramp: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000 timesteps "

@@ -24,6 +24,7 @@ from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuff
 from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout
+from algorithms.common.rollout.turns import turn_returns
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, replay, trl_port, update
 from algorithms.grpo.arguments import GRPO_ARGUMENTS
@@ -143,7 +144,7 @@ class GRPO(LMAlgorithm):
         returns = episode_returns(rows, local * group, self.gamma).view(local, group)  # (K_local, G)
         returns = self._dist.gather(returns)  # (K, G): every rank's groups, in rank order
         mine = slice(self._dist.rank * local, (self._dist.rank + 1) * local)
-        scores = self._advantages(rows, returns)  # (K, G)
+        scores, weights = self._advantages(rows, returns)  # (K, G), (K,)
         uniform = advantages.uniform_group_mask(returns)  # (K,)
         left_out = self._left_out_groups(rows, returns, uniform)[mine].tolist()
         cut = truncated_rows(rows, [self.policy.eos_token_id]) if self.mask_truncated else [False] * len(rows.infos)
@@ -160,26 +161,44 @@ class GRPO(LMAlgorithm):
         first_group = self._groups_seen + self._dist.rank * local  # group ids across rollouts and ranks
         self._groups_seen += self.n_groups
         groups = first_group + th.arange(local * group) // group  # (K_local*G,)
+        episode_scores, episode_targets = scores[mine].flatten(), returns[mine].flatten()  # (E,) each
+        per_turn = {}
+        if self.turn_credit == "reward_to_go":  # each turn's own return (the formula: advantages.turn_advantages)
+            per_turn = self._turn_credit(rows, episode_scores, weights[mine].repeat_interleave(group))
         return rows_to_batch(
-            rows, keep, scores[mine].flatten(), returns[mine].flatten(), groups, self.policy.pad_token_id, self.device
+            rows, keep, episode_scores, episode_targets, groups, self.policy.pad_token_id, self.device, **per_turn
         )
 
-    def _advantages(self, rows: Rows, returns: th.Tensor) -> th.Tensor:
+    def _turn_credit(self, rows: Rows, episode_scores: th.Tensor, weights: th.Tensor) -> dict[str, th.Tensor]:
+        """Each row's advantage and return under ``turn_credit="reward_to_go"``
+        (:func:`~algorithms.grpo.advantages.turn_advantages`; ``weights``: ``(E,)`` each episode's group weight)."""
+        to_go = turn_returns(rows, len(episode_scores), self.gamma)  # (N,)
+        row_episodes = th.as_tensor(rows.episodes, dtype=th.long)
+        first = th.zeros(len(episode_scores)).index_copy_(
+            0, row_episodes[rows.first_turns()], to_go[rows.first_turns()]
+        )
+        row_scores = advantages.turn_advantages(episode_scores, first, to_go, row_episodes, weights)  # (N,)
+        return {"row_advantages": row_scores, "row_returns": to_go}
+
+    def _advantages(self, rows: Rows, returns: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
         """``(K, G)`` advantages of the ``(K, G)`` returns: relative to the group (or the value baseline, or RLOO's
-        leave-one-out mean), then the competition between groups (fixed or adaptive)."""
+        leave-one-out mean), then the competition between groups (fixed or adaptive); and ``(K,)`` each group's
+        weight of a return difference (:func:`~algorithms.grpo.advantages.turn_weights` times the competition's
+        coefficient), which per-turn credit uses (:func:`~algorithms.grpo.advantages.turn_advantages`)."""
         baseline = None
         if self.advantage_baseline == "value":  # the value baseline: the value head's estimate of each group's prompt
             baseline = self._dist.gather(advantages.value_baseline(self.policy, rows, self.group_size))  # (K, G)
             self.logger.record("train/value_baseline", baseline.mean().item())
         loo = self.advantage_baseline == "leave_one_out"  # RLOO
         scores = advantages.relative_advantages(returns, self.advantage_scale, baseline, loo)  # (K, G)
+        weights = advantages.turn_weights(returns, self.advantage_scale, relative=baseline is None and not loo)  # (K,)
         if self.competition is None:
-            return scores
+            return scores, weights
         result = controls.competition(returns, self.competition, self.competition_coef, self._between_variance)
         self._between_variance = result.between_variance
         self.logger.record("train/competition_coef", result.coef)
         self.logger.record("train/winning_groups", int((result.scale != 1).sum()))
-        return scores * result.scale[:, None]  # (K, G)
+        return scores * result.scale[:, None], weights * result.scale  # (K, G), (K,)
 
     def _left_out_groups(self, rows: Rows, returns: th.Tensor, uniform: th.Tensor) -> th.Tensor:
         """``(K,)`` the groups the update leaves out: uniform ones (``drop_uniform_groups``, and what dynamic

@@ -13,8 +13,9 @@ from grpo_gym.rewards.composite import (
     DEFAULT_WEIGHTS,
     CompositeReward,
     RewardResult,
+    TurnInput,
 )
-from grpo_gym.rewards.functions import check_reward_function
+from grpo_gym.rewards.functions import check_reward_function, is_per_turn, per_turn
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
 from grpo_gym.rewards.reward_model import RewardModelScorer
 
@@ -27,11 +28,14 @@ __all__ = [
     "ParsedCompletion",
     "RewardModelScorer",
     "RewardResult",
+    "TurnInput",
     "check_reward_function",
     "completion_text",
     "consistency_score",
+    "is_per_turn",
     "length_score",
     "parse_completion",
+    "per_turn",
     "syntax_score",
     "task_score",
 ]

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_gym.rewards.components import consistency_score, length_score, syntax_score, task_score
-from grpo_gym.rewards.functions import MAX_REWARD, RewardLogs, call_reward_funcs, check_reward_funcs
+from grpo_gym.rewards.functions import MAX_REWARD, RewardLogs, call_reward_funcs, check_reward_funcs, is_per_turn
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
 from grpo_gym.rewards.reward_model import RewardModelScorer
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, call_with_timeout, check_reward_timeout
@@ -76,6 +76,28 @@ class Scorer(Protocol):
     """Anything with ``score(prompts, completions) -> floats in [0, 1]``, e.g. ``RewardModelScorer``."""
 
     def score(self, prompts: list[str], completions: list[str]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """A tool turn, as :func:`~grpo_gym.rewards.functions.per_turn` reward functions score it.
+
+    :param task: the task family of the problem
+    :param problem: the episode's problem
+    :param prompt: the prompt text the episode started from
+    :param completion: this turn's text
+    :param transcript: the episode's text after the prompt, this turn included
+    :param index: the turn's place among the episode's model turns, from 0
+    :param tool_calls: this turn's call records (``info["tool_calls"]``)
+    """
+
+    task: Task
+    problem: Problem
+    prompt: str
+    completion: str
+    transcript: str
+    index: int
+    tool_calls: Sequence[Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -254,6 +276,7 @@ class CompositeReward:
         completion_ids: Sequence[Sequence[int]] | None = None,
         transcripts: Sequence[str] | None = None,
         supplied: Sequence[Mapping[str, float | None]] | None = None,
+        turns: Sequence[int] | None = None,
     ) -> list[RewardResult]:
         """Score many completions: each reward function is called once and the reward model runs once for all.
 
@@ -266,6 +289,7 @@ class CompositeReward:
         :param transcripts: what the reward model and reward functions read as each completion (a multi-turn
             episode's whole text after the prompt; default: the completions)
         :param supplied: per completion, the scores of ``env_components`` (default: not applicable)
+        :param turns: per completion, its model turn in the episode (reward functions' ``turn``; default: 0)
         :return: one :class:`RewardResult` per completion, in order
         """
         n = len(completions)
@@ -284,7 +308,9 @@ class CompositeReward:
         if self.reward_model is not None and n:
             model_scores = self._model_scores(prompts, texts)
         logs = RewardLogs(n)
-        user = self._function_scores(task, problems, prompts, texts, ids, logs) if self.reward_funcs and n else {}
+        turn = {"turn": [0] * n if turns is None else [int(t) for t in turns], "tool_calls": [[] for _ in range(n)],
+                "turn_completions": [_rm_text(c) for c in completions] if self.reward_funcs else []}  # fmt: skip
+        user = self._function_scores(task, problems, prompts, texts, ids, logs, turn) if self.reward_funcs and n else {}
         results = []
         for i, problem in enumerate(problems):
             scored = self._builtins(task, problem, parsed[i], model_scores[i], ids[i])
@@ -321,14 +347,28 @@ class CompositeReward:
         reason: str,
         completion_ids: Sequence[int] | None = None,
         supplied: Mapping[str, float | None] | None = None,
+        turn: TurnInput | None = None,
     ) -> RewardResult:
         """The reward of a turn that gives no answer to score (a tool call): the answer's components and the reward
-        functions do not apply (``None``, ``reason`` says why); ``length`` and the ``supplied`` env components do."""
+        functions do not apply (``None``, ``reason`` says why), but those marked
+        :func:`~grpo_gym.rewards.functions.per_turn`, which score ``turn`` (when given); ``length`` and the
+        ``supplied`` env components do."""
         length = None if completion_ids is None else len(completion_ids)
         scored: dict[str, Scored] = {name: (None, reason, None) for name in self._weights}
         scored["length"] = self._component("length", length_score, length, self.max_new_tokens, self.overlong_buffer)
         scored.update(self._supplied(supplied))
-        return self._result(scored, parse_completion(""), {}, {})
+        every_turn = {name: fn for name, fn in self.reward_funcs.items() if is_per_turn(fn)}
+        logs = RewardLogs(1)
+        if turn is not None and every_turn:
+            ids = None if completion_ids is None else [[int(t) for t in completion_ids]]
+            extra = {"turn": [turn.index], "tool_calls": [list(turn.tool_calls)],
+                     "turn_completions": [_rm_text(turn.completion)]}  # fmt: skip
+            texts, prompts = [_rm_text(turn.transcript)], [turn.prompt]
+            values = self._function_scores(turn.task, [turn.problem], prompts, texts, [ids], logs, extra, every_turn)
+            for name, row in values.items():
+                scored[name] = self._function_value(name, row[0])
+        extra_columns = {column: values[0] for column, values in logs.extra.items()}
+        return self._result(scored, parse_completion(""), logs.metrics, extra_columns)
 
     def _supplied(self, scores: Mapping[str, float | None] | None) -> dict[str, Scored]:
         """The env components' scores as given (``None``: not applicable)."""
@@ -365,13 +405,16 @@ class CompositeReward:
         texts: list[str],
         ids: list[Any],
         logs: RewardLogs,
+        turn: dict[str, list[Any]],
+        funcs: Mapping[str, Callable[..., Any]] | None = None,
     ) -> dict[str, list[float | BaseException | None]]:
-        """One call per reward function for the whole batch; per function, one value per completion."""
-        n = len(problems)
+        """One call per reward function (``funcs``, default all) for the whole batch; per function, one value per
+        completion. ``turn``: the per-turn arguments (``turn``, ``turn_completions``, ``tool_calls``)."""
+        n, funcs = len(problems), self.reward_funcs if funcs is None else funcs
         try:
             columns = problem_columns(task, problems)
         except Exception as exc:  # a task's reward_columns raised: every function errs
-            return {name: [exc] * n for name in self.reward_funcs}
+            return {name: [exc] * n for name in funcs}
         if not isinstance(problems[0].prompt_input, str):  # a conversational dataset: TRL's conversational forms
             prompts = [problem.prompt_input for problem in problems]  # type: ignore[misc]
             texts = [[{"role": "assistant", "content": text}] for text in texts]  # type: ignore[misc]
@@ -383,8 +426,9 @@ class CompositeReward:
             "trainer_state": None,
             "log_extra": logs.log_extra,
             "log_metric": logs.log_metric,
+            **turn,
         }
-        values = call_reward_funcs(self.reward_funcs, kwargs, n, self.reward_timeout)
+        values = call_reward_funcs(funcs, kwargs, n, self.reward_timeout)
         if self.on_error == "raise":
             for name, row in values.items():
                 first = next((v for v in row if isinstance(v, BaseException)), None)

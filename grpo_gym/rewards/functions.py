@@ -26,6 +26,15 @@ columns, their items included): what one function changes in them is never seen 
 env's stored rows. Each call is bounded by ``reward_timeout`` (:mod:`grpo_gym.rewards.timeouts`: 30 s by default;
 a function past it scores 0 and is reported like any reward error).
 
+**Rewards per turn** (multi-turn episodes: tool calls, the env's feedback). Every call also passes ``turn`` (each
+completion's model turn in its episode, from 0), ``turn_completions`` (that turn's own text; ``completions`` is the
+episode's whole text after the prompt, as on any answer turn) and ``tool_calls`` (that turn's calls, the records of
+``info["tool_calls"]``: ``name``, ``arguments``, ``result`` or ``error``; ``[]`` on an answer turn). A function
+scores answer turns only, unless it is marked :func:`per_turn`: then it also scores every tool turn (called once per
+tool turn, after its calls ran; the task's verifier and the other components do not apply there), e.g. a small
+reward for a call that ran or a penalty for one that failed. Which return each turn trains on is the algorithm's
+choice (GRPO's ``turn_credit``).
+
 Not passed: TRL's ``environments`` (its tool-calling environments). ``None`` in the returned list means "not
 applicable": that completion's component is left out of the weighted sum, as in TRL. Numbers (booleans count as
 0/1) must be finite and within float32's range (:data:`MAX_REWARD`, about 3.4e38: rollouts store rewards in float32);
@@ -54,8 +63,13 @@ import numpy as np
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, LOOP_GRACE, call_with_timeout, timeout_error
 from grpo_gym.validation import ArgumentError
 
-PASSED = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+PASSED = (
+    "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "turn", "turn_completions",
+    "tool_calls",
+)  # fmt: skip
 """The keyword arguments every call passes besides the problem columns."""
+PER_TURN = "scores_every_turn"
+"""The attribute :func:`per_turn` sets on a function."""
 
 RewardFunc = Callable[..., Any]
 LAMBDA_NAME = "lambda"
@@ -96,7 +110,8 @@ def check_reward_function(name: str, fn: Any, column_names: Callable[[], Collect
     if not any(p.kind is p.VAR_KEYWORD for p in parameters):
         raise ArgumentError(
             f"reward function {name!r} must accept **kwargs: the env calls it as TRL does, with prompts, "
-            "completions, completion_ids, trainer_state, log_extra, log_metric and every problem column by keyword; "
+            "completions, completion_ids, trainer_state, log_extra, log_metric, turn, turn_completions, tool_calls and "
+            "every problem column by keyword; "
             "define it as def fn(prompts, completions, **kwargs)"
         )
     for p in parameters:
@@ -114,6 +129,30 @@ def check_reward_function(name: str, fn: Any, column_names: Callable[[], Collect
             f"reward function {name!r} requires {', '.join(map(repr, missing))}, which the task does not provide; "
             f"its columns: {', '.join(sorted(known or ()))} (give the argument a default, or rename it)"
         )
+
+
+def per_turn(fn: RewardFunc) -> RewardFunc:
+    """Mark a reward function (TRL's signature) to score every model turn of an episode, tool turns included, not
+    only the answers (see the module docstring); returns ``fn`` itself::
+
+        @per_turn
+        def tool_ran(prompts, completions, tool_calls, **kwargs):
+            return [0.1 if calls and not any("error" in c for c in calls) else 0.0 for calls in tool_calls]
+
+    :param fn: the function (a callable object or a ``functools.partial`` too)
+    """
+    try:
+        setattr(fn, PER_TURN, True)
+    except (AttributeError, TypeError):
+        raise ArgumentError(
+            f"per_turn: cannot mark {type(fn).__name__} (it takes no attributes); wrap it in a def or a partial"
+        ) from None
+    return fn
+
+
+def is_per_turn(fn: Any) -> bool:
+    """Whether ``fn`` is marked :func:`per_turn`."""
+    return getattr(fn, PER_TURN, False) is True
 
 
 def reward_func_name(fn: Any) -> str:

@@ -20,6 +20,7 @@ per :func:`~algorithms.common.generation.sampler.sample` call, so a decoding ste
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -152,6 +153,38 @@ class LlamaDecoder:
                 kept = layer.new_empty((len(index), *layer.shape[1:]))
                 kept[:, :, : self._length] = layer[index, :, : self._length]
                 cache[i] = kept
+
+    # ---------------------------------------------------------------- kept across turns (generation.continuation)
+    @property
+    def length(self) -> int:
+        """The cache columns written so far."""
+        return self._length
+
+    def snapshot(self, index: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of the keys and values of the cache rows at ``index``, columns ``[0, length)``: one
+        ``(b, kv, length, D)`` tensor per layer each."""
+        keys = [layer[index, :, : self._length].clone() for layer in self._keys]
+        return keys, [layer[index, :, : self._length].clone() for layer in self._values]
+
+    def adopt(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Hold ``keys`` and ``values`` (one ``(b, kv, columns, D)`` tensor per layer) as the cache, every column
+        written; the capacity grows to fit them."""
+        self._keys, self._values = list(keys), list(values)
+        self._length = keys[0].shape[2]
+        self.capacity = max(self.capacity, self._length)
+
+    def fork(self, index: torch.Tensor, capacity: int) -> LlamaDecoder:
+        """A new decoder (the same weights) holding copies of the cache rows at ``index`` ``(b,)``, in that order,
+        with room for ``capacity`` columns; this one is unchanged (its rows may be forked again)."""
+        other = copy.copy(self)
+        other.capacity = max(capacity, self._length)
+        other._keys, other._values = [], []
+        for mine, theirs in ((self._keys, other._keys), (self._values, other._values)):
+            for layer in mine:
+                grown = layer.new_empty((len(index), layer.shape[1], other.capacity, layer.shape[3]))
+                grown[:, :, : self._length] = layer[index, :, : self._length]
+                theirs.append(grown)
+        return other
 
 
 @dataclass

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from algorithms.common.generation.decoders import forward_parameters, make_decoder
+from algorithms.common.generation.continuation import Parking, Prefilled, TurnCache, continue_prefill, row_contexts
+from algorithms.common.generation.decoders import HFDecoder, LlamaDecoder, forward_parameters, make_decoder
 from algorithms.common.generation.packing import distinct_rows, pack_rows, packing_pays
 from algorithms.common.model.lora import base_network
 
@@ -39,12 +40,14 @@ class Completions:
     :param log_probs: ``(B, N)`` log-prob of each sampled token (full softmax, see module doc), 0 at padding
     :param mask: ``(B, N)`` True for generated tokens up to and including the EOS
     :param lengths: ``(B,)`` number of generated tokens, EOS included (``mask.sum(-1)``)
+    :param cache: the batch's KV cache for the next turn (``sample(keep_cache=True)``), else None
     """
 
     tokens: torch.Tensor
     log_probs: torch.Tensor
     mask: torch.Tensor
     lengths: torch.Tensor
+    cache: TurnCache | None = None
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -134,6 +137,9 @@ def sample(
     compact_below: float = 0.75,
     noise_offset: int = 0,
     noise_rows: int | None = None,
+    keep_cache: bool = False,
+    cache: TurnCache | None = None,
+    cache_rows: torch.Tensor | Sequence[int] | None = None,
 ) -> Completions:
     """Sample completions of a left-padded batch of prompts, with a KV cache.
 
@@ -146,6 +152,11 @@ def sample(
     every step, so a row's tokens do not depend on prompt sharing or on which rows were dropped. The returned
     log-probs are under the **full** temperature-scaled softmax, not the truncated one (see the module doc):
     they equal :func:`completion_log_probs` of the same tokens.
+
+    Multi-turn episodes (:mod:`~algorithms.common.generation.continuation`): ``keep_cache=True`` returns the batch's
+    KV cache with the completions (:attr:`Completions.cache`; None where the decoder cannot keep one), and a later
+    call with ``cache=`` and ``cache_rows=`` (the cache's row of each prompt) runs only the tokens each context added
+    since; the tokens drawn and their log-probs are those of a call without the cache, up to float rounding.
 
     :param model: a Hugging Face causal LM, in eval mode
     :param input_ids: ``(B, T)`` left-padded prompt ids
@@ -167,28 +178,78 @@ def sample(
     :param noise_rows: draw the noise of this many rows at each step and use rows ``noise_offset`` onwards: a
         process sampling its slice of a job's batch then draws exactly the tokens one process sampling the whole
         batch would (``None``: this batch's rows)
+    :param keep_cache: also return the KV cache for the next turn (:attr:`Completions.cache`)
+    :param cache: the :class:`~algorithms.common.generation.continuation.TurnCache` of the last turn, to continue from
+    :param cache_rows: ``(B,)`` the cache's row of each prompt (with ``cache``)
     """
     _check_sampling_args(temperature, top_p, top_k, max_new_tokens)
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
+    batch, device = input_ids.shape[0], input_ids.device
     eos = torch.as_tensor(eos_token_id, dtype=torch.long, device=device).reshape(-1)
     tokens = torch.full((batch, max_new_tokens), pad_token_id, dtype=torch.long, device=device)  # (B, N)
     log_probs = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)  # (B, N)
     mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)  # (B, N)
     if max_new_tokens == 0:
         return Completions(tokens, log_probs, mask, mask.sum(-1))
-    attention = torch.ones((batch, prompt_len + max_new_tokens), dtype=attention_mask.dtype, device=device)
-    attention[:, :prompt_len] = attention_mask  # (B, T + N): a step's forward sees columns [0, T + step + 1)
-    next_position = attention_mask.long().sum(-1)  # (B,): position of each row's first new token
+    if cache is not None:
+        if cache_rows is None or cache.model is not model:
+            raise ValueError("sample(cache=...) continues the turns of the same model: pass cache_rows, and that model")
+        rows = torch.as_tensor(cache_rows, dtype=torch.long)
+        start = continue_prefill(cache, rows, input_ids, attention_mask, max_new_tokens, pad_token_id)
+    else:
+        start = _prefill(model, input_ids, attention_mask, max_new_tokens, decoder, keep_cache)
+    out = (tokens, log_probs, mask)
+    options = (temperature, top_p, top_k, vocab_size, generator, greedy, compact_below, noise_offset, noise_rows)
+    parking = Parking() if keep_cache else None
+    runner, live = _decode(start, out, eos, pad_token_id, options, parking)
+    lengths = mask.sum(-1)
+    if parking is None:
+        return Completions(tokens, log_probs, mask, lengths)
+    last = tokens.gather(1, (lengths - 1).clamp(min=0)[:, None]).squeeze(1)  # (B,)
+    ended = (lengths > 0) & torch.isin(last, eos)
+    return Completions(
+        tokens, log_probs, mask, lengths, parking.cache(runner, live, start, tokens, lengths, ended, model)
+    )
 
+
+def _prefill(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    max_new_tokens: int,
+    decoder: str,
+    keep_contexts: bool,
+) -> Prefilled:
+    """Run the prompts (each distinct one once, its cache shared by its rows): where the sampling loop starts."""
+    prompt_len = input_ids.shape[1]
     runner = make_decoder(model, prompt_len + max_new_tokens, decoder)
     prompts, rows_of = distinct_rows(input_ids, attention_mask)
     logits = runner.forward(
         input_ids[prompts], position_ids_from_mask(attention_mask[prompts]), attention_mask[prompts]
     )  # (U, V)
-    if len(prompts) < batch:  # share each distinct prompt's cache among its rows
+    if len(prompts) < input_ids.shape[0]:  # share each distinct prompt's cache among its rows
         runner.select(rows_of)
         logits = logits[rows_of]
+    contexts = row_contexts(input_ids, attention_mask) if keep_contexts else None
+    return Prefilled(runner, logits, attention_mask, attention_mask.long().sum(-1), contexts)
+
+
+def _decode(
+    start: Prefilled,
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    eos: torch.Tensor,
+    pad_token_id: int,
+    options: tuple,
+    parking: Parking | None,
+) -> tuple[LlamaDecoder | HFDecoder, torch.Tensor]:
+    """The sampling loop of :func:`sample` from ``start``, writing the ``(B, N)`` tokens, log-probs and mask ``out``;
+    finished rows dropped from the batch are kept in ``parking`` (when given). Returns the decoder and the rows it
+    still holds."""
+    temperature, top_p, top_k, vocab_size, generator, greedy, compact_below, noise_offset, noise_rows = options
+    tokens, log_probs, mask = out
+    (batch, max_new_tokens), device = tokens.shape, tokens.device
+    runner, logits, prompt_len = start.runner, start.logits, start.attention.shape[1]
+    attention = torch.ones((batch, prompt_len + max_new_tokens), dtype=start.attention.dtype, device=device)
+    attention[:, :prompt_len] = start.attention  # (B, P + N): a step's forward sees columns [0, P + step + 1)
     # The pad id is never drawn unless it is also an EOS id: it is not text, and the env ends a completion at
     # it, so a drawn pad would be trained on with a reward that never saw what follows it.
     blocked = None if bool(torch.isin(torch.tensor(pad_token_id), eos.cpu())) else torch.tensor([pad_token_id])
@@ -210,12 +271,17 @@ def sample(
         if step == max_new_tokens - 1 or alive == 0:
             break
         if alive < compact_below * len(rows):  # drop the finished rows from the batch and the cache
+            if parking is not None:
+                finished = (~running).nonzero().squeeze(1)
+                parking.park(runner, finished, rows[finished])
             keep = running.nonzero().squeeze(1)
             runner.select(keep)
             rows, running, token = rows[keep], running[keep], token[keep]
         column = prompt_len + step
-        logits = runner.forward(token[:, None], (next_position[rows] + step)[:, None], attention[rows, : column + 1])
-    return Completions(tokens, log_probs, mask, mask.sum(-1))
+        logits = runner.forward(
+            token[:, None], (start.next_position[rows] + step)[:, None], attention[rows, : column + 1]
+        )
+    return runner, rows
 
 
 def completion_log_probs(

@@ -130,8 +130,12 @@ def rows_to_batch(
     groups: th.Tensor,
     pad_id: int,
     device: th.device,
+    row_advantages: th.Tensor | None = None,
+    row_returns: th.Tensor | None = None,
 ) -> RolloutBatch:
-    """The rows at ``keep`` as a batch; ``advantages``, ``returns`` and ``groups`` are per episode ``(E,)``."""
+    """The rows at ``keep`` as a batch; ``advantages``, ``returns`` and ``groups`` are per episode ``(E,)``, every
+    turn of an episode getting its episode's; ``row_advantages`` and ``row_returns`` ``(N,)``, one per row of
+    ``rows``, replace them when given (per-turn credit)."""
     prompt_ids, prompt_mask = left_pad([rows.contexts[i] for i in keep], pad_id)
     episodes = [rows.episodes[i] for i in keep]
     return RolloutBatch(
@@ -140,8 +144,8 @@ def rows_to_batch(
         completion_ids=th.stack([rows.tokens[i] for i in keep]),
         completion_mask=th.stack([rows.masks[i] for i in keep]),
         old_log_probs=th.stack([rows.log_probs[i] for i in keep]),
-        advantages=advantages[episodes].to(device),
-        returns=returns[episodes].to(device),
+        advantages=(advantages[episodes] if row_advantages is None else row_advantages[keep]).to(device),
+        returns=(returns[episodes] if row_returns is None else row_returns[keep]).to(device),
         groups=groups[episodes].to(device),
     )
 

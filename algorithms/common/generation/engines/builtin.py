@@ -10,10 +10,12 @@ those of :func:`~algorithms.common.generation.sampler.sample` (the engine calls 
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
+from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.engines.base import (
     Draw,
     Prompts,
@@ -72,11 +74,34 @@ class BuiltinEngine(ModelEngine):
     """
 
     name = "builtin"
+    keeps_turn_cache = True
 
     def __init__(self, model: nn.Module, settings: SamplingSettings, decoder: str = "auto") -> None:
         super().__init__(model, settings)
         self.decoder = decoder
 
-    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, draw: Draw) -> Completions:
-        # the settings' fields and the draw's are the sampler's keyword arguments, unchanged
-        return sample(self.model, ids, mask, decoder=self.decoder, **vars(self.settings), **vars(draw))
+    def generate(
+        self,
+        prompts: Prompts,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int,
+        generator: torch.Generator | None = None,
+        greedy: bool = False,
+        noise_offset: int = 0,
+        noise_rows: int | None = None,
+        keep_cache: bool = False,
+        cache: TurnCache | None = None,
+        cache_rows: torch.Tensor | Sequence[int] | None = None,
+    ) -> Completions:
+        """See :meth:`RolloutEngine.generate`; also the KV cache kept across turns (``keep_cache``, ``cache``,
+        ``cache_rows``: :func:`~algorithms.common.generation.sampler.sample`)."""
+        draw = Draw(max_new_tokens, generator, greedy, noise_offset, noise_rows)
+        device = next(self.model.parameters()).device
+        ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
+        turns = {"keep_cache": keep_cache, "cache": cache, "cache_rows": cache_rows}
+        return self._sample(ids.to(device), mask.to(device), draw, **turns)
+
+    def _sample(self, ids: torch.Tensor, mask: torch.Tensor, draw: Draw, **turns: object) -> Completions:
+        # the settings' fields, the draw's and the turn cache's are the sampler's keyword arguments, unchanged
+        return sample(self.model, ids, mask, decoder=self.decoder, **vars(self.settings), **vars(draw), **turns)
