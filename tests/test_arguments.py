@@ -49,7 +49,10 @@ def env() -> DummyVecEnv:
     return DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
 
 
-@pytest.mark.parametrize(("name", "value"), BAD_GRPO, ids=[f"{n}={v!r}"[:40] for n, v in BAD_GRPO])
+BAD_IDS = [f"{n}={getattr(v, '__name__', v)!r}"[:40] for n, v in BAD_GRPO]  # a lambda by name, not its address
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_GRPO, ids=BAD_IDS)
 def test_a_bad_value_is_refused_at_construction(name: str, value: object) -> None:
     kwargs = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "policy_kwargs": TINY, name: value}
     if name == "policy_kwargs":
