@@ -267,7 +267,7 @@ _COLLAPSE_GUARD = (
     "(on for a model from a folder or hub name on a task with held-out problems, off for the built-in model and "
     "with ``max_staleness >= 1``), "
     "``True`` (its "
-    "defaults: every 5 iterations the greedy success on 32 fixed held-out problems; two checks in a row more than "
+    "defaults: every 5 iterations the greedy success on 16 fixed held-out problems; two checks in a row more than "
     "0.1 below its best restore the best weights and optimizer state and halve the learning rate), a dict of its "
     'settings (``margin``, ``patience``, ``window``, ``lr_factor``, ``max_restores``, ``monitor``: ``"held_out"``, '
     '``"rollout"`` or ``"eval"`` (an ``EvalCallback`` given to ``learn()``), ``eval_problems``, ``eval_every``), or '

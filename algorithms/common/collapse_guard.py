@@ -49,7 +49,7 @@ HELD_OUT_SEED = 7
 def guards_by_default(policy: Any, env: Any) -> bool:
     """``collapse_guard="auto"``: whether the guard watches this run. On for a model from a folder or hub name (a
     pretrained start, where a collapse loses what the model already knew: issue 30's start at lr 1e-4, median
-    +15.0 -> +24.8 points over 10 seeds, worst -4.0 -> +16.0, and no seed touched at 3e-5) on a task with held-out
+    +15.0 -> +25.5 points over 10 seeds, worst -4.0 -> +8.5, and no seed hurt at 3e-5) on a task with held-out
     problems of its own; off for the built-in model (its cold start climbs from nothing, so there is no skill to
     lose yet) and for an env without held-out problems (the guard would judge training rows)."""
     if env is None or getattr(policy, "is_builtin", True):
@@ -82,7 +82,7 @@ class GuardSettings:
     lr_factor: float = 0.5
     max_restores: int = 3
     monitor: str = "held_out"
-    eval_problems: int = 32
+    eval_problems: int = 16
     eval_every: int = 5
 
     @classmethod
