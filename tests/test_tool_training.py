@@ -108,6 +108,20 @@ def test_tool_result_tokens_get_no_gradient_and_are_attended_to() -> None:
     assert found == 1 and logit_grad.sum() > 0  # the model's own tokens do get gradient
 
 
+def remember_problems(model: GRPO) -> dict[str, Any]:
+    """The problems ``model`` draws from now on, by prompt (its ``_draw_problems`` wrapped to record them)."""
+    problems: dict[str, Any] = {}
+    draw = model._draw_problems
+
+    def draw_and_remember(*args: Any, **kwargs: Any) -> list[Any]:
+        drawn = draw(*args, **kwargs)
+        problems.update({p.prompt: p for p in drawn})
+        return drawn
+
+    model._draw_problems = draw_and_remember
+    return problems
+
+
 def rows_to_tensors(context: list[th.Tensor], tokens: th.Tensor, mask: th.Tensor, pad_id: int) -> tuple:
     from algorithms.common.rollout.batch import left_pad
 
@@ -150,15 +164,7 @@ def test_collection_batches_later_turns_across_envs_and_keeps_one_row_per_model_
     vec = make_env(n_envs=4)
     model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY, seed=0)
     env = vec.envs[0].unwrapped
-    problems: dict[str, Any] = {}
-    draw = model._draw_problems
-
-    def draw_and_remember(*args: Any, **kwargs: Any) -> list[Any]:
-        drawn = draw(*args, **kwargs)
-        problems.update({p.prompt: p for p in drawn})
-        return drawn
-
-    model._draw_problems = draw_and_remember
+    problems = remember_problems(model)
     batches: list[int] = []
     scripted = scripted_sample(model, env, problems)
     model._sample = lambda prompts, **kw: (batches.append(len(prompts)), scripted(prompts, **kw))[1]

@@ -20,7 +20,7 @@ from grpo_gym import per_turn
 from grpo_gym.gold import answer_text, tool_call_text
 from grpo_gym.validation import ArgumentError
 from tests.sizes import TINY
-from tests.test_tool_training import TOOL_ENV, make_env, rows_to_tensors
+from tests.test_tool_training import TOOL_ENV, make_env, remember_problems, rows_to_tensors
 
 
 def tool_env(**kwargs: Any) -> grpo_gym.R1ZeroEnv:
@@ -151,15 +151,7 @@ def test_grpo_trains_each_turn_on_the_credit_chosen_and_logs_the_turns(credit: s
     model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY, seed=0,
                  gamma=0.9, turn_credit=credit)  # fmt: skip
     env = vec.envs[0].unwrapped
-    problems: dict[str, Any] = {}
-    draw = model._draw_problems
-
-    def draw_and_remember(*args: Any, **kwargs: Any) -> list[Any]:
-        drawn = draw(*args, **kwargs)
-        problems.update({p.prompt: p for p in drawn})
-        return drawn
-
-    model._draw_problems = draw_and_remember
+    problems = remember_problems(model)
     model._sample = scripted(model, env, problems)
     seen: list[tuple[Rows, dict[str, float], Any]] = []
     build = model._build_batch
