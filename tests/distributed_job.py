@@ -71,3 +71,5 @@ if __name__ == "__main__":
     if "gradient_compression" in extra:
         extra["iterations"] = 4  # PowerSGD from step 3
     run(out, mode, **extra)
+    if torch.distributed.is_initialized():  # join gloo's threads before exit (a rank aborted at exit without it)
+        torch.distributed.destroy_process_group()
