@@ -115,6 +115,7 @@ class LlamaDecoder:
         start, end = self._length, self._length + new
         hidden = self.inner.embed_tokens(ids)  # (b, s, H)
         cos, sin = self.inner.rotary_emb(hidden, positions)  # (b, s, D)
+        hidden = hidden.view(rows * new, -1)  # (b s, H): 2-D, so each projection is one matmul, no reshapes
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (b, 1, s, D)
         visible = attention[:, None, None, :end].bool()  # (b, 1, 1, end): keys that are not padding
         if new > 1:  # causal within the new tokens; each query also sees itself (a padding query must see something)
@@ -122,29 +123,32 @@ class LlamaDecoder:
             itself = torch.zeros_like(causal)
             itself[:, start:] = torch.eye(new, dtype=torch.bool, device=ids.device)
             visible = (visible & causal) | itself
-        split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
+        bias = None  # the additive mask SDPA would make of ``visible`` in every layer (0 seen, -inf not), made once
+        heads, rotated = self.heads, self.heads + self.kv_heads  # queries, then keys: the rows RoPE turns
         for i, weights in enumerate(self._layers):
-            q, k, v = weights.qkv(self._norm(weights.input_norm, hidden)).split(split, dim=-1)
-            q = q.view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, h, s, D)
-            k = k.view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, kv, s, D)
-            v = v.view(rows, new, -1, self.head_dim).transpose(1, 2)
-            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+            qkv = weights.qkv(self._norm(weights.input_norm, hidden))  # (b, s, (h + 2 kv) D)
+            qkv = qkv.view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, h + 2 kv, s, D)
+            qk, v = qkv[:, :rotated], qkv[:, rotated:]
+            qk = qk * cos + _rotate_half(qk) * sin  # queries and keys in one pass
+            q, k = qk[:, :heads], qk[:, heads:]
+            if bias is None:
+                bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, -torch.inf)
             if not self._keys:
                 self._allocate(k, rows)
-            self._keys[i][:, :, start:end] = k
-            self._values[i][:, :, start:end] = v
+            self._keys[i].narrow(2, start, new).copy_(k)
+            self._values[i].narrow(2, start, new).copy_(v)
             out = F.scaled_dot_product_attention(
                 q,
-                self._keys[i][:, :, :end],
-                self._values[i][:, :, :end],
-                attn_mask=visible,
+                self._keys[i].narrow(2, 0, end),
+                self._values[i].narrow(2, 0, end),
+                attn_mask=bias,
                 scale=weights.scaling,
                 enable_gqa=self.kv_heads != self.heads,
             )  # (b, h, s, D)
-            hidden = hidden + F.linear(out.transpose(1, 2).reshape(rows, new, -1), *weights.out)
+            hidden = hidden + F.linear(out.transpose(1, 2).reshape(rows * new, -1), *weights.out)
             hidden = hidden + weights.mlp(self._norm(weights.post_norm, hidden))
         self._length = end
-        return self.model.lm_head(self._norm(self.inner.norm.weight, hidden[:, -1]))
+        return self.model.lm_head(self._norm(self.inner.norm.weight, hidden.view(rows, new, -1)[:, -1]))
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the cache rows at ``index`` ``(b',)``, in that order (an index may repeat)."""
