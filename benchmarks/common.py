@@ -69,8 +69,10 @@ def cpu_flags() -> str:
 
 
 def usage() -> tuple[float, float, float]:
-    """Now: wall seconds, this process's CPU seconds, the machine's busy CPU seconds (for :func:`others_share`)."""
-    return time.perf_counter(), time.process_time(), busy_cpu_seconds()
+    """Now: wall seconds, the CPU seconds of this process and of the workers it ran (children waited for, as
+    :func:`run_worker` does), the machine's busy CPU seconds (for :func:`others_share`)."""
+    times = os.times()
+    return time.perf_counter(), time.process_time() + times.children_user + times.children_system, busy_cpu_seconds()
 
 
 def others_share(start: tuple[float, float, float], end: tuple[float, float, float]) -> float:
