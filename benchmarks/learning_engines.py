@@ -15,12 +15,14 @@ The issue's criterion: vLLM's median and worst greedy held-out change within 2 p
 Needs vLLM (``bash .ci/install_vllm.sh``; run with that venv's python). Results are kept in ``--work`` (runs and
 scores are reused).
 
-What RESULTS.md records (2 cores: about 15 min for start c, 7 min for each start a run)::
+What RESULTS.md records (2 cores: about 15 min for start c, 7-10 min for each start a run)::
 
     .venv-vllm/bin/python benchmarks/learning_engines.py --work /tmp/le_c --workers 2 --threads 1 --start c \\
         --learning-rate 3e-5 --iterations 60 --ours ent_coef=0 --results benchmarks/RESULTS.md
     .venv-vllm/bin/python benchmarks/learning_engines.py --work /tmp/le_a --workers 2 --threads 1 --start a \\
         --learning-rate 1e-4 --results benchmarks/RESULTS.md
+    .venv-vllm/bin/python benchmarks/learning_engines.py --work /tmp/le_a --workers 2 --threads 1 --start a \\
+        --learning-rate 3e-5 --results benchmarks/RESULTS.md
 
 Smoke run (a few minutes)::
 
