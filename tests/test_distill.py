@@ -136,13 +136,14 @@ def test_zero_steps_returns_the_initial_student(untrained_teacher: GRPO) -> None
 
 def test_distillation_lowers_the_kl_and_keeps_held_out_success_within_10_points(trained_teacher: GRPO) -> None:
     """The margin: the student's greedy held-out success (100 problems of the embedded default) is at most 10
-    points below the teacher's, after 300 steps from a random initialisation (same width as the teacher here; the
-    benchmark distils into a smaller student)."""
+    points below the teacher's, after 800 steps from a random initialisation (same width as the teacher here; the
+    benchmark distils into a smaller student). 300 steps were too few where the teacher learns more: on an AVX2-only
+    CPU its float rounding gives a teacher at 24% and a student at 11% after 300 steps, 22% after 800."""
     student_config = {**TINY_KWARGS, "hidden_size": 64, "intermediate_size": 128}
     before = distill(trained_teacher, student_config, make_env(), steps=0, seed=1)
     env = before.get_env()
     kl_before = distillation_kl(trained_teacher.policy, before.policy, env, n=64)
-    after = distill(trained_teacher, student_config, make_env(), steps=300, learning_rate=5e-3, seed=1)
+    after = distill(trained_teacher, student_config, make_env(), steps=800, learning_rate=5e-3, seed=1)
     kl_after = distillation_kl(trained_teacher.policy, after.policy, env, n=64)
     assert kl_after < kl_before / 4
     problems = held_out_problems(env, 100, 0.1)
