@@ -5,8 +5,8 @@ Two workloads, each GRPO on the built-in tiny model with K x G episodes on as ma
 
 - ``feedback``: ``R1Zero-v0`` with ``max_turns`` answers per episode; a wrong answer gets the env's feedback and
   the model answers again (the untrained model is wrong, so every episode plays every turn);
-- ``tools``: the ``tools`` preset's env (the calculator); with ``--weights`` (a policy state dict, e.g. saved after the
-  preset's cold start) the model calls the tool, so episodes play two turns.
+- ``tools``: the ``tools`` preset's env (the calculator), after ``--sft-steps`` steps of the preset's cold start
+  (batch 32, learning rate 2e-3), which teach the model to call the tool, so episodes play two turns.
 
 The two settings alternate rollout by rollout on the same model from the same run state (the same problems and
 sampler noise; no update, so both sample the same policy), so a shared machine's load falls on both alike. Reported:
@@ -67,11 +67,10 @@ def build(workload: str, args: argparse.Namespace) -> Any:
                       "tools": ["calculator"]}  # fmt: skip
     episodes = args.groups * args.group_size
     env = make_vec_env("R1Zero-v0", n_envs=episodes, env_kwargs=env_kwargs, seed=args.seed)
-    model = GRPO("TransformerPolicy", env, n_groups=args.groups, group_size=args.group_size, sft_steps=0,
-                 policy_kwargs={"model": "tiny"}, mixed_precision="no", seed=args.seed)  # fmt: skip
-    if args.weights and workload == "tools":
-        model.policy.load_state_dict(th.load(args.weights))
-    return model
+    sft_steps = args.sft_steps if workload == "tools" else 0
+    return GRPO("TransformerPolicy", env, n_groups=args.groups, group_size=args.group_size, sft_steps=sft_steps,
+                sft_batch_size=32, sft_learning_rate=2e-3, policy_kwargs={"model": "tiny"}, mixed_precision="no",
+                seed=args.seed)  # fmt: skip
 
 
 def rollout_seconds(model: Any, setting: bool, timer: GenerationTimer) -> tuple[float, float, int]:
@@ -93,6 +92,8 @@ def measure(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     (problems and sampler noise)."""
     model = build(workload, args)
     model.start_run()
+    if model.needs_cold_start():
+        model.run_cold_start()
     timer = GenerationTimer(model.policy)
     times: dict[bool, list[tuple[float, float, int]]] = {True: [], False: []}
     begin = usage()
@@ -136,7 +137,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--max-turns", type=int, default=3, help="answers per feedback episode")
-    parser.add_argument("--weights", default=None, help="a tools policy's state dict (th.save) for the tools workload")
+    parser.add_argument("--sft-steps", type=int, default=300, help="cold-start steps before the tools workload")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", default=None, help="write the table into this RESULTS.md")
@@ -147,7 +148,8 @@ def main() -> None:
         [
             f"Command: `python benchmarks/multiturn.py {' '.join(sys.argv[1:])}` ({datetime.date.today()}); K x G = "
             f"{args.groups} x {args.group_size} episodes on as many envs, the built-in tiny model, torch threads "
-            f"{args.threads}, median over {args.iterations} rollouts per setting, the two settings alternating.",
+            f"{args.threads}, the tools workload after a {args.sft_steps}-step cold start, median over "
+            f"{args.iterations} rollouts per setting, the two settings alternating.",
             f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), shared (the others' CPU share below).",
             table(results),
         ]
