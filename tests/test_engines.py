@@ -200,6 +200,8 @@ class _FakeServer(BaseHTTPRequestHandler):
             time.sleep(3)
         if self.behaviour == "no-dev-mode" and self.path in ("/collective_rpc", "/reset_prefix_cache"):
             self._answer(404, {"detail": "Not Found"})
+        elif self.path == "/v1/completions" and self.behaviour == "engine-dead":  # as vLLM answers once it has none
+            self._answer(500, {"error": {"message": "EngineCore encountered an issue.", "code": 500}})
         elif self.path == "/v1/completions":
             self._answer(200, {"choices": [{"token_ids": [7, EOS], "logprobs": {"token_logprobs": [-1.5, -0.5]}}]})
         else:
@@ -239,6 +241,9 @@ def test_served_client_faults_name_the_fix(fake_server, monkeypatch):
     monkeypatch.setattr(_FakeServer, "behaviour", "hang")
     engine = VLLMServerEngine(url, model, settings(), request_timeout=0.5, push_on_connect=False)
     with pytest.raises(EngineError, match="did not answer a completion during the rollout in time"):
+        draw(engine, max_new_tokens=3)
+    monkeypatch.setattr(_FakeServer, "behaviour", "engine-dead")
+    with pytest.raises(EngineError, match=r"failed a completion.*engine stopped or failed.*vllm-serve.*checkpoint is"):
         draw(engine, max_new_tokens=3)
     monkeypatch.setattr(_FakeServer, "behaviour", "ok")
     fake_server.shutdown()

@@ -81,6 +81,16 @@ def _raise_unreachable(base_url: str, error: Exception, what: str) -> None:
     ) from error
 
 
+def _raise_engine_failed(base_url: str, error: urllib.error.HTTPError, what: str, hint: str = "") -> None:
+    """A 5xx answer: the server's engine failed, or died (vLLM answers 500 while a stopped server shuts down)."""
+    if error.code >= 500:
+        raise EngineError(
+            f"the vLLM server at {base_url} failed {what}: {_http_error(error)}{hint}; its engine stopped or failed "
+            f"(the server's log says why): {START_HINT}; the run's last checkpoint is intact, resume from it once "
+            "the server runs"
+        ) from error
+
+
 def wait_for_server(base_url: str, timeout: float) -> dict[str, Any]:
     """Wait up to ``timeout`` seconds for the server at ``base_url`` to answer ``/health`` (it may be starting), then
     return the model it serves (``/v1/models``' first entry); an :class:`~.base.EngineError` naming the fix."""
@@ -206,6 +216,7 @@ class VLLMServerEngine(VLLMEngine):
         try:
             answer = _post(f"{self.base_url}/v1/completions", payload, self.request_timeout)
         except urllib.error.HTTPError as error:
+            _raise_engine_failed(self.base_url, error, "a completion")
             raise EngineError(
                 f"the vLLM server at {self.base_url} refused a completion: {_http_error(error)}"
             ) from error
@@ -225,6 +236,7 @@ class VLLMServerEngine(VLLMEngine):
             if error.code == 404:
                 raise EngineError(f"the vLLM server at {self.base_url} has no {path} ({what}): {fix}") from error
             hint = f"; {refused}" if refused else ""
+            _raise_engine_failed(self.base_url, error, what, hint)
             raise EngineError(
                 f"the vLLM server at {self.base_url} failed {what}: {_http_error(error)}{hint}"
             ) from error
