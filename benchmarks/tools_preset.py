@@ -105,20 +105,20 @@ def table(runs: list[dict[str, Any]]) -> str:
 
 def per_run(runs: list[dict[str, Any]]) -> str:
     """One line per run: success before -> after at each difficulty, the times, the others' CPU share."""
-    header = "| calculator | seed | d 0.5 before -> after | d 1.0 before -> after | cold start s | GRPO s | CPU s |"
-    lines = [header + " others' CPU share |", "|---|---|---|---|---|---|---|---|"]
+    header = "| calculator | seed | d 0.5 before -> after | d 1.0 before -> after | cold start s | GRPO s | run s |"
+    lines = [header + " CPU s | others' CPU share |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         cells = [
             f"{100 * success(r, 'before GRPO', d):.1f}% -> {100 * success(r, 'after GRPO', d):.1f}%" for d in (0.5, 1.0)
         ]
-        times = f"{r['sft_s']} | {r['grpo_s']} | {r['cpu_s']:.0f} | {100 * r['others_share']:.0f}%"
+        times = f"{r['sft_s']} | {r['grpo_s']} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | {100 * r['others_share']:.0f}%"
         lines.append(f"| {r['arm']} | {r['seed']} | {cells[0]} | {cells[1]} | {times} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0], help="seeds to run (none: report --runs)")
     parser.add_argument("--arms", nargs="+", choices=("with", "without"), default=["with", "without"])
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each run")
     parser.add_argument("-params", dest="params", nargs="*", default=[], help="overrides for every run")
@@ -138,8 +138,10 @@ def main() -> None:
         [
             f"Command: `python benchmarks/tools_preset.py --seeds {' '.join(str(s) for s in seeds)}` "
             f"({datetime.date.today()}); each run: `{runs[0]['command']}`.",
-            f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), torch threads {args.threads}, shared "
-            "with other workers (their CPU share per run below).",
+            f"Machine: {os.cpu_count()} cores of a {cpu_name()} ({cpu_flags()}), torch threads {args.threads}, one run "
+            "at a time (the other processes' CPU share per run below). Each run takes "
+            f"{max(r['wall_s'] for r in runs) / 60:.1f} minutes at most (cold start included); all "
+            f"{len(runs)} took {sum(r['wall_s'] for r in runs) / 60:.1f}.",
             f"Held-out success ({runs[0]['rows'][0]['n']} problems per difficulty, sampled as in training), median "
             "(worst) over the seeds:",
             table(runs),
