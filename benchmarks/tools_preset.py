@@ -127,6 +127,8 @@ def main() -> None:
     parser.add_argument("--results", default=None, help="write the section into this RESULTS.md")
     args = parser.parse_args()
     runs = json.loads(Path(args.runs).read_text()) if args.runs and Path(args.runs).exists() else []
+    if not args.seeds and not runs:
+        parser.error("no runs to report: pass --seeds to run some, or --runs FILE with runs saved by an earlier call")
     for seed in args.seeds:
         for arm in args.arms:
             runs.append(run(arm, seed, args.threads, args.params, Path(args.logs)))
