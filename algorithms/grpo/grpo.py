@@ -254,11 +254,11 @@ class GRPO(LMAlgorithm):
                 self._placeholder,
             )
             for minibatch, share in parts:
-                loss, stats, log_probs = self._step(minibatch, settings, share)
+                loss, stats, log_probs, ran = self._step(minibatch, settings, share)
                 if sampler_kl is None:  # no correction: the first minibatch's forward ran before any step
-                    sampler_kl = correction.minibatch_sampler_kl(minibatch, log_probs)
-                if minibatch.slots is not None:
-                    drifts.update(replay.drift(log_probs.detach(), minibatch))
+                    sampler_kl = correction.minibatch_sampler_kl(ran, log_probs)
+                if ran.slots is not None:
+                    drifts.update(replay.drift(log_probs.detach(), ran))
                 for key, value in {"loss": loss, **stats}.items():
                     history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
         if self.replay_buffer is not None:
@@ -281,17 +281,24 @@ class GRPO(LMAlgorithm):
         )
 
     def _step(self, minibatch: RolloutBatch, settings: update.LossSettings, share: float):
-        """One optimizer step on a minibatch (group by group with the diagnostics); its loss, stats, log-probs."""
+        """One optimizer step on a minibatch (group by group with the diagnostics); its loss and stats, the rows
+        the forward pass ran (:func:`~algorithms.grpo.update.rows_with_gradient`: every row with the diagnostics)
+        and their log-probs."""
+        ran = minibatch
         if self.diagnostics:
             scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
             loss, stats, log_probs, groups = update.backward_by_group(self.policy, minibatch, settings, share, scale)
             update.log_group_gradients(self.logger, groups)
             grad_norm = self._optimizer_step(None)
         else:
-            loss, stats, log_probs = update.minibatch_loss(self.policy, minibatch, settings)
+            ran = update.rows_with_gradient(minibatch, settings, self.policy.value_net is not None)
+            loss, stats, log_probs = update.minibatch_loss(self.policy, ran, settings)
+            if ran is not minibatch:  # the minibatch's loss: the rows left out add exactly zero to it
+                part = update.loss_share(ran, minibatch, settings.aggregation)
+                loss, stats["policy_loss"] = loss * part, stats["policy_loss"] * part
             grad_norm = self._optimizer_step(loss * share)
         if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
             stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
         if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
             stats["grad_norm"] = grad_norm
-        return loss, stats, log_probs
+        return loss, stats, log_probs, ran

@@ -46,6 +46,32 @@ class GroupDiagnostics:
     stability: float
 
 
+def loss_share(part: RolloutBatch, whole: RolloutBatch, aggregation: str) -> float:
+    """``part``'s share of ``whole``'s loss aggregation: its tokens' share with ``"token"``, its rows' otherwise (the
+    ``"sequence"`` and ``"constant"`` modes divide by the number of rows)."""
+    if aggregation == "token":
+        return float(part.completion_mask.sum()) / max(float(whole.completion_mask.sum()), 1.0)
+    return len(part) / max(len(whole), 1)
+
+
+def rows_with_gradient(minibatch: RolloutBatch, settings: LossSettings, value_head: bool) -> RolloutBatch:
+    """The rows of ``minibatch`` whose loss can be nonzero. Without a KL, entropy or value term, a row with a zero
+    advantage (every row of a group whose rewards are all equal) adds exactly zero to the loss and to its gradient:
+    it is left out of the forward and backward passes, and the loss of the rest, weighted by :func:`loss_share`, is
+    the minibatch's. At least one row stays, so a minibatch of uniform groups still steps the optimizer with its
+    zero gradient (weight decay and Adam's moments move as they would). The minibatch itself when every row counts.
+    """
+    if settings.beta != 0 or settings.ent_coef != 0 or value_head:
+        return minibatch
+    advantages = minibatch.advantages if minibatch.weights is None else minibatch.advantages * minibatch.weights
+    informative = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=-1)  # (B,)
+    if bool(informative.all()):
+        return minibatch
+    if not bool(informative.any()):
+        informative[0] = True
+    return minibatch.select(informative.nonzero().squeeze(1))
+
+
 def minibatch_loss(
     policy: TransformerPolicy, minibatch: RolloutBatch, settings: LossSettings
 ) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor]:
@@ -98,14 +124,13 @@ def backward_by_group(
     """
     parameters = [p for p in policy.parameters() if p.requires_grad]
     policy.optimizer.zero_grad(set_to_none=True)
-    tokens = minibatch.completion_mask.sum()
-    previous = th.zeros(sum(p.numel() for p in parameters), device=tokens.device)
+    previous = th.zeros(sum(p.numel() for p in parameters), device=minibatch.completion_mask.device)
     gradients, loss_sum, stats_sum = [], 0.0, {}
     log_probs = th.zeros_like(minibatch.old_log_probs)  # (B, C)
     for group in th.unique(minibatch.groups).tolist():
         rows = (minibatch.groups == group).nonzero().squeeze(1)
         part = minibatch.select(rows)
-        share = part.completion_mask.sum() / tokens if settings.aggregation == "token" else len(rows) / len(minibatch)
+        share = loss_share(part, minibatch, settings.aggregation)
         loss, stats, part_log_probs = minibatch_loss(policy, part, settings)
         (loss * share * rank_share * loss_scale).backward()
         grads = [(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]
