@@ -49,9 +49,7 @@ def test_rows_without_gradient_are_left_out_and_the_gradient_is_the_same(rollout
     th.testing.assert_close(left_out, whole, rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize(
-    ("ent_coef", "beta", "value_head"), [(0.01, 0.0, False), (0.0, 0.04, False), (0.0, 0.0, True)]
-)
+@pytest.mark.parametrize(("ent_coef", "beta", "value_head"), [(0.01, 0.0, False), (0.0, 0.04, False), (0.0, 0.0, True)])
 def test_every_row_runs_when_a_term_reads_it(rollout, ent_coef: float, beta: float, value_head: bool) -> None:
     """An entropy bonus, a KL term or a value head give a zero-advantage row a gradient: nothing is left out."""
     _, batch = rollout
