@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,15 +12,13 @@ import torch
 from algorithms import GRPO
 from tests.distributed_job import run
 from tests.test_grpo import make_env
+from tests.two_ranks import run_on_two_ranks
 
 JOB = Path(__file__).with_name("distributed_job.py")
 
 
 def torchrun(out: Path, mode: str, *extra: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(JOB),
-               str(out), mode, *extra]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return run_on_two_ranks(JOB, out, mode, *extra, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

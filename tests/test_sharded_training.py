@@ -24,6 +24,7 @@ from algorithms.cli import main
 from tests import sharded_training_job as job
 from tests.test_grpo import make_env
 from tests.test_resume import write_config
+from tests.two_ranks import run_on_two_ranks
 
 JOB = Path(__file__).with_name("sharded_training_job.py")
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,10 +37,7 @@ EXACT = {"atol": 0, "rtol": 0}
 
 
 def torchrun(out: Path, mode: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(JOB),
-               str(out), mode]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return run_on_two_ranks(JOB, out, mode, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,8 @@ Two torchrun jobs (tests/sharding_job.py) serve every test of the module: ``trai
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from torch import nn
 from algorithms.common.runtime.sharding import copy_weights, device_mesh, full_optimizer_state_dict
 from algorithms.common.saving.sharded import load_sharded, save_sharded
 from tests import sharding_job as job
+from tests.two_ranks import run_on_two_ranks
 
 JOB = Path(__file__).with_name("sharding_job.py")
 #: 2 processes against 1 in float32: the only difference is the order of the float32 sums (the two ranks' half
@@ -30,10 +29,7 @@ MOMENTS = {"atol": 1e-8, "rtol": 1e-4}
 
 
 def torchrun(out: Path, mode: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(JOB),
-               str(out), mode]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return run_on_two_ranks(JOB, out, mode, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

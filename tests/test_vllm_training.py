@@ -6,9 +6,7 @@ report, where vLLM cannot be imported."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from algorithms.common.rollout.rows import contexts_from_obs
 from grpo_gym.gold import answer_text, tool_call_text
 from tests.engine_models import ENGINE_KWARGS, VLLM_MISSING, max_gap
 from tests.test_grpo import make_env
+from tests.two_ranks import run_on_two_ranks
 
 pytestmark = pytest.mark.skipif(bool(VLLM_MISSING), reason=VLLM_MISSING)
 
@@ -171,10 +170,7 @@ def test_multi_turn_tool_episodes_go_through_the_engine_with_their_exact_tokens(
 
 # ---------------------------------------------------------------------------------------------- two processes
 def torchrun(out: Path, mode: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(JOB),
-               str(out), mode]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return run_on_two_ranks(JOB, out, mode, timeout=timeout)
 
 
 def test_two_processes_with_colocated_vllm_train_and_resume(tmp_path: Path) -> None:
