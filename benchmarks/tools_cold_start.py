@@ -51,23 +51,13 @@ def held_out_episodes(env: Any, n: int, difficulty: float) -> list[Any]:
 def greedy_exact(policy: Any, episodes: list[Any]) -> tuple[float, float, float]:
     """The shares of ``episodes`` whose every model token (call turn, answer turn, both) is the policy's argmax
     given the gold tokens before it, with each turn's context as a rollout shows it."""
-    from algorithms.common.generation.sampler import position_ids_from_mask
-    from algorithms.common.rollout.batch import left_pad, right_pad
+    from algorithms.common.cold_start import episode_logits
     from grpo_gym.gold import ENV_TOKEN, TURN_END
 
-    prompt_ids, prompt_mask = left_pad([th.as_tensor(p) for p, _, _ in episodes], policy.pad_token_id)
-    completion_ids, present = right_pad([th.as_tensor(c) for _, c, _ in episodes], policy.pad_token_id)
-    roles, _ = right_pad([th.as_tensor(r).long() for _, _, r in episodes], ENV_TOKEN)
-    attention = th.cat([prompt_mask, (present & (roles != TURN_END)).long()], dim=1)
     with th.no_grad():
-        logits = policy.model(
-            input_ids=th.cat([prompt_ids, completion_ids], dim=1),
-            attention_mask=attention,
-            position_ids=position_ids_from_mask(attention),
-            use_cache=False,
-        ).logits[:, prompt_ids.shape[1] - 1 : -1, : policy.vocab_size]
+        logits, completion_ids, present, roles = episode_logits(policy, episodes)
     right = (logits.argmax(-1) == completion_ids) | ~(present & (roles != ENV_TOKEN))  # env tokens: not the model's
-    positions = th.arange(completion_ids.shape[1])[None]
+    positions = th.arange(completion_ids.shape[1], device=roles.device)[None]
     first_end = (roles == TURN_END).long().argmax(dim=1, keepdim=True)  # the call turn's EOS
     call = (right | (positions > first_end)).all(dim=1)
     answer = (right | (positions <= first_end)).all(dim=1)

@@ -160,12 +160,15 @@ def _example_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.
     return log_probs, completion_mask.to(device)
 
 
-def _episode_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor]:
-    """``(B, C)`` log-probs of episode examples' completion tokens (:mod:`grpo_gym.gold`: the model's turns, the env's
-    tokens, each turn's EOS), one forward pass per batch, and the mask of those trained on (the model's tokens and
-    EOSes). A turn's EOS is hidden from every later position (attention mask 0; the positions after it continue
-    without it), so each turn sees the context a rollout shows it; the log-prob definition is the sampler's (full
-    softmax of the temperature-scaled logits over the vocabulary)."""
+def episode_logits(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor, th.Tensor, th.Tensor]:
+    """One forward pass over episode examples ``(prompt, completion, roles)`` (:mod:`grpo_gym.gold`: the model's turns,
+    the env's tokens, each turn's EOS), in the cold start's precision, each turn seeing the context a rollout shows it:
+    a turn's EOS is hidden from every later position (attention mask 0; the positions after it continue without it).
+
+    :return: the ``(B, C, V)`` logits predicting each completion token (ids ``< vocab_size``), the ``(B, C)``
+        completion ids, which of them are present (not padding) and their roles (``ENV_TOKEN`` on padding), on the
+        policy's device
+    """
     device = next(policy.parameters()).device
     prompts = [th.as_tensor(p[-policy.context_limit :]) for p, _, _ in examples]  # what rollouts show the policy
     prompt_ids, prompt_mask = left_pad(prompts, policy.pad_token_id)
@@ -177,11 +180,18 @@ def _episode_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.
     with policy.autocast("sft"):
         logits = policy.model(
             input_ids=ids, attention_mask=attention, position_ids=position_ids_from_mask(attention), use_cache=False
-        ).logits[:, prompt_ids.shape[1] - 1 : -1]  # (B, C, V): the logits predicting each completion token
-    scaled = logits[..., : policy.vocab_size].float() / policy.temperature
-    targets = completion_ids.to(device)
+        ).logits[:, prompt_ids.shape[1] - 1 : -1, : policy.vocab_size]  # (B, C, V)
+    return logits, completion_ids.to(device), present.to(device), roles.to(device)
+
+
+def _episode_log_probs(policy: Any, examples: list[Any]) -> tuple[th.Tensor, th.Tensor]:
+    """``(B, C)`` log-probs of episode examples' completion tokens (:func:`episode_logits`), one forward pass per
+    batch, and the mask of those trained on (the model's tokens and EOSes); the log-prob definition is the sampler's
+    (full softmax of the temperature-scaled logits over the vocabulary)."""
+    logits, targets, present, roles = episode_logits(policy, examples)
+    scaled = logits.float() / policy.temperature
     log_probs = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - th.logsumexp(scaled, dim=-1)  # (B, C)
-    trained = (present & (roles != ENV_TOKEN)).to(device)
+    trained = present & (roles != ENV_TOKEN)
     return th.where(trained, log_probs, 0.0), trained
 
 
