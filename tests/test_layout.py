@@ -17,7 +17,12 @@ PACKAGES = ("algorithms", "grpo_gym")
 #: the folders of ``algorithms/`` that hold an algorithm (or use one): ``common/`` builds on none of them
 ALGORITHM_FOLDERS = ("algorithms.grpo", "algorithms.ppo", "algorithms.deploy", "algorithms.cli", "algorithms.zoo")
 #: the algorithm's classes, which the saving room never imports (SB3's save_util never imports base_class)
-ALGORITHM_CLASSES_MODULES = ("algorithms.common.base_class", "algorithms.common.lm_algorithm")
+ALGORITHM_CLASSES_MODULES = (
+    "algorithms.common.base_class",
+    "algorithms.common.rollout_collection",
+    "algorithms.common.overlapped_learning",
+    "algorithms.common.lm_algorithm",
+)
 #: the classes whose own methods may read a model's private attributes (``load`` builds one, as SB3's does)
 ALGORITHM_CLASSES = ("LMBaseAlgorithm", "LMAlgorithm", "GRPO", "LMPPO")
 #: the names a model goes by outside its class (``model``, a callback's ``self.model``)

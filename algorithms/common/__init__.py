@@ -1,13 +1,13 @@
 """What every language-model algorithm shares; imports nothing from an algorithm folder.
 
 At the top, the pieces an algorithm is made of, in the order an iteration uses them: ``base_class``
-(``LMBaseAlgorithm``: construction, policy, reference, run state, save/load, the public face the saving code and
-the command line read), ``lm_algorithm`` (``LMAlgorithm``: the learn loop and rollout collection; its docstring
-writes one iteration's route down), ``policies`` (``TransformerPolicy``), ``cold_start`` (the SFT stage),
-``losses`` (the loss terms), ``evaluation`` (held-out success), ``arguments`` / ``hyperparams`` / ``schedules``
-(the shared constructor arguments, declared once; zoo presets; schedules), ``trl_names`` (TRL's names and ours),
-``callbacks`` (the curriculum) and ``env_util`` (making and checking envs). The rooms below hold the rest, each
-named for what it holds:
+(``LMBaseAlgorithm``: construction, policy, reference, run state, save/load, the public face the saving code and the
+command line read), ``rollout_collection`` (``RolloutCollection``: one rollout's collection), ``lm_algorithm``
+(``LMAlgorithm``: the learn loop; its docstring writes one iteration's route down), ``policies``
+(``TransformerPolicy``), ``cold_start`` (the SFT stage), ``losses`` (the loss terms), ``evaluation`` (held-out
+success), ``arguments`` / ``hyperparams`` / ``schedules`` (the shared constructor arguments, declared once; zoo
+presets; schedules), ``trl_names`` (TRL's names and ours), ``callbacks`` (the curriculum) and ``env_util`` (making
+and checking envs). The rooms below hold the rest, each named for what it holds:
 
 - ``rollout/``: what a rollout draws, collects and hands the update (sampling, seeds, prompt pool, rows, batch);
 - ``generation/``: sampling completions (the sampler, KV-cache decoders, the packed layout);

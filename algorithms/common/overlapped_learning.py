@@ -13,8 +13,9 @@ One turn of the loop, for rollout ``i`` (``pending``: rollout ``i - 1``, collect
     producer.result                     waits at most dist_timeout seconds; a failure is raised, naming it
     _finish_rollout                     scoring, env steps, later turns and refills (the copy samples), the batch
 
-The base of :class:`~algorithms.common.lm_algorithm.LMAlgorithm`, whose methods it calls
-(``_start_rollout``, ``_sampling_call``, ``_finish_rollout``, ``train``, ``dump_logs``).
+The base of :class:`~algorithms.common.lm_algorithm.LMAlgorithm`, on
+:class:`~algorithms.common.rollout_collection.RolloutCollection` (``_start_rollout``, ``_sampling_call``,
+``_finish_rollout``); ``train`` and ``dump_logs`` are the algorithm's.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from typing import Any
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 
-from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, split_cores, trainable
+from algorithms.common.rollout_collection import RolloutCollection
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 
 
-class OverlappedLearning(LMBaseAlgorithm):
+class OverlappedLearning(RolloutCollection):
     """The learning loop of ``max_staleness >= 1``: see the module docstring."""
 
     def _learn_overlapped(self, total_timesteps: int, callback: BaseCallback, log_interval: int | None) -> None:

@@ -1,12 +1,12 @@
 """What a rollout collects: one row per completion the env scored, the episodes' returns, the rollout's logs and
 checks (reward errors, every rank's episode statistics).
 
-Where it sits in the data flow: :meth:`LMAlgorithm.collect_rollouts <algorithms.common.lm_algorithm.LMAlgorithm>`
-samples K problems x G completions in one batch and steps them through the env(s); every completion the env
-scored is recorded in :class:`Rows` (one row per completion, one per turn in multi-turn episodes). The
-algorithm then turns the rows into per-episode returns (:func:`episode_returns`) and its own advantages, and
-:func:`~algorithms.common.rollout.batch.rows_to_batch` makes the tensors of the rows it keeps (the next room,
-:mod:`~algorithms.common.rollout.batch`).
+Where it sits in the data flow: :meth:`collect_rollouts
+<algorithms.common.rollout_collection.RolloutCollection.collect_rollouts>` samples K problems x G completions in one
+batch and steps them through the env(s); every completion the env scored is recorded in :class:`Rows` (one row per
+completion, one per turn in multi-turn episodes). The algorithm then turns the rows into per-episode returns
+(:func:`episode_returns`) and its own advantages, and :func:`~algorithms.common.rollout.batch.rows_to_batch` makes
+the tensors of the rows it keeps (the next room, :mod:`~algorithms.common.rollout.batch`).
 """
 
 from __future__ import annotations
