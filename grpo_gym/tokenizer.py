@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from grpo_gym.gguf import is_gguf, load_gguf_tokenizer
 from grpo_gym.hub import check_hf_source
 from grpo_gym.validation import ArgumentError, check_int
 
@@ -77,7 +78,8 @@ def is_builtin_tokenizer(tokenizer: Any) -> bool:
 def load_tokenizer(
     tokenizer: str | os.PathLike | PreTrainedTokenizerBase | None = None, *, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
-    """Return a ready tokenizer: the built-in one (``None``, ``"builtin"``, ``"char"``), an object, or a path/name.
+    """Return a ready tokenizer: the built-in one (``None``, ``"builtin"``, ``"char"``), an object, a path/name, or
+    a ``.gguf`` file (the tokenizer it carries, :func:`grpo_gym.gguf.load_gguf_tokenizer`).
 
     A path or hub name goes through ``AutoTokenizer.from_pretrained``, after :func:`grpo_gym.hub.check_hf_source`:
     a folder that would run its own code (``"auto_map"``) is refused unless ``trust_remote_code=True``. A tokenizer
@@ -95,7 +97,9 @@ def load_tokenizer(
             f"tokenizer must be None (the built-in one), a local folder / hub name, or a Hugging Face tokenizer, "
             f"got {type(tokenizer).__name__}"
         )
-    if isinstance(tokenizer, (str, os.PathLike)):
+    if is_gguf(tokenizer):
+        tokenizer = load_gguf_tokenizer(tokenizer)  # the vocabulary and chat template the file carries
+    elif isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
         safety = check_hf_source(tokenizer, trust_remote_code=trust_remote_code, what="tokenizer folder")

@@ -1,8 +1,9 @@
 """Load a trained model for deployment, whatever form it was saved in, as a :class:`TransformerPolicy` + tokenizer.
 
-Three forms are read: a GRPO zip (``model.save``; the tokenizer is not in the zip: the built-in one unless given),
-a Hugging Face folder (``save_pretrained``; its own tokenizer when it has one) and an INT8 export
-(:func:`~algorithms.deploy.quantize.save_int8`). The server and distillation then sample through the policy, with
+Four forms are read: a GRPO zip (``model.save``; the tokenizer is not in the zip: the built-in one unless given),
+a Hugging Face folder (``save_pretrained``; its own tokenizer when it has one), an INT8 export
+(:func:`~algorithms.deploy.quantize.save_int8`) and a GGUF file (:mod:`grpo_gym.gguf`: dequantized, its own
+tokenizer). The server and distillation then sample through the policy, with
 the project's sampler and decoders: one code path for training rollouts and serving.
 """
 
@@ -21,6 +22,7 @@ from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.tokenizer_check import has_tokenizer
 from algorithms.common.policies import TransformerPolicy
 from algorithms.deploy.quantize import is_int8_folder, load_int8
+from grpo_gym.gguf import is_gguf
 
 
 def policy_for_model(
@@ -66,7 +68,7 @@ def load_policy(
     """Load a saved model as ``(policy, tokenizer)``; a model with a NaN or infinite weight is refused
     (:func:`check_finite_weights`).
 
-    :param path: a GRPO zip, a ``save_pretrained`` folder or an INT8 export folder
+    :param path: a GRPO zip, a ``save_pretrained`` folder, an INT8 export folder or a ``.gguf`` file
     :param tokenizer: a tokenizer (object, folder or ``"builtin"``); default: the folder's own, else the built-in
     :param device: where the model runs (an INT8 export runs its int8 kernel on CPU)
     :param max_new_tokens: the default completion budget of a folder's policy (a zip keeps its own)
@@ -76,6 +78,13 @@ def load_policy(
     from grpo_gym.tokenizer import load_tokenizer
 
     location = Path(path)
+    if is_gguf(location):  # llama.cpp's / Ollama's format: the model, and the tokenizer the file carries
+        from algorithms.common.model.loading import load_model
+
+        model = load_model(os.fspath(location))
+        tokenizer = load_tokenizer(location if tokenizer is None else tokenizer, trust_remote_code=trust_remote_code)
+        check_finite_weights(model, f"the model {os.fspath(path)!r}")
+        return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
     if location.is_dir():
         if (location / ADAPTER_CONFIG).is_file():
             model, own = adapter_model(location, trust_remote_code)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from grpo_gym.gguf import is_gguf, load_gguf_model
 from grpo_gym.hub import check_hf_source, trust_kwargs
 
 if TYPE_CHECKING:
@@ -122,6 +123,8 @@ def load_model(
       Llama-style model, deterministic for a given ``seed``; ``overrides`` change its config fields;
     - a local folder with a ``config.json`` (e.g. written by ``save_pretrained``) or a hub name available
       offline: loaded with ``AutoModelForCausalLM.from_pretrained(model, dtype=dtype, **overrides)``;
+    - a ``.gguf`` file (llama.cpp, Ollama): dequantized to ``dtype`` (float32 by default) by
+      :func:`grpo_gym.gguf.load_gguf_model`, a plain model from then on;
     - a ``PreTrainedModel`` instance or a ``peft.PeftModel``: returned as is.
 
     :param model: built-in name, folder / hub name, or model instance
@@ -148,7 +151,10 @@ def load_model(
         raise TypeError(
             f"model must be a name, a folder, a PreTrainedModel or a peft PeftModel, not {type(model).__name__}"
         )
-    loaded = _from_pretrained(os.fspath(model), dtype, {**overrides, **trust_kwargs(trust_remote_code)})
+    if is_gguf(model):
+        loaded = load_gguf_model(model, dtype)
+    else:
+        loaded = _from_pretrained(os.fspath(model), dtype, {**overrides, **trust_kwargs(trust_remote_code)})
     rows = loaded.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > rows:
         raise ValueError(

@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from grpo_gym.gguf import is_gguf, load_gguf_tokenizer
+
 #: embedding rows a model may add beyond its tokenizer without shipping it: up to the next multiple of this
 PADDING_MULTIPLE = 128
 
@@ -36,12 +38,15 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 
 
 def model_tokenizer(source: Any) -> Any | None:
-    """The tokenizer saved with a model folder or cached hub model (None: none there, or not a folder/name)."""
+    """The tokenizer saved with a model folder or cached hub model, or carried by a GGUF file (None: none there, or
+    not a folder/name/file)."""
     from algorithms.common.model.loading import is_builtin_model
 
     if not isinstance(source, (str, os.PathLike)) or is_builtin_model(source):
         return None
     path = os.fspath(source)
+    if is_gguf(path):  # a GGUF file carries its tokenizer
+        return load_gguf_tokenizer(path) if os.path.isfile(path) else None
     if os.path.isdir(path) and not has_tokenizer(path):
         return None
     from transformers import AutoTokenizer
