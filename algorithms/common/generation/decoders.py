@@ -73,11 +73,24 @@ class HFDecoder:
         self._cache.batch_select_indices(index)
 
 
+def autocast_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` runs the model's matmuls in here (the sampling stage's precision), or None when
+    autocast is off for the model's device type."""
+    kind = next(model.parameters()).device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else None
+
+
 class LlamaDecoder:
     """Llama-family decoding with the model's weights and a preallocated KV cache (see the module doc).
 
     The cache holds ``capacity`` positions per row; tokens are written at the columns they occupy in the
     left-padded batch, so every row writes the same column at each step.
+
+    Under ``torch.autocast`` (a 16-bit sampling stage, :mod:`~algorithms.common.runtime.precision`) the projections'
+    weights are cast once, when the decoder is made, instead of at every call as autocast would (a decoding step
+    would otherwise read each float32 weight and write its 16-bit copy: more memory traffic than the matmul's own);
+    the KV cache and the attention are in that dtype too, the residual stream and the norms in float32, as under
+    autocast.
 
     :param model: a ``LlamaForCausalLM``-like model (see :func:`supports_llama_decoder`)
     :param capacity: prompt columns + new tokens, the most cache columns used
@@ -90,8 +103,11 @@ class LlamaDecoder:
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
         self.eps = config.rms_norm_eps
+        self.dtype = autocast_dtype(model)  # None: the weights' own dtype, no cast
         fuse = sum(p.numel() for p in model.parameters()) <= FUSE_BELOW
-        self._layers = [_LayerWeights.of(layer, fuse) for layer in self.inner.layers]
+        self._layers = [_LayerWeights.of(layer, fuse, self.dtype) for layer in self.inner.layers]
+        head = model.lm_head  # cast once too, when it is a plain linear layer
+        self._head = _cast((head.weight, head.bias), self.dtype) if self.dtype is not None and _plain(head) else None
         self._keys: list[torch.Tensor] = []
         self._values: list[torch.Tensor] = []
         self._length = 0  # columns written so far
@@ -111,6 +127,12 @@ class LlamaDecoder:
 
         :return: ``(b, V)`` logits of each row's last token
         """
+        if self.dtype is None:
+            return self._forward(ids, positions, attention)
+        with torch.autocast(ids.device.type, enabled=False):  # the weights are cast already
+            return self._forward(ids, positions, attention)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
         rows, new = ids.shape
         start, end = self._length, self._length + new
         hidden = self.inner.embed_tokens(ids)  # (b, s, H)
@@ -125,30 +147,31 @@ class LlamaDecoder:
             visible = (visible & causal) | itself
         bias = None  # the additive mask SDPA would make of ``visible`` in every layer (0 seen, -inf not), made once
         heads, rotated = self.heads, self.heads + self.kv_heads  # queries, then keys: the rows RoPE turns
+        dtype = self.dtype or hidden.dtype  # the matmuls' and the cache's
         for i, weights in enumerate(self._layers):
-            qkv = weights.qkv(self._norm(weights.input_norm, hidden))  # (b, s, (h + 2 kv) D)
+            qkv = weights.qkv(self._norm(weights.input_norm, hidden).to(dtype))  # (b, s, (h + 2 kv) D)
             qkv = qkv.view(rows, new, -1, self.head_dim).transpose(1, 2)  # (b, h + 2 kv, s, D)
             qk, v = qkv[:, :rotated], qkv[:, rotated:]
-            qk = qk * cos + _rotate_half(qk) * sin  # queries and keys in one pass
+            qk = (qk * cos + _rotate_half(qk) * sin).to(dtype)  # queries and keys in one pass
             q, k = qk[:, :heads], qk[:, heads:]
             if bias is None:
-                bias = torch.zeros(visible.shape, dtype=q.dtype, device=q.device).masked_fill_(~visible, -torch.inf)
+                bias = torch.zeros(visible.shape, dtype=dtype, device=q.device).masked_fill_(~visible, -torch.inf)
             if not self._keys:
                 self._allocate(k, rows)
             self._keys[i].narrow(2, start, new).copy_(k)
             self._values[i].narrow(2, start, new).copy_(v)
-            out = F.scaled_dot_product_attention(
-                q,
-                self._keys[i].narrow(2, 0, end),
-                self._values[i].narrow(2, 0, end),
-                attn_mask=bias,
-                scale=weights.scaling,
-                enable_gqa=self.kv_heads != self.heads,
-            )  # (b, h, s, D)
+            keys, values = self._keys[i].narrow(2, 0, end), self._values[i].narrow(2, 0, end)
+            out = _attention(q, keys, values, bias, weights.scaling)  # (b, h, s, D)
             hidden = hidden + F.linear(out.transpose(1, 2).reshape(rows * new, -1), *weights.out)
-            hidden = hidden + weights.mlp(self._norm(weights.post_norm, hidden))
+            hidden = hidden + weights.mlp(self._norm(weights.post_norm, hidden).to(dtype))
         self._length = end
-        return self.model.lm_head(self._norm(self.inner.norm.weight, hidden.view(rows, new, -1)[:, -1]))
+        last = self._norm(self.inner.norm.weight, hidden.view(rows, new, -1)[:, -1])  # (b, H)
+        if self._head is not None:
+            return F.linear(last.to(dtype), *self._head)
+        if self.dtype is not None:  # a head that is not a plain linear layer: autocast, as the model's forward
+            with torch.autocast(last.device.type, dtype=self.dtype):
+                return self.model.lm_head(last)
+        return self.model.lm_head(last)
 
     def select(self, index: torch.Tensor) -> None:
         """Keep the cache rows at ``index`` ``(b',)``, in that order (an index may repeat)."""
@@ -208,7 +231,8 @@ class _LayerWeights:
     scaling: float
 
     @classmethod
-    def of(cls, layer: nn.Module, fuse: bool) -> _LayerWeights:
+    def of(cls, layer: nn.Module, fuse: bool, dtype: torch.dtype | None = None) -> _LayerWeights:
+        """The weights of ``layer``, fused when ``fuse``, cast to ``dtype`` when given (else as they are)."""
         attn, mlp = layer.self_attn, layer.mlp
         qkv = [effective_linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj)]
         gate_up = [effective_linear(m) for m in (mlp.gate_proj, mlp.up_proj)]
@@ -217,10 +241,10 @@ class _LayerWeights:
         return cls(
             input_norm=layer.input_layernorm.weight,
             post_norm=layer.post_attention_layernorm.weight,
-            projections=qkv,
-            out=effective_linear(attn.o_proj),
-            gate_up=gate_up,
-            down=effective_linear(mlp.down_proj),
+            projections=[_cast(pair, dtype) for pair in qkv],
+            out=_cast(effective_linear(attn.o_proj), dtype),
+            gate_up=[_cast(pair, dtype) for pair in gate_up],
+            down=_cast(effective_linear(mlp.down_proj), dtype),
             act=mlp.act_fn,
             scaling=attn.scaling,
         )
@@ -235,6 +259,38 @@ class _LayerWeights:
         outs = [F.linear(x, weight, bias) for weight, bias in self.gate_up]
         gate, up = outs if len(outs) == 2 else outs[0].chunk(2, dim=-1)
         return F.linear(self.act(gate) * up, *self.down)
+
+
+def _cast(
+    pair: tuple[torch.Tensor, torch.Tensor | None], dtype: torch.dtype | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A ``(weight, bias)`` pair in ``dtype`` (unchanged when None)."""
+    if dtype is None:
+        return pair
+    weight, bias = pair
+    return weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
+def _attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """Attention of ``q`` ``(b, h, s, D)`` over the cache's ``keys`` and ``values`` ``(b, kv, T, D)`` with the additive
+    mask ``bias`` ``(b, 1, s, T)``; query head ``i`` reads key head ``i // (h / kv)``, as ``enable_gqa`` does.
+
+    One query per row (a decoding step): two batched matmuls, each key head's queries side by side, and the softmax in
+    float32. ``scaled_dot_product_attention``'s CPU kernel is made for many queries: for one it took 1.2x as long in
+    float32 and 6x as long in bf16 (135M-parameter Llama, 32 rows). Several queries (a prefill): that kernel.
+    """
+    rows, heads, new, width = q.shape
+    groups = keys.shape[1]
+    if new > 1:
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=bias, scale=scaling, enable_gqa=groups != heads
+        )
+    grouped = q.reshape(rows, groups, heads // groups, width)  # (b, kv, h / kv, D)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float() * scaling + bias  # (b, kv, h / kv, T)
+    weights = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(weights, values).reshape(rows, heads, 1, width)
 
 
 def _concatenated(pairs: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -93,7 +93,8 @@ def packing_pays(
 ) -> bool:
     """Whether the packed layout's forward pass costs less than one row per completion, by a model of its work: per
     token, twice the decoder layers' weights; per (query, key) pair of a row, 4 x hidden x layers times
-    :data:`ATTENTION_WEIGHT`; per logit row, 2 x hidden x vocabulary. Packing wins where prompts are long or
+    :data:`ATTENTION_WEIGHT`; per logit row (the columns from the first that predicts a completion token on), 2 x
+    hidden x vocabulary. Packing wins where prompts are long or
     completions' lengths vary (it drops the repeated prompts and the padding), and loses where a short prompt has
     many completions near the length cap (its rows are G completions long: attention grows with the square)."""
     config = getattr(model, "config", None)
@@ -105,7 +106,7 @@ def packing_pays(
     embeddings = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
                   for p in m.parameters()}  # fmt: skip
     weights = sum(p.numel() for p in model.parameters() if id(p) not in embeddings)  # the decoder layers'
-    plan, _, lengths, width = pack_plan(prompt_ids, prompt_mask, completion_mask)
+    plan, prompt_lengths, lengths, width = pack_plan(prompt_ids, prompt_mask, completion_mask)
     rows, columns = completion_mask.shape[0], prompt_ids.shape[1] + max(lengths, default=0)
 
     def cost(n_rows: int, row_width: int, logit_rows: int, layout: str) -> float:
@@ -113,7 +114,8 @@ def packing_pays(
         attention = 4 * hidden * layers * ATTENTION_WEIGHT[layout]
         return tokens * 2 * weights + pairs * attention + logit_rows * 2 * hidden * vocab
 
-    packed = cost(len(plan), width, len(plan) * width, "packed")
+    first = min(prompt_lengths[owner] for owner, _ in plan) - 1  # the logits read start at this column
+    packed = cost(len(plan), width, len(plan) * (width - first), "packed")
     padded = cost(rows, columns, rows * (max(lengths, default=0) + 1), "padded")
     return packed < padded
 
