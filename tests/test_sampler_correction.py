@@ -110,8 +110,9 @@ def test_auto_turns_the_correction_on_exactly_when_the_stages_differ():
 
 
 def test_mixed_stages_are_corrected_and_the_mismatch_logged(monkeypatch, tmp_path: Path):
-    """Sampling in float32 and updating in bf16: ``auto`` turns the correction on and the mismatch is logged."""
-    model = make_model(mixed_precision=MIXED, tensorboard_log=str(tmp_path), cold_start=False)
+    """Sampling in float32 and updating in bf16: ``auto`` turns the correction on and the mismatch is logged. Two
+    minibatches: the update's own log-probs come from a pass before the first step."""
+    model = make_model(mixed_precision=MIXED, tensorboard_log=str(tmp_path), cold_start=False, batch_size=4)
     assert model.precision.stages == MIXED
     assert model._sampler_correction == "tis"
     corrected = []
@@ -188,3 +189,23 @@ def test_replayed_rows_join_a_corrected_rollout_with_weight_one(tmp_path: Path):
     model = make_model(replay_ratio=0.5, sampler_correction="tis", mixed_precision="no", tensorboard_log=str(tmp_path))
     model.learn(8 * 3)  # a corrected fresh rollout with replayed rows in the last two updates
     assert len(scalars(tmp_path, "train/sampler_kl")) == 3
+
+
+@pytest.mark.parametrize("mode", ["tis", "mask"])
+def test_one_step_updates_take_the_correction_from_their_own_pass(monkeypatch, tmp_path: Path, mode):
+    """One epoch, one minibatch: ``pi_old`` is the weights before the one step, so the correction comes from the
+    update's own forward pass (no pass before it) and trains the same weights as with that pass, up to rounding."""
+    passes = []
+    monkeypatch.setattr(sampler_correction, "correct_fresh_rollout", lambda *a: passes.append(1) or None)
+    model = make_model(mixed_precision=MIXED, sampler_correction=mode, cold_start=False, tensorboard_log=str(tmp_path))
+    assert model._corrects_in_pass()
+    model.learn(16)
+    assert not passes  # no pass before the step
+    tag = "train/sampler_clipped_fraction" if mode == "tis" else "train/sampler_masked_fraction"
+    assert len(scalars(tmp_path, tag)) == 2 and len(scalars(tmp_path, "train/sampler_kl")) == 2
+    monkeypatch.undo()
+    before = make_model(mixed_precision=MIXED, sampler_correction=mode, cold_start=False)
+    monkeypatch.setattr(type(before), "_corrects_in_pass", lambda self: False)  # the pass before the step
+    before.learn(16)
+    for ours, theirs in zip(model.policy.parameters(), before.policy.parameters(), strict=True):
+        assert torch.allclose(ours, theirs, atol=1e-6)

@@ -225,7 +225,8 @@ class GRPO(LMAlgorithm):
         fresh = batch = self._rollout
         sampler_kl = None  # measured before the first step: on the whole fresh rollout, or on the first minibatch
         clipped = None
-        if self._sampler_correction is not None:  # "tis" or "mask": against the update's own log-probs
+        in_pass = self._corrects_in_pass()
+        if self._sampler_correction is not None and not in_pass:  # "tis" or "mask": against the update's log-probs
             cap, mode = self.sampler_correction_cap, self._sampler_correction
             fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, cap, mode)
             if mode == "mask":
@@ -254,7 +255,7 @@ class GRPO(LMAlgorithm):
                 self._placeholder,
             )
             for minibatch, share in parts:
-                loss, stats, log_probs, ran = self._step(minibatch, settings, share)
+                loss, stats, log_probs, ran = self._step(minibatch, settings, share, in_pass)
                 if sampler_kl is None:  # no correction: the first minibatch's forward ran before any step
                     sampler_kl = correction.minibatch_sampler_kl(ran, log_probs)
                 if ran.slots is not None:
@@ -280,10 +281,24 @@ class GRPO(LMAlgorithm):
             clip_low, clip_high, ent_coef, self.beta, self.loss_aggregation, self.vf_coef, self.importance_level
         )
 
-    def _step(self, minibatch: RolloutBatch, settings: update.LossSettings, share: float):
+    def _corrects_in_pass(self) -> bool:
+        """Whether the sampler correction comes from the update's own forward pass (:func:`update.minibatch_loss`):
+        when the update is one optimizer step on the whole fresh rollout (one epoch, one minibatch, nothing replayed,
+        no group-by-group steps), whose weights before the step are ``pi_old``."""
+        return (
+            self._sampler_correction is not None
+            and self.n_epochs == 1
+            and self.batch_size is None  # the same on every rank: a sharded forward is a collective
+            and self.replay_buffer is None
+            and self.update_mode == "joint"
+            and not self.diagnostics
+        )
+
+    def _step(self, minibatch: RolloutBatch, settings: update.LossSettings, share: float, in_pass: bool = False):
         """One optimizer step on a minibatch (group by group with the diagnostics); its loss and stats, the rows
         the forward pass ran (:func:`~algorithms.grpo.update.rows_with_gradient`: every row with the diagnostics)
-        and their log-probs."""
+        and their log-probs. ``in_pass``: the sampler correction from this step's forward pass
+        (:meth:`_corrects_in_pass`)."""
         ran = minibatch
         if self.diagnostics:
             scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
@@ -292,7 +307,8 @@ class GRPO(LMAlgorithm):
             grad_norm = self._optimizer_step(None)
         else:
             ran = update.rows_with_gradient(minibatch, settings, self.policy.value_net is not None)
-            loss, stats, log_probs = update.minibatch_loss(self.policy, ran, settings)
+            correction = (self._sampler_correction, self.sampler_correction_cap) if in_pass else None
+            loss, stats, log_probs = update.minibatch_loss(self.policy, ran, settings, correction)
             if ran is not minibatch:  # the minibatch's loss: the rows left out add exactly zero to it
                 part = update.loss_share(ran, minibatch, settings.aggregation)
                 loss, stats["policy_loss"] = loss * part, stats["policy_loss"] * part

@@ -18,6 +18,8 @@ import numpy as np
 import torch as th
 from stable_baselines3.common.logger import Logger
 
+from algorithms.common import sampler_correction
+from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
 from algorithms.grpo import controls, objective
@@ -73,10 +75,19 @@ def rows_with_gradient(minibatch: RolloutBatch, settings: LossSettings, value_he
 
 
 def minibatch_loss(
-    policy: TransformerPolicy, minibatch: RolloutBatch, settings: LossSettings
+    policy: TransformerPolicy,
+    minibatch: RolloutBatch,
+    settings: LossSettings,
+    correction: tuple[str, float] | None = None,
 ) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor]:
     """The GRPO loss of a minibatch (+ the value head's MSE to the return), its stats and the ``(B, C)``
-    log-probs under the current weights."""
+    log-probs under the current weights.
+
+    ``correction`` (``(mode, cap)``): the sampler correction taken from this forward pass, for an update that is one
+    step on the whole fresh rollout (one epoch, one minibatch): ``pi_old`` is then the weights before that step, i.e.
+    this pass's own log-probs, detached, and the extra pass of
+    :func:`~algorithms.common.sampler_correction.correct_fresh_rollout` is not needed (TRL does the same when it
+    generates for one step only)."""
     log_probs, entropy = policy.log_probs(
         minibatch.prompt_ids,
         minibatch.prompt_mask,
@@ -84,6 +95,16 @@ def minibatch_loss(
         minibatch.completion_mask,
         with_entropy=settings.ent_coef != 0,
     )
+    corrected_stats = {}
+    if correction is not None:
+        mode, cap = correction
+        sampled = minibatch.old_log_probs
+        minibatch = sampler_correction.corrected(minibatch, log_probs.detach(), cap, mode)
+        if mode == "tis":
+            fraction = truncated_fraction(minibatch.old_log_probs, sampled, minibatch.completion_mask, cap)
+            corrected_stats["sampler_clipped_fraction"] = th.as_tensor(fraction)
+        else:
+            corrected_stats["sampler_masked_fraction"] = th.as_tensor(sampler_correction.masked_fraction(minibatch))
     advantages = minibatch.advantages if minibatch.weights is None else minibatch.advantages * minibatch.weights
     loss, stats = objective.grpo_loss(
         log_probs,
@@ -105,7 +126,7 @@ def minibatch_loss(
         values = policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
         stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
         loss = loss + settings.vf_coef * stats["value_loss"]
-    return loss, stats, log_probs
+    return loss, {**stats, **corrected_stats}, log_probs
 
 
 def backward_by_group(
