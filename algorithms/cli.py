@@ -72,6 +72,7 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     """Read the config, apply the command line, build the env and the model (or ``load`` a saved one into it)."""
     algorithm = _algorithm(args)
     config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
+    apply_source_flags(args, config)  # --model, --tokenizer, --task, --difficulty, --max-new-tokens
     sharding = {"sharding": args.sharding} if getattr(args, "sharding", None) else {}  # --sharding over the config
     config.update({**sharding, **engine_overrides(args)})
     check_keys(config, _grpo_keys(algorithm), f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params")
@@ -80,7 +81,11 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
         n_timesteps = args.n_timesteps
     config.pop("save_path", None)  # read by train() (preset_save_path)
     env = make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
-    eval_kwargs = {"difficulties": config.pop("eval_difficulties", None), "n": config.pop("eval_problems", 100)}
+    eval_kwargs = {
+        "difficulties": config.pop("eval_difficulties", None),
+        "n": config.pop("eval_problems", 100),
+        "greedy": bool(config.pop("eval_greedy", False)),
+    }
     if load is not None:  # the engine may change on --resume (a server on another port): the config's and flags'
         engine = {key: config[key] for key in ENGINE_ARGUMENTS if key in config}
         model = algorithm.load(load, env=env, tensorboard_log=args.tensorboard_log, verbose=args.verbose, **sharding,
@@ -108,15 +113,38 @@ def _grpo_keys(algorithm: Any = None) -> set[str]:
     return (set(inspect.signature((algorithm or GRPO).__init__).parameters) - given_by_flags) | set(RUN_KEYS)
 
 
-def _evaluate(model: Any, env: Any, difficulties: list[float] | None, n: int, seed: int) -> list[Any]:
-    """Held-out results on rank 0 (``[]`` on the others); every rank calls it: a sharded policy is gathered."""
+def apply_source_flags(args: argparse.Namespace, config: dict[str, Any]) -> None:
+    """The model, tokenizer and task flags over a preset's ``config`` (in place): ``--model`` the policy's model and,
+    unless ``--tokenizer`` names another, the env's tokenizer; ``--difficulty`` the level trained and evaluated at."""
+    env_kwargs = dict(config.get("env_kwargs") or {})
+    policy_kwargs = dict(config.get("policy_kwargs") or {})
+    model, tokenizer = getattr(args, "model", None), getattr(args, "tokenizer", None)
+    if model is not None:
+        policy_kwargs["model"] = model
+        env_kwargs["tokenizer"] = tokenizer if tokenizer is not None else model
+    elif tokenizer is not None:
+        env_kwargs["tokenizer"] = tokenizer
+    for flag, key in (("task", "task"), ("difficulty", "difficulty"), ("max_new_tokens", "max_new_tokens")):
+        if getattr(args, flag, None) is not None:
+            env_kwargs[key] = getattr(args, flag)
+    if getattr(args, "difficulty", None) is not None:
+        config["eval_difficulties"] = [args.difficulty]
+    if env_kwargs:
+        config["env_kwargs"] = env_kwargs
+    if policy_kwargs:
+        config["policy_kwargs"] = policy_kwargs
+
+
+def _evaluate(model: Any, env: Any, plan: dict[str, Any], seed: int) -> list[Any]:
+    """Held-out results on rank 0 (``[]`` on the others) at the plan's difficulties (the env's when it names none),
+    on its ``n`` problems, greedy when it says so; every rank calls it: a sharded policy is gathered."""
     from algorithms.common.evaluation import evaluate_difficulties
 
     with model.gathered_policy():
         if not model.distributed.is_main:
             return []
-        levels = difficulties or [float(env.get_attr("difficulty", indices=[0])[0])]
-        return evaluate_difficulties(model.policy, env, levels, n, seed=seed)
+        levels = plan["difficulties"] or [float(env.get_attr("difficulty", indices=[0])[0])]
+        return evaluate_difficulties(model.policy, env, levels, plan["n"], seed=seed, greedy=plan["greedy"])
 
 
 def preset_save_path(args: argparse.Namespace) -> str | None:
@@ -137,15 +165,21 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     if not args.resume:
         model, env, plan = _setup(args)
         say = main_says(model, say)
-        started = time.perf_counter()
         model.start_run()  # the logger: the cold start logs to the run
+        run: dict[str, Any] = {"total_timesteps": plan["n_timesteps"]}
+        started = time.perf_counter()
         if model.needs_cold_start():
+            if not model.policy.is_builtin:  # a pretrained model: where it starts, so the cold start's gain shows
+                start = _evaluate(model, env, plan, args.eval_seed)
+                say(format_table({"before training": start}), flush=True)
+                run["start"] = [dataclasses.asdict(r) for r in start]
+                started = time.perf_counter()
             say(f"cold start: {model.sft_steps} SFT steps on gold solutions ...", flush=True)
             model.run_cold_start(progress_bar=args.progress_bar and model.distributed.is_main)
         plan["sft_seconds"] = time.perf_counter() - started
-        before = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
+        before = _evaluate(model, env, plan, args.eval_seed)
         say(format_table({"before GRPO": before}), flush=True)
-        run = {"total_timesteps": plan["n_timesteps"], "before": [dataclasses.asdict(r) for r in before]}
+        run["before"] = [dataclasses.asdict(r) for r in before]
         return model, env, {**plan, "run": run}
     folder, skipped = resume_point(directory)  # the newest complete one; newer incomplete ones are named
     run = read_run_json(folder)
@@ -202,6 +236,15 @@ def train(args: argparse.Namespace) -> int:
         say(where_it_goes(save_path, directory, args.checkpoint_every), flush=True)
         remaining = max(total - model.num_timesteps, 0)
         callback, bar = progress_callbacks(checkpoint, args.progress_bar and main, type(model).__name__)
+        evaluations = None
+        if args.eval_every:  # held-out success along the way, its time kept apart
+            from algorithms.common.callbacks import HeldOutEvalCallback
+
+            evaluations = HeldOutEvalCallback(
+                env, args.eval_every, plan["difficulties"], plan["n"], plan["greedy"], args.eval_seed, say
+            )
+            callback = [*(callback if isinstance(callback, list) else [callback]), evaluations]
+        learning = time.perf_counter()
         with checkpoint_on_engine_error(model, checkpoint, resume_hint(args.argv)):  # a server that died, say
             model.learn(remaining, callback=callback, reset_num_timesteps=False, progress_bar=bar)
     if signals["code"]:
@@ -210,14 +253,16 @@ def train(args: argparse.Namespace) -> int:
             flush=True,
         )
         return signals["code"]
-    grpo_seconds = time.perf_counter() - started - plan["sft_seconds"]
-    after = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)  # on the run's engine, as before
+    along = evaluations.seconds if evaluations else 0.0
+    grpo_seconds = time.perf_counter() - learning - along
+    plan["iterations"] = model.iteration
+    after = _evaluate(model, env, plan, args.eval_seed)  # on the run's engine, as before
     model.close_engine()
     if save_path is not None:
         model.save(save_path)  # every rank: a sharded model is gathered to rank 0, which writes
     if not main:
         return 0
-    _summarise(args, plan, after, seconds=(plan["sft_seconds"], grpo_seconds, time.perf_counter() - started))
+    _summarise(args, plan, after, (plan["sft_seconds"], grpo_seconds, time.perf_counter() - started, along))
     print(f"saved to {save_path}; checkpoints: {directory}" if save_path is not None else
           f"the model was not saved (pass --save-path run.zip); checkpoints: {directory}")  # fmt: skip
     if args.tensorboard_log:
@@ -226,15 +271,26 @@ def train(args: argparse.Namespace) -> int:
 
 
 def _summarise(args: argparse.Namespace, plan: dict[str, Any], after: list[Any], seconds: tuple[float, ...]) -> None:
-    """The held-out table before and after GRPO, each difficulty's change, and the time each stage took."""
+    """The held-out table before and after GRPO, each difficulty's change, and the time each stage took (``seconds``:
+    the cold start, GRPO, the whole run, the held-out evaluations along the way)."""
     from algorithms.common.evaluation import EvalResult, format_table
 
+    start = [EvalResult(**row) for row in plan["run"].get("start", [])]  # a pretrained model's, before its cold start
     rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]], "after GRPO": after}
-    print(format_table(rows))
-    for before, later in zip(rows["before GRPO"], rows["after GRPO"], strict=True):
-        change = 100 * (later.success_rate - before.success_rate)
-        print(f"held-out success at difficulty {later.difficulty:.2f}: {change:+.1f} percentage points")
-    print(f"time: cold start {seconds[0]:.0f} s, GRPO {seconds[1]:.0f} s, total {seconds[2]:.0f} s")
+    print(format_table({"before training": start, **rows} if start else rows))
+    for i, (before, later) in enumerate(zip(rows["before GRPO"], rows["after GRPO"], strict=True)):
+        grpo = 100 * (later.success_rate - before.success_rate)
+        if start:
+            cold = 100 * (before.success_rate - start[i].success_rate)
+            print(
+                f"held-out success at difficulty {later.difficulty:.2f}: {cold + grpo:+.1f} percentage points over the "
+                f"start (the cold start {cold:+.1f}, GRPO {grpo:+.1f})"
+            )
+        else:
+            print(f"held-out success at difficulty {later.difficulty:.2f}: {grpo:+.1f} percentage points")
+    along = f" (held-out evaluations along the way: {seconds[3]:.0f} s)" if seconds[3] else ""
+    print(f"time: cold start {seconds[0]:.0f} s, GRPO {seconds[1]:.0f} s, total {seconds[2]:.0f} s{along}")
+    print(f"GRPO iterations: {plan['iterations']}")
 
 
 def sft(args: argparse.Namespace) -> int:
@@ -246,7 +302,7 @@ def sft(args: argparse.Namespace) -> int:
     model, env, plan = _setup(args)
     model.start_run()
     model.run_cold_start(progress_bar=model.distributed.is_main)  # the command's whole job: show its progress
-    results = _evaluate(model, env, plan["difficulties"], plan["n"], args.eval_seed)
+    results = _evaluate(model, env, plan, args.eval_seed)
     if save_path is not None:
         model.save(save_path)
     if model.distributed.is_main:
@@ -256,10 +312,16 @@ def sft(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
-    """Held-out success of a saved model at each ``--difficulty``, as a table."""
+    """Held-out success of a saved model (or of ``--model``: a hub id, folder or .gguf file, as it is) at each
+    ``--difficulty``, as a table."""
     from algorithms.common.evaluation import evaluate_difficulties, format_table
     from algorithms.common.saving.run_file import recorded_env_kwargs, recorded_tokenizer
 
+    if (args.saved is None) == (args.model is None):
+        raise ValueError("eval takes a saved model (grpo-gym eval run.zip) or --model SOURCE, one of the two")
+    if args.model is not None:
+        return _evaluate_source(args)
+    args.model = args.saved
     extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.reward_funcs:
         extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
@@ -279,6 +341,24 @@ def evaluate(args: argparse.Namespace) -> int:
     model = _algorithm(args).load(args.model, env=env, rollout_engine="builtin")  # evaluated with our sampler
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
+    return 0
+
+
+def _evaluate_source(args: argparse.Namespace) -> int:
+    """``grpo-gym eval --model SOURCE``: the model as it is (no training), on the env its tokenizer and the flags
+    make."""
+    from algorithms.common.evaluation import evaluate_difficulties, format_table
+
+    env_kwargs = {"tokenizer": args.tokenizer or args.model}
+    env_kwargs.update({k: v for k, v in (("task", args.task), ("max_new_tokens", args.max_new_tokens)) if v})
+    if args.eval_data is not None:
+        env_kwargs["task_kwargs"] = {"eval_data": args.eval_data}
+    if args.reward_funcs:
+        env_kwargs["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
+    env = make_env(args.env, 1, env_kwargs, args.eval_seed)
+    model = _algorithm(args)("TransformerPolicy", env, policy_kwargs={"model": args.model}, cold_start=False)
+    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
+    print(format_table({Path(args.model).name[:16]: results}))
     return 0
 
 
@@ -349,8 +429,43 @@ def _add_algo_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algo", choices=sorted(ALGOS), default="grpo", help=help_text)
 
 
+#: the preset ``--model`` trains with when no ``--preset`` is given: defaults fit for a pretrained model
+PRETRAINED_PRESET = "pretrained"
+
+
+def pretrained_defaults() -> str:
+    """The ``pretrained`` preset's settings, one ``key: value`` list, as ``--help`` shows them."""
+    try:
+        config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", PRETRAINED_PRESET)
+    except ValueError:  # an edited or missing config file: --help still works
+        return "(zoo_configs/grpo.yml has no 'pretrained' preset)"
+    flat = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **config.get("env_kwargs", {})}
+    return ", ".join(f"{key}: {value}" for key, value in flat.items() if key != "policy")
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser, difficulty: bool = True) -> None:
+    """``--model``, ``--tokenizer``, ``--task``, ``--difficulty`` and ``--max-new-tokens``: your model and task."""
+    add = parser.add_argument
+    add("--model", default=None, metavar="SOURCE",
+        help="your model: a hub id, a folder or a .gguf file, with its own tokenizer; without --preset it trains with "
+             f"the '{PRETRAINED_PRESET}' preset (below)")  # fmt: skip
+    add(
+        "--tokenizer", default=None, metavar="SOURCE", help="another tokenizer than the model's (hub id, folder, .gguf)"
+    )
+    add("--task", default=None, help="the task (grpo-gym tasks lists them; default: the preset's, arithmetic)")
+    if difficulty:
+        add(
+            "--difficulty",
+            type=DIFFICULTY,
+            default=None,
+            help="in [0.1, 1], trained and evaluated at (default: preset's)",
+        )
+    add("--max-new-tokens", type=COUNT, default=None, help="the longest completion, in tokens (default: the preset's)")
+
+
 def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     _add_config_arguments(parser)
+    _add_source_arguments(parser)
     _add_algo_argument(parser)
     parser.add_argument("--hyperparams", "-params", nargs="*", help="overrides, e.g. learning_rate:1e-5 n_groups:8")
     parser.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder")
@@ -366,6 +481,9 @@ def _add_train_arguments(command: argparse.ArgumentParser) -> None:
     add("--nproc", type=COUNT, default=None, help="train on N processes (the groups spread over them), under torchrun")
     add("--sharding", choices=["fsdp"], default=None, help="shard weights, gradients, optimizer state over processes")
     add("--checkpoint-every", type=ITERATIONS, default=50, help="iterations between checkpoints (0: on a signal only)")
+    add("--eval-every", type=ITERATIONS, default=0,
+        help="held-out success every N iterations (0: never), printed and logged as eval/success_rate; the GRPO time "
+             "printed at the end leaves these evaluations out")  # fmt: skip
     add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
     add("--resume", action="store_true", help="continue from the newest checkpoint to the same total")
     add_engine_flags(command)
@@ -375,16 +493,24 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of grpo-gym."""
     parser = argparse.ArgumentParser(prog="grpo-gym", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    command = commands.add_parser("train", help="cold start (when due) then GRPO; held-out success before and after")
+    epilog = (
+        f"--model without --preset: the '{PRETRAINED_PRESET}' preset of zoo_configs/grpo.yml, defaults fit for a "
+        f"pretrained model (a cold start on the task's gold solutions, then GRPO, greedy held-out success): "
+        f"{pretrained_defaults()}. Any of them: -params key:value."
+    )
+    command = commands.add_parser(
+        "train", help="cold start (when due) then GRPO; held-out success before and after", epilog=epilog
+    )
     _add_model_arguments(command)
     _add_train_arguments(command)
     command.set_defaults(func=train)
-    command = commands.add_parser("sft", help="the cold-start SFT stage alone")
+    command = commands.add_parser("sft", help="the cold-start SFT stage alone", epilog=epilog)
     _add_model_arguments(command)
     command.set_defaults(func=sft)
-    ev = commands.add_parser("eval", help="held-out success of a saved model, per difficulty")
-    ev.add_argument("model", help="a model saved by grpo-gym train --save-path")
+    ev = commands.add_parser("eval", help="held-out success of a saved model, or of your model, per difficulty")
+    ev.add_argument("saved", nargs="?", metavar="model", help="a model saved by grpo-gym train --save-path")
     _add_config_arguments(ev, config_default=None)
+    _add_source_arguments(ev, difficulty=False)
     _add_algo_argument(ev)
     ev.add_argument("--difficulty", type=DIFFICULTY, nargs="+", default=[0.1, 0.3, 0.5], help="in [0.1, 1]")
     ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
@@ -422,6 +548,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.command in ("train", "sft") and args.model is not None and args.preset is None:
+        args.preset = PRETRAINED_PRESET  # your model: defaults fit for a pretrained one
     if getattr(args, "nproc", None):
         return torchrun(args.nproc, list(sys.argv[1:] if argv is None else argv))
     if os.getcwd() not in sys.path:  # "module:function" names resolve from the working folder, as with python -m

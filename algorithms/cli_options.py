@@ -129,7 +129,7 @@ def resumed_params(hyperparams: list[str] | None, saved: dict[str, Any], run: di
 
     given = parse_overrides(hyperparams or [])
     recorded = {**saved, "n_timesteps": run.get("total_timesteps")}
-    runtime = ("eval_difficulties", "eval_problems", *ENGINE_ARGUMENTS)  # how it samples, not what it learns
+    runtime = ("eval_difficulties", "eval_problems", "eval_greedy", *ENGINE_ARGUMENTS)  # how it samples, not learns
     taken = sorted(key for key in given if key in runtime)
     changed = {key: value for key, value in given.items() if key not in taken and recorded.get(key) != value}
     if changed:

@@ -334,3 +334,22 @@ def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path
         assert main(["eval", str(tmp_path / "p.zip"), "--algo", "ppo", "--config", str(config), "--n", "4"]) == 0
     assert [label for label, _, _ in table_rows(table.getvalue())] == ["p"] * 3
     assert build_parser().parse_args(["train", "--algo", "ppo"]).algo == "ppo"
+
+
+def test_eval_every_prints_and_logs_held_out_success_along_the_way(tmp_path: Path) -> None:
+    """``--eval-every 1``: a held-out line per iteration boundary, ``eval/success_rate`` in TensorBoard, the
+    evaluations' time reported apart from GRPO's; ``eval_greedy`` evaluates greedily."""
+    config = write_config(tmp_path)
+    out = io.StringIO()
+    argv = ["train", "--config", str(config), "-n", "24", "--eval-every", "1", "--no-progress-bar",
+            "--tensorboard-log", str(tmp_path / "tb"), "-params", "eval_greedy:True"]  # fmt: skip
+    with contextlib.redirect_stdout(out):
+        assert main(argv) == 0
+    text = out.getvalue()
+    lines = re.findall(r"^iteration (\d) \(GRPO \d+ s\): held-out success [\d.]+% at 0\.10$", text, re.MULTILINE)
+    assert lines == ["1", "2"]  # at the boundaries after iterations 1 and 2; the third's is the final table
+    assert re.search(r"held-out evaluations along the way: \d+ s\)", text) and "GRPO iterations: 3" in text
+    events = EventAccumulator(str(tmp_path / "tb" / "GRPO_1")).Reload()
+    assert len(events.Scalars("eval/success_rate")) == 2 and "time/eval_seconds" in events.Tags()["scalars"]
+    with pytest.raises(SystemExit):
+        main(["train", "--config", str(config), "-params", "eval_greedy:1"])  # refused: not a bool

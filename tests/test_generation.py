@@ -367,3 +367,21 @@ def test_hidden_states_come_from_the_same_forward_in_both_layouts(request, token
         assert bool((hidden[~out.mask] == 0).all())
         n = int(out.mask[0].sum())
         torch.testing.assert_close(hidden[0, :n], states[0, width - 1 : width - 1 + n], atol=1e-4, rtol=1e-4)
+
+
+def test_the_nucleus_among_the_top_ids_draws_what_the_sort_draws():
+    """``_draw_nucleus`` (the nucleus looked for among the most likely ids) picks the token ``_draw(_filtered(...))``
+    picks from the same noise, for peaked rows (nucleus among the candidates) and flat ones (the sorting way)."""
+    from algorithms.common.generation.sampler import NUCLEUS_CANDIDATES, _draw, _draw_nucleus, _filtered
+
+    generator = torch.Generator().manual_seed(0)
+    vocab = 5000
+    peaked = torch.randn((64, vocab), generator=generator) * 8  # nuclei of a few ids
+    flat = torch.randn((8, vocab), generator=generator) * 0.01  # nuclei of thousands of ids
+    for logits in (peaked, flat, torch.cat([peaked[:4], flat[:4]])):
+        for top_p in (0.5, 0.92, 0.999):
+            for _ in range(3):
+                uniform = torch.rand(logits.shape, generator=generator)
+                expected = _draw(_filtered(logits, top_p, 0), uniform.clone())
+                assert torch.equal(_draw_nucleus(logits, top_p, uniform), expected)
+    assert NUCLEUS_CANDIDATES < vocab

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -61,3 +62,73 @@ class CurriculumCallback(BaseCallback):
         self.curriculum.apply(self.training_env)
         self.logger.record("curriculum/difficulty", level)
         self.logger.record("curriculum/success_rate", successes / count)
+
+
+class HeldOutEvalCallback(BaseCallback):
+    """Held-out success every ``eval_every`` iterations, as SB3's ``EvalCallback`` does every ``eval_freq`` steps:
+    the same held-out problems each time (:func:`~algorithms.common.evaluation.evaluate_problems`), logged as
+    ``eval/success_rate``, ``eval/mean_reward`` and ``eval/mean_length``, and ``time/eval_seconds``, the evaluations'
+    time so far (a run's training time is its wall-clock minus that). :attr:`results` holds ``(iteration, training
+    seconds, result)`` of each.
+
+    :param env: the VecEnv whose task gives the problems (the training env)
+    :param eval_every: iterations between evaluations
+    :param difficulties: the first is evaluated (``None``: the env's difficulty)
+    :param n: problems
+    :param greedy: greedy decoding instead of the policy's sampling
+    :param seed: selects the problems and seeds the sampler
+    :param say: called with one line per evaluation (``print``), or ``None``
+    """
+
+    def __init__(
+        self,
+        env: Any,
+        eval_every: int,
+        difficulties: list[float] | None = None,
+        n: int = 100,
+        greedy: bool = False,
+        seed: int = 0,
+        say: Any = None,
+        verbose: int = 0,
+    ) -> None:
+        super().__init__(verbose)
+        self.env, self.eval_every, self.difficulties, self.n = env, eval_every, difficulties, n
+        self.greedy, self.seed, self.say = greedy, seed, say
+        self.seconds = 0.0
+        self.started = 0.0
+        self.results: list[tuple[int, float, Any]] = []
+
+    def _on_training_start(self) -> None:
+        self.started = time.perf_counter()
+
+    def _on_rollout_start(self) -> None:
+        iteration = int(self.model.iteration)
+        if iteration == 0 or iteration % self.eval_every or (self.results and self.results[-1][0] == iteration):
+            return
+        from algorithms.common.evaluation import evaluate_problems, held_out_problems
+
+        start = time.perf_counter()
+        training = start - self.started - self.seconds
+        with self.model.gathered_policy():  # every rank: a sharded policy is gathered; rank 0 evaluates
+            result = None
+            if self.model.distributed.is_main:
+                level = self.difficulties[0] if self.difficulties else self.env.get_attr("difficulty", [0])[0]
+                problems = held_out_problems(self.env, self.n, float(level), self.seed)
+                result = evaluate_problems(self.model.policy, self.env, problems, self.seed, self.greedy)
+        self.seconds += time.perf_counter() - start
+        if result is None:
+            return
+        self.results.append((iteration, training, result))
+        self.logger.record("eval/success_rate", result.success_rate)
+        self.logger.record("eval/mean_reward", result.mean_reward)
+        self.logger.record("eval/mean_length", result.mean_length)
+        self.logger.record("time/eval_seconds", self.seconds)
+        if self.say is not None:
+            self.say(
+                f"iteration {iteration} (GRPO {training:.0f} s): held-out success {result.success_rate:.1%} at "
+                f"{result.difficulty:.2f}",
+                flush=True,
+            )
+
+    def _on_step(self) -> bool:
+        return True

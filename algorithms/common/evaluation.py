@@ -176,12 +176,12 @@ def format_table(rows: dict[str, list[EvalResult]]) -> str:
     """A plain-text table: one line per (label, difficulty); a ``source`` column when the results say where their
     problems came from ("training rows" is a warning sign: no eval split)."""
     sources = any(r.source for results in rows.values() for r in results)
-    header = f"{'policy':<14}{'difficulty':>11}{'problems':>10}{'success':>10}{'reward':>9}{'length':>9}"
+    header = f"{'policy':<16}{'difficulty':>11}{'problems':>10}{'success':>10}{'reward':>9}{'length':>9}"
     lines = [header + ("  source" if sources else "")]
     for label, results in rows.items():
         for r in results:
             lines.append(
-                f"{label:<14}{r.difficulty:>11.2f}{r.n_problems:>10d}{r.success_rate:>10.1%}"
+                f"{label:<16}{r.difficulty:>11.2f}{r.n_problems:>10d}{r.success_rate:>10.1%}"
                 f"{r.mean_reward:>9.3f}{r.mean_length:>9.1f}" + (f"  {r.source or '-'}" if sources else "")
             )
     return "\n".join(lines)

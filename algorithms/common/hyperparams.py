@@ -22,7 +22,9 @@ from stable_baselines3.common.utils import LinearSchedule
 
 SCHEDULABLE = ("learning_rate", "clip_range", "clip_range_high", "ent_coef")
 #: the keys of a preset that are not constructor arguments of the algorithm (``grpo-gym train`` uses them)
-RUN_KEYS = ("n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems", "save_path")
+RUN_KEYS = (
+    "n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems", "eval_greedy", "save_path"
+)  # fmt: skip
 
 
 def default_config(name: str = "grpo.yml") -> Path:
@@ -165,7 +167,7 @@ MAX_ENVS = 4096
 def check_run_keys(config: dict[str, Any], where: str) -> None:
     """The run keys of a preset (:data:`RUN_KEYS`) with the types ``grpo-gym train`` reads them in; ``ValueError``
     naming ``where``, the key and what it takes."""
-    from grpo_gym.validation import check_float, check_int
+    from grpo_gym.validation import check_bool, check_float, check_int
 
     try:
         for key, high in (("n_timesteps", None), ("n_envs", MAX_ENVS), ("eval_problems", None)):
@@ -176,6 +178,7 @@ def check_run_keys(config: dict[str, Any], where: str) -> None:
             raise ValueError(f"eval_difficulties must be a list of difficulties, e.g. [0.1, 0.5], got {levels!r:.60}")
         for level in levels or []:
             check_float("eval_difficulties", level, low=0.1, high=1.0)
+        check_bool("eval_greedy", config.get("eval_greedy", False))
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     if config.get("policy", "TransformerPolicy") != "TransformerPolicy":
