@@ -30,6 +30,7 @@ from algorithms.cli_options import (
 from algorithms.cli_types import COUNT, DIFFICULTY, SEED, VERBOSITY, Integer
 from algorithms.common.arguments import ENGINE_ARGUMENTS
 from algorithms.common.env_util import make_env
+from algorithms.common.finite_state import NonFiniteStateError
 from algorithms.common.generation.engines.base import EngineError
 from algorithms.common.hyperparams import (
     DEFAULT_CONFIG,
@@ -198,7 +199,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     if (folder / REPLAY).exists():
         model.load_replay_buffer(folder / REPLAY)
     say(f"resuming from {folder} at {model.num_timesteps} of {run['total_timesteps']} completions", flush=True)
-    return model, env, {**plan, "run": run, "sft_seconds": 0.0}
+    return model, env, {**plan, "run": run, "sft_seconds": 0.0, "resumed_from": folder}
 
 
 def train(args: argparse.Namespace) -> int:
@@ -229,6 +230,7 @@ def train(args: argparse.Namespace) -> int:
             raise
         signals["learning"] = 1
         checkpoint.run = plan["run"]
+        checkpoint.written = plan.get("resumed_from")  # on disk already: not written again at its boundary
         main = model.distributed.is_main
         say = main_says(model, print)
         total = int(plan["run"]["total_timesteps"])
@@ -276,12 +278,16 @@ def _summarise(args: argparse.Namespace, plan: dict[str, Any], after: list[Any],
     from algorithms.common.evaluation import EvalResult, format_table
 
     start = [EvalResult(**row) for row in plan["run"].get("start", [])]  # a pretrained model's, before its cold start
-    rows = {"before GRPO": [EvalResult(**row) for row in plan["run"]["before"]], "after GRPO": after}
+    before_grpo = [EvalResult(**row) for row in plan["run"].get("before", [])]  # none in a run.json that lost it
+    rows = {"before GRPO": before_grpo, "after GRPO": after}
     print(format_table({"before training": start, **rows} if start else rows))
-    for i, (before, later) in enumerate(zip(rows["before GRPO"], rows["after GRPO"], strict=True)):
+    firsts = {row.difficulty: row for row in start}
+    earlier = {row.difficulty: row for row in before_grpo}
+    for later in (row for row in after if row.difficulty in earlier):  # each difficulty measured before GRPO too
+        before = earlier[later.difficulty]
         grpo = 100 * (later.success_rate - before.success_rate)
-        if start:
-            cold = 100 * (before.success_rate - start[i].success_rate)
+        if later.difficulty in firsts:
+            cold = 100 * (before.success_rate - firsts[later.difficulty].success_rate)
             print(
                 f"held-out success at difficulty {later.difficulty:.2f}: {cold + grpo:+.1f} percentage points over the "
                 f"start (the cold start {cold:+.1f}, GRPO {grpo:+.1f})"
@@ -559,6 +565,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:  # a bad config, file or argument: say what to fix, no traceback
         parser.exit(2, f"grpo-gym {args.command}: error: {error}\n")
     except EngineError as error:  # the rollout engine failed (start, server, push): the message names the fix
+        parser.exit(1, f"grpo-gym {args.command}: error: {error}\n")
+    except NonFiniteStateError as error:  # the weights diverged: stopped before anything was written from them
         parser.exit(1, f"grpo-gym {args.command}: error: {error}\n")
 
 

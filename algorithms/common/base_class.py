@@ -35,6 +35,7 @@ from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guards_by_default
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
+from algorithms.common.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
@@ -109,6 +110,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._rollout: RolloutBatch | None = None
         self._boundary: tuple[dict[str, Any], dict[str, th.Tensor]] | None = None  # the state a save records
         self._pending_env_states: list[dict[str, Any]] | None = None  # from load(), applied when training starts
+        self._loaded_from = "the loaded model"  # the file load() read, named when its env states do not fit
         self._env_missing = ""  # why load() could not rebuild the recorded env (learn() says it)
         self._curriculum: CurriculumCallback | None = None
         guard = GuardSettings.parse(self.collapse_guard)
@@ -305,6 +307,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
                 "save() writes the constructor's arguments and the run state; exclude/include are not supported"
             )
         sharded = self._parallel.sharded  # the whole tensors gathered to rank 0: a collective
+        self.check_finite_state(f"refusing to write {os.fspath(path)!r}", agreed=sharded)
         parameters = self.get_parameters() if self._dist.is_main or sharded else {}
         if self._dist.is_main:
             self._write_model_file(path, parameters)
@@ -315,12 +318,28 @@ class LMBaseAlgorithm(BaseAlgorithm):
         the shards) and ``write_extra(folder)``'s files; atomically (a kill leaves the previous folder). ``load`` of
         its ``model.zip`` reads it on any number of processes. A collective: every rank calls it."""
 
+        self.check_finite_state(f"refusing to write {os.fspath(directory)!r}", agreed=True)
+
         def extra(folder: Path) -> None:
             self._write_model_file(folder / MODEL, {}, sharded_weights=True)
             if write_extra is not None:
                 write_extra(folder)
 
         return self._parallel.save_checkpoint(directory, self.policy, self.ref_model, extra)
+
+    def check_finite_state(self, what: str, agreed: bool = False) -> None:
+        """Raise :class:`~algorithms.common.finite_state.NonFiniteStateError` starting with ``what`` when a weight or
+        an optimizer moment holds a NaN or an infinity. ``agreed``: every rank checks its own and all raise together
+        (a collective; for the training loop and sharded saves)."""
+        found = find_nonfinite(self.policy, self.policy.optimizer)
+        if agreed and self._dist.enabled:
+            found = next((item for item in self._dist.gather_objects(found) if item), None)
+        if found is not None:
+            raise NonFiniteStateError(
+                f"{what}: {found}. A model in this state samples garbage and cannot recover; nothing was saved from "
+                "it (the checkpoints and the --save-path file written before are as they were). Lower "
+                "learning_rate (or sft_learning_rate, max_grad_norm), or resume from the last checkpoint"
+            )
 
     def _write_model_file(self, path: str | os.PathLike, parameters: dict[str, Any], sharded_weights=False) -> None:
         if not sharded_weights:
@@ -364,6 +383,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
         checks.check_saved_arguments(saved, cls, name)
         wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
+        rebuilt = env is None  # no env given: the recorded one is rebuilt (when it can be)
         env, env_missing = run_file.env_to_load(saved, env, env_objects, rebuild_env, name, wrap)
         taken = set(saved.arguments) | {name for name, argument in cls.arguments.items() if argument.saved}
         arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
@@ -380,9 +400,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
         else:
             checks.check_weights_fit(model.policy.completed_state_dict(saved.state_dicts["policy"]),
                                        model.policy.state_dict(), name)  # fmt: skip
+            checks.check_optimizer_state(saved.state_dicts["policy.optimizer"], model.policy.optimizer, name)
             model.set_parameters(saved.state_dicts, exact_match=True, device=device)
         check_finite_weights(model.policy, f"the model {name!r}")  # whole or sharded: each rank checks what it holds
         model.set_run_state(saved.state, saved.rng)
+        model._loaded_from = name
+        if rebuilt and model.env is not None:  # the env the file records: its states must fit it, said now
+            checks.check_env_states(model._pending_env_states, model.env, name)
         return model
 
     def _precision_text(self) -> str:

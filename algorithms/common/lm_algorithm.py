@@ -24,6 +24,8 @@ subclass writes are marked *subclass*)::
     ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
     │                                         restore the update is skipped
     ├─ train                      *subclass*  minibatches, loss, _optimizer_step (clip, guarded step)
+    ├─ check_finite_state                     a NaN or inf in a weight or optimizer moment stops the run here,
+    │                                         naming the iteration, before any checkpoint or save is written
     ├─ push_weights                           the rollout engine gets the new weights (time/weight_sync_seconds)
     └─ dump_logs                              rollout/, time/, train/ at num_timesteps
 
@@ -51,6 +53,7 @@ from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.overlapped_learning import OverlappedLearning
 from algorithms.common.rollout.rows import TEXT_ONLY
 from algorithms.common.runtime.determinism import deterministic_on_cpu
+from algorithms.common.saving import checks
 
 SelfLMAlgorithm = TypeVar("SelfLMAlgorithm", bound="LMAlgorithm")
 
@@ -125,6 +128,7 @@ class LMAlgorithm(OverlappedLearning):
                 continue
             with deterministic_on_cpu(self.device):
                 self.train()
+            self.check_finite_state(f"training stopped at iteration {self._iteration}", agreed=True)
             self.push_weights()
             if log_interval is not None and self._iteration % log_interval == 0:
                 self.dump_logs()
@@ -176,8 +180,7 @@ class LMAlgorithm(OverlappedLearning):
         """SB3's ``_setup_learn`` (which resets the envs), then the env states of a loaded run put back."""
         result = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
         if self._pending_env_states is not None and self.env is not None:
-            for index, env_state in enumerate(self._pending_env_states):
-                self.env.env_method("set_state", env_state, indices=[index])
+            checks.check_env_states(self._pending_env_states, self.env, self._loaded_from)  # applies each state
             self._pending_env_states = None
         return result
 
@@ -220,6 +223,7 @@ class LMAlgorithm(OverlappedLearning):
                 progress_bar=progress_bar,
                 loss_weight=self._parallel.sft_loss_weight,
             )
+        self.check_finite_state("the cold start stopped", agreed=True)
         self._cold_start_done = True
         self._refresh_reference()
         self.push_weights()

@@ -77,6 +77,7 @@ class OverlappedLearning(RolloutCollection):
         """Update on the pending rollout, keep the new weights as the next version, and log."""
         assert self._weight_versions is not None
         self.train()
+        self.check_finite_state(f"training stopped at iteration {self._iteration}", agreed=True)
         self._weight_versions.keep(self._iteration, self.policy.model)
         if log_interval is not None and self._iteration % log_interval == 0:
             self.dump_logs()
