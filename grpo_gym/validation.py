@@ -70,12 +70,17 @@ def _show(value: Any) -> str:
 def describe_range(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False) -> str:
     """Human-readable range: ``"in [0, 1]"``, ``">= 1"``, ``"> 0"``, ``"in (0, 1]"`` or ``""`` (no bound)."""
     if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"in {'(' if low_open else '['}{_number(low)}, {_number(high)}{')' if high_open else ']'}"
     if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
+        return f"{'>' if low_open else '>='} {_number(low)}"
     if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
+        return f"{'<' if high_open else '<='} {_number(high)}"
     return ""
+
+
+def _number(x: float) -> str:
+    """A bound as written: an integer in full (``1000000``), another number short (``1e-08``)."""
+    return str(x) if isinstance(x, int) and not isinstance(x, bool) else f"{x:g}"
 
 
 def _fail(name: str, value: Any, wanted: str, hint: str = "") -> ArgumentError:

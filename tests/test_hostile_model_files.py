@@ -99,10 +99,10 @@ def test_weights_that_do_not_fit_the_recorded_model_are_named(saved: Path, tmp_p
 @pytest.mark.parametrize(
     ("key", "value", "words"),
     [
-        ("num_timesteps", "abc", "'num_timesteps' must be an integer >= 0, got 'abc'"),
-        ("num_timesteps", -5, "'num_timesteps' must be an integer >= 0"),
-        ("_iteration", 1.5, "'_iteration' must be an integer >= 0"),
-        ("_n_updates", True, "'_n_updates' must be an integer >= 0"),
+        ("num_timesteps", "abc", r"'num_timesteps' must be an integer in \[0, 2\*\*53\], got 'abc'"),
+        ("num_timesteps", -5, "'num_timesteps' must be an integer in \\[0"),
+        ("_iteration", 1.5, "'_iteration' must be an integer in \\[0"),
+        ("_n_updates", True, "'_n_updates' must be an integer in \\[0"),
         ("_current_progress_remaining", "half", "'_current_progress_remaining' must be a finite number"),
         ("_cold_start_done", "yes", "'_cold_start_done' must be true or false"),
         ("ep_info_buffer", [1, 2], "'ep_info_buffer' must be a list of episodes"),
@@ -110,6 +110,12 @@ def test_weights_that_do_not_fit_the_recorded_model_are_named(saved: Path, tmp_p
         ("numpy_rng", [1], "'numpy_rng' is not a state its generator takes"),
         ("python_rng", "x", "'python_rng' is not a state its generator takes"),
         ("problem_rng", {"bit_generator": "MT19937"}, "'problem_rng' is not a state its generator takes"),
+        # hostile round four: each failed late in learn, with a raw error naming no file, or was taken silently
+        ("_groups_seen", "x", "'_groups_seen' must be an integer"),
+        ("num_timesteps", 10**400, r"'num_timesteps' must be an integer in \[0, 2\*\*53\]"),
+        ("ep_info_buffer", [{"r": float("nan"), "l": 3, "t": 0.1}], "'ep_info_buffer' must be a list of episodes"),
+        ("ep_info_buffer", [{"r": 10**400, "l": 3, "t": 0.1}], "'ep_info_buffer' must be a list of episodes"),
+        ("_between_variance", float("nan"), "'_between_variance' must be a finite number >= 0"),
     ],
 )
 def test_a_run_state_no_run_can_continue_from_is_refused_naming_the_entry(
@@ -121,8 +127,37 @@ def test_a_run_state_no_run_can_continue_from_is_refused_naming_the_entry(
 ) -> None:
     """Loaded before: num_timesteps 'abc' or -5 loaded and failed (or counted wrong) later; a bad RNG state gave
     numpy's "not enough values to unpack" without the file's name."""
+
     path = with_data(saved, tmp_path / "state.zip", lambda data: data["state"].update({key: value}))
     _refused(path, rf"the run state's {words}.*use another save")
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ([{"garbage": 1}], r"'env_states'\[0\] does not fit the env"),
+        ("copies", r"'env_states' is a list of 5, not one state per env \(1\): the file is damaged"),
+    ],
+)
+def test_env_states_that_do_not_fit_are_named_at_load_or_when_training_starts(
+    saved: Path,  # noqa: F811
+    tmp_path: Path,
+    value: Any,
+    words: str,
+) -> None:
+    """Hostile round four: "not an R1ZeroEnv state (format None...)" and an IndexError, late in learn, naming no file.
+    Refused by load when it rebuilds the recorded env; with an env of your own, when training starts."""
+
+    def edit(data: dict[str, Any]) -> None:
+        states = data["state"]["env_states"]
+        data["state"]["env_states"] = states * 5 if value == "copies" else value
+
+    path = with_data(saved, tmp_path / "state.zip", edit)
+    with pytest.raises(ValueError, match=rf"{path}: the run state's {words}"):
+        GRPO.load(path)
+    model = GRPO.load(path, env=make_env())  # maybe another env: its states are tried when training starts
+    with pytest.raises(ValueError, match=rf"{path}: the run state's {words}"):
+        model.learn(4)
 
 
 @pytest.mark.parametrize(
@@ -131,6 +166,10 @@ def test_a_run_state_no_run_can_continue_from_is_refused_naming_the_entry(
         ({"__space__": {"type": "Box", "shape": [1e12], "low": 0, "high": 1, "dtype": "int64"}}, "TypeError"),
         ({"__space__": {"type": "Box", "shape": [2], "low": 0, "high": 1, "dtype": "object"}}, "Invalid Box dtype"),
         ({"__space__": {"type": "Nope"}}, "unknown space type"),
+        # hostile round four: MemoryError (931 GiB); AttributeError: 'dict' object has no attribute 'seed'
+        ({"__space__": {"type": "Box", "shape": [10**12], "low": 0, "high": 1, "dtype": "int64"}}, "more than"),
+        ({"__space__": {"type": "Discrete", "n": 3}, "extra": 1}, "it decodes to a dict"),
+        ({"__space__": {"type": "Discrete", "n": 3, "bogus": 1}}, "a Discrete space has no 'bogus'"),
     ],
 )
 def test_a_space_that_is_not_one_is_named(saved: Path, tmp_path: Path, space: dict, words: str) -> None:  # noqa: F811
@@ -144,7 +183,12 @@ def test_a_space_that_is_not_one_is_named(saved: Path, tmp_path: Path, space: di
         (lambda data: data["arguments"].update(foo=1), r"records arguments GRPO does not take: \['foo'\]"),
         (lambda data: data["arguments"].update(n_groups="4"), r"its recorded arguments are refused \(n_groups must be"),
         (lambda data: data.update(policy_class="os.system"), "records the policy class 'os.system', not one of"),
+        # hostile round four: sizes with no upper bound overflowed (OverflowError) or hung building a list
+        (lambda data: data["arguments"].update(n_groups=10**400), r"refused \(n_groups must be"),
+        (lambda data: data["arguments"].update(group_size=10**18), r"refused \(group_size must be"),
+        (lambda data: data["arguments"].update(max_staleness=10**6), r"refused \(max_staleness must be"),
     ],
+    ids=["unknown", "string", "policy-class", "n_groups-10**400", "group_size-10**18", "max_staleness-10**6"],
 )
 def test_recorded_arguments_the_algorithm_refuses_name_the_file(saved: Path, tmp_path: Path, edit, words: str):  # noqa: F811
     """A bare TypeError (GRPO() got an unexpected keyword argument 'foo'), an ArgumentError and SB3's "Policy
@@ -165,3 +209,11 @@ def test_a_folder_named_like_a_zip_is_named_a_folder(tmp_path: Path) -> None:
     (tmp_path / "model.zip").mkdir()
     with pytest.raises(ValueError, match="is a folder, not a model file"):
         GRPO.load(tmp_path / "model.zip")
+
+
+def test_a_learning_rate_in_optimizer_kwargs_names_learning_rate() -> None:
+    """Hostile round four: "AdamW() got multiple values for keyword argument 'lr'"."""
+    from tests.sizes import TINY
+
+    with pytest.raises(ValueError, match="'lr' is set by the algorithm's learning_rate"):
+        GRPO("TransformerPolicy", make_env(), policy_kwargs={**TINY, "optimizer_kwargs": {"lr": float("nan")}})

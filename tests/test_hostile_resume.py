@@ -128,3 +128,15 @@ def test_a_damaged_model_zip_names_the_checkpoint_before_it(finished, tmp_path: 
     (newest / "model.zip").write_bytes((newest / "model.zip").read_bytes()[:3000])
     err = one_line_error(argv, capsys)
     assert "truncated or corrupt" in err and f"or move {str(newest)!r} away to resume from the one before" in err
+
+
+def test_a_run_json_without_before_trains_and_reports_none(finished, tmp_path: Path, capsys) -> None:
+    """Hostile round four: it trained the whole run, saved, then died with KeyError: 'before'."""
+    directory, argv = copied(finished, tmp_path)
+    path = checkpoints(directory)[-1] / "run.json"
+    run = json.loads(path.read_text())
+    del run["before"]
+    path.write_text(json.dumps(run))
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "after GRPO" in capsys.readouterr().out

@@ -47,6 +47,17 @@ from grpo_gym.validation import (
 Rule = Callable[[str, Any], Any]
 
 
+#: the largest count a size argument takes (completions per rollout, examples per batch, episodes in a window): past
+#: it one iteration would not fit a machine's memory, and a file that says more is damaged
+MOST = 1_000_000
+#: the most gradient steps an argument may ask for (a billion: years of training)
+MOST_STEPS = 1_000_000_000
+#: the largest learning rate taken (1e-6 to 1e-3 is the practice; past float32's range torch's step crashes)
+MOST_RATE = 10.0
+#: the most weight versions ``max_staleness`` keeps (each a copy of the weights; one or two is the practice)
+MOST_VERSIONS = 16
+
+
 def integer(low: int | None = None, high: int | None = None, allow_none: bool = False) -> Rule:
     """An integer in ``[low, high]`` (an integral float is read as an integer)."""
     return lambda name, value: check_int(name, value, low=low, high=high, allow_none=allow_none)
@@ -284,11 +295,12 @@ _SHARDING = (
 LM_ARGUMENTS = Arguments(
     {
         "learning_rate": Argument(
-            1e-5, schedule(low=0.0), "learning rate, constant or an SB3 schedule of the remaining progress",
+            1e-5, schedule(low=0.0, high=MOST_RATE),
+            "learning rate, constant or an SB3 schedule of the remaining progress",
             "float | Schedule",
         ),
-        "n_groups": Argument(4, integer(low=1), "K, problems (prompts) per rollout", "int"),
-        "group_size": Argument(8, integer(low=1), "G, completions per problem", "int"),
+        "n_groups": Argument(4, integer(low=1, high=MOST), "K, problems (prompts) per rollout", "int"),
+        "group_size": Argument(8, integer(low=1, high=MOST), "G, completions per problem", "int"),
         "max_grad_norm": Argument(
             0.5, number(low=0.0, low_open=True), "global gradient-norm clip (the original design's 0.5)", "float"
         ),
@@ -316,7 +328,7 @@ LM_ARGUMENTS = Arguments(
             "the ``cap`` of the correction: TIS's largest weight (TRL's and verl's 2), the mask's largest kept "
             "sequence ratio", "float",
         ),
-        "max_staleness": Argument(0, integer(low=0), _MAX_STALENESS, "int"),
+        "max_staleness": Argument(0, integer(low=0, high=MOST_VERSIONS), _MAX_STALENESS, "int"),
         "turn_cache": Argument(
             "auto", choice(True, False, "auto"),
             "keep each turn's KV cache for the next turn of multi-turn episodes (tool calls, feedback): a later turn "
@@ -331,13 +343,17 @@ LM_ARGUMENTS = Arguments(
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '
             "model), ``True`` or ``False``", "bool | str",
         ),
-        "sft_steps": Argument(300, integer(low=0), "SFT gradient steps (the seed preset: 5000)", "int"),
+        "sft_steps": Argument(
+            300, integer(low=0, high=MOST_STEPS), "SFT gradient steps (the seed preset: 5000)", "int"
+        ),
         "sft_batch_size": Argument(
-            32, integer(low=1),
+            32, integer(low=1, high=MOST),
             "examples per SFT step (the task's gold: that many model turns; with tools, whole episodes holding them)",
             "int",
         ),
-        "sft_learning_rate": Argument(1e-3, number(low=0.0, low_open=True), "SFT learning rate", "float"),
+        "sft_learning_rate": Argument(
+            1e-3, number(low=0.0, low_open=True, high=MOST_RATE), "SFT learning rate", "float"
+        ),
         "sft_data": Argument(
             None, optional_path(existing_file="a JSONL file of prompt/response rows"),
             'a JSONL file of ``{"prompt", "response"}`` rows to use instead of the task\'s gold solutions',
@@ -350,7 +366,8 @@ LM_ARGUMENTS = Arguments(
         ),
         "collapse_guard": Argument("auto", check_collapse_guard, _COLLAPSE_GUARD, "str | bool | dict[str, Any] | None"),
         "stats_window_size": Argument(
-            100, integer(low=1), "episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``", "int"
+            100, integer(low=1, high=MOST),
+            "episodes averaged in ``rollout/ep_rew_mean`` and ``rollout/success_rate``", "int",
         ),
         "tensorboard_log": Argument(
             None, optional_path(), "the TensorBoard folder (runs go to ``<folder>/<algorithm>_<n>``)", "str | None"

@@ -8,6 +8,8 @@ import inspect
 
 from algorithms.common.arguments import (
     LM_ARGUMENTS,
+    MOST,
+    MOST_STEPS,
     Argument,
     boolean,
     choice,
@@ -30,10 +32,11 @@ REPLAY_BUFFER_KEYS = tuple(
 
 GRPO_OWN = {
     "n_epochs": Argument(
-        1, integer(low=1), "passes over each rollout (1: every update on-policy, as the published GRPO default)", "int"
+        1, integer(low=1, high=MOST),
+        "passes over each rollout (1: every update on-policy, as the published GRPO default)", "int",
     ),
     "batch_size": Argument(
-        None, integer(low=1, allow_none=True),
+        None, integer(low=1, high=MOST, allow_none=True),
         "completions per minibatch (``None``: the whole rollout, one update per epoch)", "int | None",
     ),
     "clip_range": Argument(
@@ -91,7 +94,8 @@ GRPO_OWN = {
         "``group_size`` to be a multiple of the number of envs (:mod:`~algorithms.grpo.sampling`)", "bool",
     ),
     "max_resample_rounds": Argument(
-        3, integer(low=0), "the most refill rounds per rollout (their completions count in ``num_timesteps``)", "int"
+        3, integer(low=0, high=MOST),
+        "the most refill rounds per rollout (their completions count in ``num_timesteps``)", "int",
     ),
     "mask_truncated": Argument(
         False, boolean(),
@@ -104,7 +108,7 @@ GRPO_OWN = {
         "problems fresh, the rest from a pool of recent ones with probability ``p (1 - p) + 0.01`` "
         "(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`)", "str",
     ),
-    "prompt_pool_size": Argument(256, integer(low=1), "the problems the learnability pool holds", "int"),
+    "prompt_pool_size": Argument(256, integer(low=1, high=MOST), "the problems the learnability pool holds", "int"),
     "fresh_prompt_fraction": Argument(
         0.25, number(low=0.0, high=1.0),
         'the share of each rollout\'s problems drawn fresh under ``"learnability"``', "float",
@@ -152,7 +156,7 @@ GRPO_OWN = {
         "up to the env's configured weight", "bool",
     ),
     "protected_rollouts": Argument(
-        0, integer(low=0),
+        0, integer(low=0, high=MOST_STEPS),
         "the protected rollouts: the first rollouts are sampled by the frozen cold-start policy (the original design's "
         "\"first 3 groups\" read as the first 3 rollouts); the importance ratio corrects for it", "int",
     ),
@@ -169,7 +173,8 @@ GRPO_OWN = {
         "weight; 0 (default) is published GRPO", "float",
     ),
     "max_replay_age": Argument(
-        10, integer(low=0), "completions collected more than this many iterations ago are evicted before sampling",
+        10, integer(low=0, high=MOST_STEPS),
+        "completions collected more than this many iterations ago are evicted before sampling",
         "int",
     ),
     "replay_buffer_kwargs": Argument(
@@ -184,7 +189,7 @@ GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
     GRPO_OWN,
     n_groups={"doc": "K, problems per rollout (4: the original design's K groups)"},
     group_size={
-        "rule": integer(low=2),
+        "rule": integer(low=2, high=MOST),
         "doc": "G, completions per problem (8; at least 2: a group of one has no group-relative advantage)",
     },
     tensorboard_log={"doc": "the TensorBoard folder (runs go to ``<folder>/GRPO_<n>``)"},

@@ -165,13 +165,15 @@ def read_run_json(folder: str | os.PathLike) -> dict[str, Any]:
             f"{where}: 'total_timesteps' must be an integer >= 1 (the completions the run trains to), got "
             f"{total!r:.40}; write the run's total there (its n_timesteps, e.g. 20000), {move}"
         )
-    before = run.get("before", [])
-    if not isinstance(before, list) or not all(_is_result(row) for row in before):
-        fields = ", ".join(RESULT_FIELDS)
-        raise ValueError(
-            f"{where}: 'before' must be the held-out results measured before GRPO, a list of {{{fields}, source}} "
-            f"(numbers, and a text); write [] there to report none, {move}"
-        )
+    tables = {"before": "before GRPO", "start": "before training"}
+    for key, when in tables.items():
+        rows = run.get(key, [])
+        if not isinstance(rows, list) or not all(_is_result(row) for row in rows):
+            fields = ", ".join(RESULT_FIELDS)
+            raise ValueError(
+                f"{where}: {key!r} must be the held-out results measured {when}, a list of {{{fields}, source}} "
+                f"(numbers, and a text); write [] there to report none, {move}"
+            )
     return run
 
 

@@ -13,8 +13,12 @@ import torch as th
 
 from grpo_gym.validation import ArgumentError
 
-#: the run-state counters, each an integer >= 0
-COUNTERS = ("num_timesteps", "_n_updates", "_iteration", "_skipped_steps", "_episode_num")
+#: the run-state counters, each an integer >= 0 (GRPO's ``_groups_seen`` too, when the file has it)
+COUNTERS = ("num_timesteps", "_n_updates", "_iteration", "_skipped_steps", "_episode_num", "_groups_seen")
+#: the largest a counter may be (2**53: exact in JSON and in a float; more than any run makes)
+MOST_COUNT = 2**53
+#: the largest an episode statistic may be in magnitude (a return, a length, a time)
+MOST_STATISTIC = 1e15
 
 
 def check_run_state(state: dict[str, Any], rng: dict[str, Any], name: str) -> None:
@@ -27,8 +31,11 @@ def check_run_state(state: dict[str, Any], rng: dict[str, Any], name: str) -> No
 
     for key in COUNTERS:
         value = state.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise damaged(key, f"must be an integer >= 0, got {value!r:.40}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MOST_COUNT:
+            raise damaged(key, f"must be an integer in [0, 2**53], got {value!r:.40}")
+    variance = state.get("_between_variance", 0.0)  # GRPO's adaptive competition: a NaN would pin its coefficient
+    if isinstance(variance, bool) or not isinstance(variance, (int, float)) or not 0 <= variance < math.inf:
+        raise damaged("_between_variance", f"must be a finite number >= 0, got {variance!r:.40}")
     progress = state.get("_current_progress_remaining", 1.0)  # SB3's 1 - done / total: below 0 past the total
     if isinstance(progress, bool) or not isinstance(progress, (int, float)) or not math.isfinite(progress):
         raise damaged("_current_progress_remaining", f"must be a finite number, got {progress!r:.40}")
@@ -37,9 +44,11 @@ def check_run_state(state: dict[str, Any], rng: dict[str, Any], name: str) -> No
     episodes = state.get("ep_info_buffer", [])
     fields = ("r", "l", "t")
     if not isinstance(episodes, list) or not all(
-        isinstance(e, dict) and all(isinstance(e.get(k), (int, float)) for k in fields) for e in episodes
+        isinstance(e, dict) and all(_statistic(e.get(k)) for k in fields) for e in episodes
     ):
-        raise damaged("ep_info_buffer", "must be a list of episodes {'r': return, 'l': length, 't': time}")
+        raise damaged(
+            "ep_info_buffer", "must be a list of episodes {'r': return, 'l': length, 't': time}, each a finite number"
+        )
     if not isinstance(state.get("ep_success_buffer", []), list):
         raise damaged("ep_success_buffer", "must be a list of true/false")
     tries = {
@@ -55,6 +64,38 @@ def check_run_state(state: dict[str, Any], rng: dict[str, Any], name: str) -> No
             attempt()
         except Exception as error:  # any way a crafted state can fail its generator
             raise damaged(key, f"is not a state its generator takes ({type(error).__name__}: {error})") from None
+
+
+def _statistic(value: Any) -> bool:
+    """A finite episode statistic of a sane size (an int of 400 digits would overflow the float mean)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (isinstance(value, int) or math.isfinite(value)) and abs(value) <= MOST_STATISTIC
+
+
+def check_env_states(states: Any, env: Any, name: str) -> None:
+    """Refuse, naming the file and the entry, recorded env states that do not fit ``env`` (a VecEnv): not one per
+    env, or one its env refuses; each accepted one is applied (``set_state`` checks a whole state before it applies
+    any of it). ``load`` calls it for the env it rebuilt from the file (a damaged file fails there, not in the middle
+    of ``learn``), and training's start again, after SB3's reset, for whichever env the model then has."""
+    if states is None or env is None:
+        return
+    if not isinstance(states, list) or len(states) != env.num_envs:
+        shown = f"a list of {len(states)}" if isinstance(states, list) else f"a {type(states).__name__}"
+        raise ValueError(
+            f"{name}: the run state's 'env_states' is {shown}, not one state per env ({env.num_envs}): the file is "
+            "damaged (use another save), or the env is not the one it was saved with"
+        )
+    if not env.has_attr("set_state"):
+        return
+    for index, state in enumerate(states):
+        try:
+            env.env_method("set_state", state, indices=[index])
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                f"{name}: the run state's 'env_states'[{index}] does not fit the env ({error}); use another save, or "
+                "load it with the env it was saved with"
+            ) from None
 
 
 #: the weight entries every model file holds (a sharded checkpoint's file excepted: its shards hold them)
@@ -115,3 +156,60 @@ def check_weights_fit(saved: dict[str, th.Tensor], expected: dict[str, th.Tensor
             f"{name}: its policy.pth does not fit the model its arguments describe ({shown}): the weights and the "
             "'data' entry come from different saves, or the file was edited; use another save"
         )
+
+
+#: the optimizer settings a file may set, each with the range a usable value lies in
+OPTIMIZER_SETTINGS = {
+    "lr": (lambda x: 0 <= x < math.inf, "a learning rate >= 0"),
+    "eps": (lambda x: 0 < x < 1, "an epsilon in (0, 1)"),
+    "weight_decay": (lambda x: 0 <= x < math.inf, "a weight decay >= 0"),
+}
+
+
+def check_optimizer_state(saved: dict[str, Any], optimizer: th.optim.Optimizer, name: str) -> None:
+    """Refuse, naming the file, the entry and the fix, an optimizer state the optimizer would take and then train into
+    NaN or fail on later: other parameter groups or sizes, a moment of another shape or holding a NaN or an infinity,
+    settings out of range (a learning rate that is not finite, ``betas`` outside [0, 1), ``eps`` <= 0)."""
+
+    def damaged(what: str) -> ValueError:
+        return ValueError(
+            f"{name}: its policy.optimizer.pth {what}; the file was edited or damaged: use another save (a "
+            "checkpoint's previous iteration, or the run's --save-path)"
+        )
+
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if not isinstance(groups, list) or not isinstance(state, dict) or set(saved) - {"param_groups", "state"}:
+        raise damaged("is not an optimizer state ({'state': ..., 'param_groups': [...]} and nothing else)")
+    mine = optimizer.param_groups
+    if len(groups) != len(mine) or any(
+        not isinstance(g, dict) or not isinstance(g.get("params"), list) or len(g["params"]) != len(m["params"])
+        for g, m in zip(groups, mine, strict=True)
+    ):
+        sizes = [len(g["params"]) if isinstance(g, dict) and isinstance(g.get("params"), list) else "?" for g in groups]
+        expected = [len(m["params"]) for m in mine]
+        raise damaged(f"has parameter groups of sizes {sizes}, the model's optimizer {expected}")
+    for index, group in enumerate(groups):
+        for key, (usable, what) in OPTIMIZER_SETTINGS.items():
+            value = group.get(key)
+            if key in group and (isinstance(value, bool) or not isinstance(value, (int, float)) or not usable(value)):
+                raise damaged(f"sets {key}={value!r:.40} in group {index}: it must be {what}")
+        betas = group.get("betas")
+        if "betas" in group and not (
+            isinstance(betas, (list, tuple))
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)
+        ):
+            raise damaged(f"sets betas={betas!r:.60} in group {index}: they must be two numbers in [0, 1)")
+    shapes = [tuple(p.shape) for m in mine for p in m["params"]]  # in the optimizer's parameter order
+    position = {key: n for n, key in enumerate(key for group in groups for key in group["params"])}
+    for key, moments in state.items():
+        if key not in position or not isinstance(moments, dict):
+            raise damaged(f"holds state for a parameter {key!r:.20} no group names")
+        for moment, value in moments.items():
+            if not isinstance(value, th.Tensor):
+                raise damaged(f"holds a {type(value).__name__} as {moment!r:.30} of parameter {key}")
+            if value.is_floating_point() and not bool(th.isfinite(value).all()):
+                raise damaged(f"holds NaN or infinite values in {moment!r:.30} of parameter {key}")
+            if value.dim() > 0 and tuple(value.shape) != shapes[position[key]]:
+                shape = tuple(value.shape)
+                raise damaged(f"holds {moment!r:.30} of parameter {key} of shape {shape}, not its weight's")

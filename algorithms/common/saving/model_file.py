@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import math
 import os
 import pathlib
 import pickle
@@ -144,16 +145,38 @@ def space_to_json(space: spaces.Space) -> dict[str, Any]:
     raise ValueError(f"cannot describe a {type(space).__name__} space (Dict, Box, MultiDiscrete, Discrete)")
 
 
+#: the keys each kind of space's description has
+SPACE_KEYS = {
+    "Dict": {"type", "spaces"},
+    "Box": {"type", "low", "high", "shape", "dtype"},
+    "MultiDiscrete": {"type", "nvec", "dtype"},
+    "Discrete": {"type", "n", "start"},
+}
+#: the most elements a described space may have (16M: far past any context window; a larger one is a damaged file
+#: that would allocate its bounds before anything could say so)
+MOST_SPACE_ELEMENTS = 1 << 24
+
+
 def space_from_json(spec: dict[str, Any]) -> spaces.Space:
-    """The space :func:`space_to_json` described."""
+    """The space :func:`space_to_json` described; ``ValueError`` for keys it does not have or a size past
+    :data:`MOST_SPACE_ELEMENTS`."""
     kind = spec.get("type")
+    extra = sorted(set(spec) - SPACE_KEYS.get(kind, set(spec)))
+    if extra:
+        raise ValueError(f"a {kind} space has no {', '.join(map(repr, extra))}")
     if kind == "Dict":
         return spaces.Dict({k: space_from_json(s) for k, s in spec["spaces"].items()})
     if kind == "Box":
         dtype, shape = np.dtype(spec["dtype"]), tuple(spec["shape"])
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+            raise TypeError(f"a Box's shape is a list of integers >= 0, got {list(shape)!r:.60}")
+        if math.prod(shape) > MOST_SPACE_ELEMENTS:
+            raise ValueError(f"a Box of shape {list(shape)} has more than {MOST_SPACE_ELEMENTS} elements")
         low, high = (np.broadcast_to(np.asarray(spec[k], dtype), shape) for k in ("low", "high"))
         return spaces.Box(low, high, shape, dtype)
     if kind == "MultiDiscrete":
+        if not isinstance(spec["nvec"], list) or len(spec["nvec"]) > MOST_SPACE_ELEMENTS:
+            raise ValueError(f"a MultiDiscrete's nvec is a list of at most {MOST_SPACE_ELEMENTS} sizes")
         return spaces.MultiDiscrete(np.asarray(spec["nvec"]), dtype=np.dtype(spec["dtype"]))
     if kind == "Discrete":
         return spaces.Discrete(int(spec["n"]), start=int(spec.get("start", 0)))

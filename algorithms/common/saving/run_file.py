@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from gymnasium.spaces import Space
 from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.env_util import make_env
@@ -92,6 +93,8 @@ def read_saved_run(
     for key in ("observation_space", "action_space"):
         try:
             spaces[key] = decode(data[key], key)
+            if not isinstance(spaces[key], Space):  # e.g. {"__space__": ..., "extra": 1} decodes as a plain dict
+                raise ValueError(f"it decodes to a {type(spaces[key]).__name__}")
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise ValueError(f"{name}: its {key} is not a space ({type(error).__name__}: {error}); the file is "
                              "damaged: use another save") from None  # fmt: skip
