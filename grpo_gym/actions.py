@@ -66,12 +66,29 @@ def split_completion(ids: np.ndarray, codec: TokenCodec) -> tuple[np.ndarray, in
     return (ids[: int(stop[0])], int(stop[0]) + 1) if len(stop) else (ids, len(ids))
 
 
+#: characters per token a completion is first cut to before it is tokenized (a 10 MB text sent to a server is not
+#: tokenized whole to keep its first ``max_new_tokens`` tokens)
+CHARS_PER_TOKEN = 32
+
+
+def _leading_ids(text: str, codec: TokenCodec, max_new_tokens: int) -> np.ndarray:
+    """The ids of ``text``, or at least their first ``max_new_tokens + 1``: a long text is tokenized from a prefix
+    of ``CHARS_PER_TOKEN`` characters per token, which holds more than that many tokens (else the whole text is),
+    so the first ``max_new_tokens`` ids are the whole text's (a cut changes at most the prefix's last token)."""
+    limit = (max_new_tokens + 2) * CHARS_PER_TOKEN
+    if len(text) > limit:
+        ids = np.asarray(codec.encode(text[:limit]))
+        if len(ids) > max_new_tokens + 1:
+            return ids
+    return np.asarray(codec.encode(text))
+
+
 def text_action(text: str, codec: TokenCodec, max_new_tokens: int) -> np.ndarray:
     """The sequence-mode action of a completion ``text``: its ids, EOS, then padding (cut, without EOS, when the text
     is longer than the budget: a clipped completion)."""
     if not isinstance(text, str):
         raise ValueError(f"encode_action takes the completion text, got {type(text).__name__}")
-    ids = np.append(codec.encode(text), codec.eos_id)[:max_new_tokens]
+    ids = np.append(_leading_ids(text, codec, max_new_tokens), codec.eos_id)[:max_new_tokens]
     action = np.full(max_new_tokens, codec.pad_id, dtype=np.int64)
     action[: len(ids)] = ids
     return action

@@ -153,5 +153,9 @@ def resolve_tools(tools: Any) -> dict[str, Callable[..., Any]]:
     names = [name for name, _ in pairs]
     for name in names:
         if not isinstance(name, str) or not name.isidentifier() or names.count(name) > 1:
-            raise ArgumentError(f"tools: names must be distinct identifiers, got {names}")
+            raise ArgumentError(
+                f"tools: names must be distinct identifiers, got {names}: the model calls a tool by its name, so "
+                "define each with `def name(...)` (a lambda or partial has none), or name them in a dict: "
+                "tools={'name': function}"
+            )
     return dict(pairs)

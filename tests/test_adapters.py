@@ -89,6 +89,9 @@ def test_lora_options_are_checked() -> None:
         lora_config({"init_lora_weights": "pissa"})
     with pytest.raises(ValueError, match="lora:"):
         apply_lora(tiny_llama(), {"target_modules": ["no_such_module"]})
+    for rank in (512, 10**6):  # hostile round four: taken silently; failed in the allocator
+        with pytest.raises(ValueError, match=rf"lora\['r'\]={rank} is larger than the model's hidden size"):
+            apply_lora(tiny_llama(), {"r": rank})
     assert set(LORA_KEYS) >= {"r", "alpha", "dropout", "target_modules", "modules_to_save"}
 
 

@@ -160,6 +160,7 @@ def test_call_passes_trl_arguments_and_keeps_nones() -> None:
         ([0.5], "returned 1 rewards for 2 completions"),
         ("0.5", "not a list of floats"),
         (None, "not a list of floats"),
+        (np.float64(1.0), "returned one float, not a list of floats"),  # hostile round four: "has no len()"
     ],
 )
 def test_a_bad_output_is_an_error_for_every_completion(output: Any, error: str) -> None:

@@ -452,3 +452,31 @@ def test_any_junk_in_a_state_is_refused_whole_or_applied_whole(path: tuple[str, 
         assert env.get_state() == before
     else:
         assert env.get_state()["episode"]["turn"] == state["episode"]["turn"]
+
+
+def test_a_solution_with_the_templates_tags_is_refused_naming_the_row(tmp_path: Path) -> None:
+    """Hostile round four: a solution whose <answer> disagreed with the answer column became a contradictory
+    cold-start target ("<think>...<answer>8</answer></think><answer>7</answer>"), silently."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(
+        '{"prompt": "3 + 4?", "answer": 7, "solution": "3 + 4 = 7"}\n'
+        '{"prompt": "3 + 5?", "answer": 7, "solution": "3 + 5 = 8 <answer>8</answer>"}\n'
+    )
+    with pytest.raises(ValueError, match=r'rows\.jsonl:2: "solution" holds <answer>, </answer>: a solution is'):
+        make_task("jsonl", path=str(path))
+    rows = [{"prompt": "p", "answer": "1", "solution": "<think>one</think>"}]
+    with pytest.raises(ValueError, match=r"data row 1: the solution column 'solution' holds <think>, </think>"):
+        make_task("dataset", data=rows, solution="solution")
+
+
+@pytest.mark.parametrize(
+    ("messages", "words"),
+    [
+        ([{"role": "hacker", "content": "2 + 2?"}], "message 0 has the role 'hacker', not one of system, user"),
+        ([{"role": "system", "content": "Be brief."}], "it has no user message"),
+    ],
+)
+def test_a_chat_prompt_with_a_foreign_role_or_no_user_turn_is_refused(messages: list, words: str) -> None:
+    """Hostile round four: both were taken silently (the template dropped or mis-rendered the turn)."""
+    with pytest.raises(ValueError, match=rf"data row 1: .*{words}"):
+        make_task("dataset", data=[{"prompt": messages, "answer": "4"}])

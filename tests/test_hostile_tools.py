@@ -184,3 +184,30 @@ def test_a_schema_part_that_is_not_a_schema_checks_nothing_rather_than_crash() -
     box = remote_toolbox(mcp_schemas([{"name": "x", "input_schema": schema}]), lambda name, arguments: arguments)
     record = box.play(call("x", a=[1, "two"]), 4).records[0]
     assert json.loads(record["result"]) == {"a": [1, "two"]}
+
+
+def test_a_lambda_as_a_tool_is_refused_naming_both_fixes() -> None:
+    """Before (hostile round four): the error named the rule but not how to meet it."""
+    with pytest.raises(ArgumentError, match=r"got \['<lambda>'\].*`def name\(\.\.\.\)`.*tools=\{'name': function\}"):
+        R1ZeroEnv(tools=[lambda n: n])
+    assert R1ZeroEnv(tools={"calc": "calculator"}).tools.schemas[0]["function"]["name"] == "calc"
+
+
+def test_a_huge_completion_is_tokenized_from_a_prefix_with_the_same_action() -> None:
+    """Hostile round four: a 10 MB completion sent to the OpenEnv server was tokenized whole (21.6 s holding the GIL)
+    before being cut to max_new_tokens. The action is the whole text's; the tokenizer sees a bounded prefix."""
+    from grpo_gym.actions import CHARS_PER_TOKEN, text_action
+
+    env = R1ZeroEnv(max_new_tokens=16)
+    seen: list[int] = []
+    encode = env.codec.encode
+
+    def counted(text: str):
+        seen.append(len(text))
+        return encode(text)
+
+    huge = "<think>" + "12 + 7 = 19. " * 800_000  # about 10 MB
+    expected = text_action(huge[:5000], env.codec, 16)  # 16 tokens lie well inside the first 5000 characters
+    env.codec.encode = counted  # type: ignore[method-assign]
+    assert (text_action(huge, env.codec, 16) == expected).all()
+    assert seen and max(seen) <= 18 * CHARS_PER_TOKEN

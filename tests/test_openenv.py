@@ -305,3 +305,22 @@ def test_a_stuck_or_killed_server_is_a_clear_error_within_the_timeout() -> None:
             os.kill(process.pid, signal.SIGCONT)
         process.kill()
         process.wait(10)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "words"),
+    [
+        ("/step", {"action": {"completion": "<answer>5</answer>"}}, "open a session on the WebSocket"),
+        ("/reset", {"difficulty": 5}, "difficulty"),
+        ("/reset", {"bogus": 1}, "unknown reset argument(s) 'bogus'"),
+    ],
+    ids=["step-without-a-session", "difficulty-out-of-range", "unknown-argument"],
+)
+def test_a_clients_mistake_over_plain_http_is_a_400_naming_the_fix(
+    url: str, path: str, body: dict[str, Any], words: str, capfd: pytest.CaptureFixture
+) -> None:
+    """Before (hostile round four): 500 Internal Server Error, and a traceback in the server's log."""
+    answer = httpx.post(url + path, json=body, timeout=30)
+    assert answer.status_code == 400 and words in answer.json()["detail"], answer.text
+    assert httpx.get(url + "/health", timeout=30).status_code == 200  # still serving
+    assert "Traceback" not in capfd.readouterr().err

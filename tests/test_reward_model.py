@@ -189,6 +189,31 @@ def test_bad_paths(tmp_path: Path) -> None:
         RewardModelScorer(empty, batch_size=0)
 
 
+def test_a_hub_name_not_in_the_cache_stops_the_first_scoring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile round four: the env was built and trained with the consistency reward 0 at every step."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: set it for this test
+    reward = CompositeReward(reward_model="someone/not-a-model")
+    problem = Problem(prompt="What is 0 + 0?", answer="0", task="sum", difficulty=0.3)
+    with pytest.raises(ValueError, match=r"could not load a reward model from 'someone/not-a-model'"):
+        reward(SumTask(), problem, "<think>0</think><answer>0</answer>", prompt_text="What is 0 + 0?")
+
+
+def test_a_causal_lm_folder_is_refused_as_a_reward_model(tmp_path: Path) -> None:
+    """Hostile round four: transformers gave it a random score head ("score.weight MISSING") and it scored noise."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = _tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"has no trained weights for score\.weight: it is not a sequence-class"):
+        RewardModelScorer(tmp_path).load()
+
+
 def test_three_labels_rejected(tmp_path: Path) -> None:
     path = _save_model(tmp_path, num_labels=3)
     with pytest.raises(ValueError, match="num_labels=3"):

@@ -21,7 +21,7 @@ from algorithms.common.model.lora import DEFAULTS as LORA_DEFAULTS
 from algorithms.common.model.lora import apply_lora, base_network, frozen_base_names, is_peft_model, lora_record
 from algorithms.common.runtime.precision import autocast, float32_region
 from algorithms.common.saving.atomic import atomic_directory
-from grpo_gym.validation import check_bool, check_float, check_int, check_mapping
+from grpo_gym.validation import ArgumentError, check_bool, check_float, check_int, check_mapping
 
 
 class TransformerPolicy(BasePolicy):
@@ -87,6 +87,13 @@ class TransformerPolicy(BasePolicy):
         optimizer_class: type[th.optim.Optimizer] = th.optim.AdamW,
         optimizer_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        if optimizer_kwargs is not None and not isinstance(optimizer_kwargs, dict):
+            raise ArgumentError(f"optimizer_kwargs must be a dict, got {type(optimizer_kwargs).__name__}")
+        if optimizer_kwargs and "lr" in optimizer_kwargs:  # the optimizer's rate is the algorithm's learning_rate
+            raise ArgumentError(
+                "optimizer_kwargs: 'lr' is set by the algorithm's learning_rate (a number or a schedule); pass "
+                "learning_rate=... instead and leave 'lr' out"
+            )
         super().__init__(
             observation_space, action_space, optimizer_class=optimizer_class, optimizer_kwargs=optimizer_kwargs or {}
         )

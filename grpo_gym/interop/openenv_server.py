@@ -83,7 +83,11 @@ class R1ZeroEnvironment(Environment):
         if action.type == "list_tools":
             return ListToolsObservation(tools=tool_list(self.text.tool_schemas))
         if self.text.env.problem is None:
-            raise ArgumentError("reset the session before its first step")
+            raise ArgumentError(
+                "reset the episode before its first step: OpenEnv's HTTP /reset and /step give every request a new "
+                "env (they are stateless), so a /step never follows a /reset; open a session on the WebSocket (/ws), "
+                "as R1ZeroClient and OpenEnv's EnvClient do, to reset and step"
+            )
         self._state.step_count += 1
         if action.type == "call_tool":
             return self._call_tool(action)
@@ -184,7 +188,21 @@ def create_r1zero_app(
         factory, R1ZeroAction, R1ZeroObservation, env_name="r1zero", max_concurrent_envs=max_concurrent_envs
     )
     app.add_middleware(_QuietDisconnect)
+    app.add_exception_handler(ArgumentError, _client_mistake)
     return app
+
+
+async def _client_mistake(request: Any, error: Exception) -> Any:
+    """A request the env refuses (an unknown reset argument, a difficulty out of range, a step before a reset):
+    400 with the reason and the fix as ``detail``, one access-log line, no traceback; the server keeps serving."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(status_code=400, content={"detail": str(error)})
+
+
+#: the largest WebSocket message a session takes (uvicorn closes the connection on a larger one, code 1009): a
+#: completion of the default 4096 tokens is tens of kilobytes
+MAX_MESSAGE_BYTES = 1 << 20
 
 
 def serve(
@@ -200,7 +218,7 @@ def serve(
 
     check_int("port", port, low=0, high=65535)
     app = create_r1zero_app(env_kwargs, env_factory, max_concurrent_envs)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, ws_max_size=MAX_MESSAGE_BYTES)
 
 
 @functools.cache

@@ -383,9 +383,9 @@ class CompositeReward:
     def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException]:
         """One score per completion from the reward model, or the exception it raised (for each completion)."""
         model = self.reward_model
+        if isinstance(model, RewardModelScorer):  # before the clock starts: the limit is on scoring, not on loading;
+            model.load()  # a model that cannot load is the run's error, not a consistency of 0 at every step
         try:
-            if isinstance(model, RewardModelScorer):
-                model.load()  # before the clock starts: the limit is on scoring, not on loading
             raw = call_with_timeout(lambda: model.score(prompts, texts), self.reward_timeout, "the reward model")
             scores = [float(value) for value in raw]
             if len(scores) != len(texts):

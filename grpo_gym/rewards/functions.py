@@ -256,6 +256,10 @@ def _values(name: str, output: Any, n: int) -> list[float | BaseException | None
     if isinstance(output, (str, bytes)) or (not isinstance(output, Sequence) and not hasattr(output, "tolist")):
         raise TypeError(f"reward function {name!r} returned {type(output).__name__}, not a list of floats")
     output = output.tolist() if hasattr(output, "tolist") else list(output)
+    if not isinstance(output, list):  # a numpy scalar (np.float64(1.0)): one number, as a float would be
+        raise TypeError(
+            f"reward function {name!r} returned one {type(output).__name__}, not a list of floats (one per completion)"
+        )
     if len(output) != n:
         raise ValueError(f"reward function {name!r} returned {len(output)} rewards for {n} completions")
     values: list[float | BaseException | None] = []

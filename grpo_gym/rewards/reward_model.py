@@ -123,12 +123,21 @@ class RewardModelScorer:
         safety = check_hf_source(self.path, trust_remote_code=self.trust_remote_code, what="reward model folder")
         try:
             tokenizer = AutoTokenizer.from_pretrained(self.path, **safety)
-            model = AutoModelForSequenceClassification.from_pretrained(self.path, **safety)
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                self.path, output_loading_info=True, **safety
+            )
         except Exception as exc:
             cause = " ".join(str(exc).split())[:500]
             raise ValueError(
                 f"could not load a reward model from {self.path!r}: {_WHAT_TO_PASS}. Cause: {cause}"
             ) from exc
+        untrained = sorted(info.get("missing_keys") or [])
+        if untrained:  # a causal LM (or any model without a trained head): its score layer would be random
+            shown = ", ".join(untrained[:3]) + (", ..." if len(untrained) > 3 else "")
+            raise ValueError(
+                f"reward model {self.path!r} has no trained weights for {shown}: it is not a sequence-classification "
+                f"model (a causal LM's folder gets a random score head); {_WHAT_TO_PASS}"
+            )
         num_labels = int(model.config.num_labels)
         if num_labels not in (1, 2):
             raise ValueError(f"reward model {self.path!r} has num_labels={num_labels}; {_WHAT_TO_PASS}")

@@ -31,9 +31,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from grpo_gym.tasks.base import check_difficulty
-from grpo_gym.tasks.rows import Row, RowTask, answer_as_text, checked_text, plain
+from grpo_gym.tasks.rows import Row, RowTask, answer_as_text, checked_solution, checked_text, plain
 from grpo_gym.validation import MAX_LINE_BYTES, ArgumentError, check_int, read_lines
 
+#: the roles a conversational prompt's messages may have (TRL's conversational format, text only)
+PROMPT_ROLES = ("system", "user", "assistant", "tool")
 DATA_FORMS = "a datasets.Dataset, a list of dicts, or the path of a .jsonl, .json, .csv or .parquet file"
 SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
 
@@ -204,7 +206,8 @@ class Columns:
         if not isinstance(answer, str) or not answer.strip():
             raise ValueError(f"{at}: the answer column {self.answer!r} must hold a non-empty string or a number")
         solution = record[self.solution] if self.solution is not None else None
-        checked_text(solution, at, f"the solution column {self.solution!r}")
+        checked_solution(checked_text(solution, at, f"the solution column {self.solution!r}"), at,
+                         f"the solution column {self.solution!r}")  # fmt: skip
         if solution is not None and not isinstance(solution, str):
             raise ValueError(f"{at}: the solution column {self.solution!r} must hold text (gold reasoning) or null")
         difficulty = None
@@ -227,6 +230,11 @@ class Columns:
             content = message.get("content") if isinstance(message, Mapping) else None
             if not isinstance(role, str) or not role:
                 raise ValueError(f"{at}: {wanted}; message {index} has no role (got {message!r:.80})")
+            if role not in PROMPT_ROLES:
+                raise ValueError(
+                    f"{at}: {wanted}; message {index} has the role {role!r:.40}, not one of {', '.join(PROMPT_ROLES)} "
+                    "(a chat template renders only those)"
+                )
             if not isinstance(content, str):
                 raise ValueError(
                     f"{at}: {wanted}; message {index} ({role}) must hold text content, got "
@@ -235,6 +243,8 @@ class Columns:
             messages.append({"role": role, "content": checked_text(content, at, f"message {index} ({role})")})
         if not any(m["content"].strip() for m in messages):
             raise ValueError(f"{at}: {wanted}; every message is empty")
+        if not any(m["role"] == "user" for m in messages):
+            raise ValueError(f"{at}: {wanted}; it has no user message (the question the model answers): add one")
         return messages
 
     def _difficulty(self, value: Any, at: str) -> float:

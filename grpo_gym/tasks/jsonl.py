@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from grpo_gym.tasks.base import MAX_NUMBER_CHARS, check_difficulty, parse_number
-from grpo_gym.tasks.rows import Row, RowTask, answer_as_text, checked_text
+from grpo_gym.tasks.rows import Row, RowTask, answer_as_text, checked_solution, checked_text
 from grpo_gym.validation import MAX_LINE_BYTES, check_int, check_path, read_lines
 
 __all__ = ["MAX_NUMBER_CHARS", "JsonlTask", "Row", "load_rows", "parse_number"]
@@ -41,7 +41,7 @@ def _check_row(obj: Any, line: int, where: str) -> Row:
         raise ValueError(f'{where}:{line}: "prompt" must be a non-empty string')
     if not isinstance(answer, str) or not answer.strip():
         raise ValueError(f'{where}:{line}: "answer" must be a non-empty string (or a number)')
-    solution = checked_text(obj.get("solution"), at, '"solution"')
+    solution = checked_solution(checked_text(obj.get("solution"), at, '"solution"'), at, '"solution"')
     if solution is not None and not isinstance(solution, str):
         raise ValueError(f'{where}:{line}: "solution" must be a string (gold reasoning text) when given')
     difficulty = obj.get("difficulty")

@@ -69,6 +69,24 @@ def checked_text(value: Any, at: str, what: str) -> Any:
     return value
 
 
+#: the R1-Zero template's tags, which the cold start puts around a row's solution and answer
+TEMPLATE_TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+
+
+def checked_solution(solution: Any, at: str, what: str) -> Any:
+    """``solution`` as given; ``ValueError`` naming the row and the column when it holds a template tag: the cold
+    start's target is ``<think>solution</think><answer>answer</answer>`` with the row's own answer, so a tagged
+    solution (an ``<answer>`` of its own, agreeing or not) would teach a completion the template scores 0."""
+    found = [tag for tag in TEMPLATE_TAGS if isinstance(solution, str) and tag in solution]
+    if found:
+        raise ValueError(
+            f"{at}: {what} holds {', '.join(found)}: a solution is the gold reasoning alone (the cold start writes "
+            "<think>solution</think><answer>answer</answer> with the row's answer); remove the tags and the answer "
+            "block from it"
+        )
+    return solution
+
+
 def answer_as_text(value: Any, at: str, what: str) -> Any:
     """A numeric answer as its text (``7`` -> ``"7"``), other values as given; ``ValueError`` naming the row and the
     column for NaN or an infinity (no answer can be checked against them)."""

@@ -115,6 +115,12 @@ def apply_lora(model: nn.Module, spec: dict[str, Any], seed: int | None = None) 
     """``model`` wrapped by ``peft.get_peft_model`` with the adapter ``spec`` describes (``seed``: the adapters'
     initial weights, without touching the global RNG)."""
     config = lora_config(spec)
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if isinstance(hidden, int) and config.r > hidden:  # before peft allocates r x hidden matrices per layer
+        raise ArgumentError(
+            f"lora['r']={config.r} is larger than the model's hidden size ({hidden}): an adapter's rank cannot exceed "
+            f"its layer's smaller side, so the rest is only cost; use r <= {hidden} (8 to 64 is usual)"
+        )
     peft = require_peft()
     rng = torch.random.fork_rng(devices=[]) if seed is not None else contextlib.nullcontext()
     with rng, warnings.catch_warnings():
