@@ -37,6 +37,7 @@ import shutil
 import statistics
 import sys
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +48,28 @@ from common import cpu_flags, cpu_name, others_share, run_worker, update_results
 SECTION = "## Rollout engines: our sampler vs HF generate vs vLLM (CPU)"
 N_GROUPS, GROUP_SIZE = 8, 8
 ENGINES = ("builtin", "hf", "vllm", "vllm-server")
+#: the same engines in bf16 on a CPU with native bf16 (ours: the sampling stage under autocast; vLLM: its dtype)
+BF16_ENGINES = ("builtin-bf16", "vllm-bf16")
 MODELS = ("tiny", "medium", "base")
 
 
-def prompts(seed: int):
+def env_kwargs(model: str) -> dict[str, Any]:
+    """The env of a model: a built-in one with the built-in tokenizer and the compact template; a model from a file
+    or folder with its own tokenizer, chat template and the R1-Zero instructions (what ``grpo-gym train --model``
+    trains it on)."""
+    from algorithms.common.model.loading import is_builtin_model
+
+    return {"template": "compact", "difficulty": 0.5} if is_builtin_model(model) else {"tokenizer": model}
+
+
+def prompts(seed: int, model: str = "tiny"):
     """K distinct env prompts, each repeated G times, left-padded: ``(ids, mask, pad_id, vocab_size)``."""
     import torch
 
     import grpo_gym
     from algorithms.common.rollout.batch import left_pad
 
-    env = grpo_gym.R1ZeroEnv(template="compact", difficulty=0.5)
+    env = grpo_gym.R1ZeroEnv(**env_kwargs(model))
     rows = []
     for k in range(N_GROUPS):
         observation, _ = env.reset(seed=seed + k)
@@ -119,21 +131,25 @@ def worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
 
     torch.set_num_threads(settings["threads"])
     device = torch.device(settings.get("device", "cpu"))
-    ids, mask, pad_id, vocab = prompts(settings["seed"])
+    ids, mask, pad_id, vocab = prompts(settings["seed"], settings["model"])
     ids, mask = ids.to(device), mask.to(device)
-    gpu = device.type == "cuda"  # bf16 for every engine on a GPU, float32 on a CPU
+    gpu = device.type == "cuda"  # bf16 for every engine on a GPU, float32 on a CPU (or bf16 for the -bf16 engines)
+    bf16 = gpu or name.endswith("-bf16")
+    name = name.removesuffix("-bf16")
     model = load_model(settings["model"], vocab_size=vocab, seed=settings["seed"]).eval()
     model = model.to(device, torch.bfloat16) if gpu else model
     sampling = SamplingSettings(eos_token_id=(), pad_token_id=pad_id, top_p=0.92, vocab_size=vocab)
     new_tokens = settings["new_tokens"]
     start = time.perf_counter()
-    dtype = "bfloat16" if gpu else "float32"
+    dtype = "bfloat16" if bf16 else "float32"
     engine, stop = build_engine(name, model, sampling, ids.shape[1] + new_tokens, ids.shape[0], dtype)
     started = time.perf_counter() - start
     generator = torch.Generator(device).manual_seed(settings["seed"])
     speeds, seconds, syncs = [], [], []
+    # ours in bf16 on a CPU: the sampling stage's autocast (its decoder casts the weights once per call)
+    precision = torch.autocast("cpu", torch.bfloat16) if bf16 and not gpu and name == "builtin" else nullcontext()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), precision:
             engine.generate(ids, mask, max_new_tokens=new_tokens, generator=generator)  # warm-up
             for _ in range(settings["repeats"]):
                 begin = time.perf_counter()
@@ -165,13 +181,15 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     from algorithms import GRPO
 
     torch.set_num_threads(settings["threads"])
-    env_kwargs = {"template": "compact", "difficulty": 0.5, "max_new_tokens": settings["new_tokens"]}
+    env = {**env_kwargs(settings["model"]), "max_new_tokens": settings["new_tokens"]}
     gpu = settings.get("device", "cpu") == "cuda"  # bf16 sampling and update on a GPU (mixed_precision auto)
     kwargs: dict[str, Any] = {"n_groups": N_GROUPS, "group_size": GROUP_SIZE, "cold_start": False, "beta": 0.0,
                               "mixed_precision": "auto" if gpu else "no", "seed": settings["seed"],
                               "device": settings.get("device", "cpu"), "policy_kwargs": {"model": settings["model"]},
                               "vllm_enable_sleep_mode": gpu and settings.get("sleep", False)}  # fmt: skip
     stop = None
+    if name == "builtin-bf16":  # ours with bf16 sampling and a float32 update, corrected (sampler_correction auto)
+        kwargs["mixed_precision"], name = {"sampling": "bf16"}, "builtin"
     if name != "builtin":
         kwargs["rollout_engine"] = "vllm" if name.startswith("vllm") else name
     if name == "vllm-server":
@@ -190,7 +208,7 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
             return True
 
     try:
-        with GRPO("TransformerPolicy", grpo_gym.R1ZeroEnv(**env_kwargs), **kwargs) as grpo:
+        with GRPO("TransformerPolicy", grpo_gym.R1ZeroEnv(**env), **kwargs) as grpo:
             engine, syncs = grpo.policy.rollout_engine, []
             for _ in range(settings["iterations"] + 1):  # the first is the warm-up
                 grpo.learn(N_GROUPS * GROUP_SIZE, callback=Clock(), reset_num_timesteps=False)
@@ -262,7 +280,7 @@ def table(args: argparse.Namespace, results: dict[tuple[str, str], dict[str, Any
             if r is None:
                 continue
             ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-            size = f"{model} ({r['parameters'] / 1e6:.1f}M)"
+            size = f"{Path(model).name} ({r['parameters'] / 1e6:.1f}M)"
             lines.append(
                 f"| {size} | {engine} | {r['tokens_per_s']:,.0f} | {r['seconds']:.3f} | {ratio} | "
                 f"{r['sync_seconds']:.3f} | {r['start_seconds']:.1f} |"
@@ -293,8 +311,8 @@ def iteration_table(args: argparse.Namespace, results: dict[tuple[str, str], dic
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help=f"{', '.join(MODELS)}, or a .gguf / folder")
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES + BF16_ENGINES)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
     parser.add_argument("--threads", type=int, default=2)
@@ -327,7 +345,7 @@ def main() -> None:
             print(model, engine, results[(model, engine)], flush=True)
     iterations = {}
     for model in args.models if args.iterations else []:
-        for engine in args.engines:
+        for engine in (e for e in args.engines if e != "vllm-bf16"):  # vLLM's dtype is the float32 update's
             settings = {"model": model, "new_tokens": args.new_tokens, "iterations": args.iterations,
                         "threads": args.threads, "seed": args.seed, "device": args.device,
                         "sleep": args.sleep}  # fmt: skip

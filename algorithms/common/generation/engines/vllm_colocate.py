@@ -34,6 +34,9 @@ from algorithms.common.generation.engines.base import EngineError, SamplingSetti
 from algorithms.common.generation.engines.vllm_engine import VLLMEngine, import_vllm
 from algorithms.common.generation.engines.vllm_folder import check_vllm_can_run, export_folder, lora_rank
 
+#: the tokens vLLM may prefill in one step (its CPU default cuts a rollout's prompts across steps)
+PREFILL_TOKENS = 32768
+
 
 class VLLMColocateEngine(VLLMEngine):
     """Samples with ``vllm.LLM`` in this process; see the module doc.
@@ -87,6 +90,9 @@ class VLLMColocateEngine(VLLMEngine):
         self._set_num_threads = torch.set_num_threads  # vLLM's CPU worker makes it a no-op; close() puts it back
         if kv_bytes is not None:
             extra = {"kv_cache_memory_bytes": int(kv_bytes), **extra}
+        # a rollout's prompts prefilled in one step: vLLM's CPU worker cannot rewind the seeded generator of a request
+        # whose prefill was cut across steps ("CPU Generator does not use offset"; 64 prompts of 110 tokens did it)
+        extra = {"max_num_batched_tokens": max(PREFILL_TOKENS, max_model_len or 0), **extra}
         try:
             return LLM(
                 model=str(self.folder / "model"),
