@@ -9,7 +9,7 @@ after an update (naming the iteration) and what ``save`` raises instead of writi
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch as th
 from torch import nn
@@ -38,16 +38,22 @@ def _named_state(module: nn.Module, optimizer: th.optim.Optimizer | None) -> Ite
                 yield f"the optimizer's {key!r} of {names.get(id(parameter), 'a parameter')!r}", value
 
 
-def find_nonfinite(module: nn.Module, optimizer: th.optim.Optimizer | None = None) -> str | None:
-    """The first tensor of ``module`` or ``optimizer``'s state holding a NaN or an infinity, as ``"<name> (<count>
-    of <size> values)"``; None when all are finite. One pass of max-abs per tensor, one synchronisation."""
-    tensors = [(name, _local(t)) for name, t in _named_state(module, optimizer)]
+def first_nonfinite(named: Iterable[tuple[str, th.Tensor]]) -> tuple[str, int, int] | None:
+    """The first floating-point tensor of ``named`` holding a NaN or an infinity, as ``(name, count of bad values,
+    size)``; None when all are finite. One pass of max-abs per tensor, one synchronisation."""
+    tensors = [(name, _local(t).detach()) for name, t in named]
     tensors = [(name, t) for name, t in tensors if t.is_floating_point() and t.numel() > 0]
     if not tensors:
         return None
-    peaks = th.stack([th.linalg.vector_norm(t.detach(), ord=INF).float().cpu() for _, t in tensors])
+    peaks = th.stack([th.linalg.vector_norm(t, ord=INF).float().cpu() for _, t in tensors])
     if bool(th.isfinite(peaks).all()):
         return None
     name, tensor = next((name, t) for (name, t), peak in zip(tensors, peaks, strict=True) if not th.isfinite(peak))
-    bad = int((~th.isfinite(tensor.detach())).sum())
-    return f"{name} ({bad} of {tensor.numel()} values NaN or infinite)"
+    return name, int((~th.isfinite(tensor)).sum()), tensor.numel()
+
+
+def find_nonfinite(module: nn.Module, optimizer: th.optim.Optimizer | None = None) -> str | None:
+    """The first tensor of ``module`` or ``optimizer``'s state holding a NaN or an infinity, as ``"<name> (<count>
+    of <size> values)"``; None when all are finite."""
+    found = first_nonfinite(_named_state(module, optimizer))
+    return None if found is None else f"{found[0]} ({found[1]} of {found[2]} values NaN or infinite)"

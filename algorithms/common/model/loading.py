@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from algorithms.common.finite_state import first_nonfinite
 from grpo_gym.gguf import is_gguf, load_gguf_model
 from grpo_gym.hub import check_hf_source, trust_kwargs
 
@@ -208,11 +209,10 @@ def check_finite_weights(model: torch.nn.Module, what: str = "the model") -> Non
     """Raise a ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity: such
     a model generates garbage (or nothing) for every request, and cannot train. A sharded (FSDP2) parameter is
     checked on the shard this process holds."""
-    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
-        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-        if local.is_floating_point() and not bool(torch.isfinite(local).all()):
-            bad = int((~torch.isfinite(local)).sum())
-            raise ValueError(
-                f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate or train; use a checkpoint "
-                "saved before the weights diverged"
-            )
+    found = first_nonfinite([*model.named_parameters(), *model.named_buffers()])
+    if found is not None:
+        name, bad, _ = found
+        raise ValueError(
+            f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate or train; use a checkpoint "
+            "saved before the weights diverged"
+        )
