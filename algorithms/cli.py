@@ -81,7 +81,10 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     if getattr(args, "n_timesteps", None) is not None:
         n_timesteps = args.n_timesteps
     config.pop("save_path", None)  # read by train() (preset_save_path)
-    env = make_env(args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {}), args.seed)
+    env_id, n_envs, env_kwargs = args.env, int(config.pop("n_envs", 1)), config.pop("env_kwargs", {})
+    if load is not None:  # the env the checkpoint records (resumed_params has refused a change to it)
+        env_id, env_kwargs, n_envs = _recorded_env(load, env_id, env_kwargs, n_envs)
+    env = make_env(env_id, n_envs, env_kwargs, args.seed)
     eval_kwargs = {
         "difficulties": config.pop("eval_difficulties", None),
         "n": config.pop("eval_problems", 100),
@@ -101,6 +104,17 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
         **config,
     )
     return model, env, {"n_timesteps": n_timesteps, **eval_kwargs}
+
+
+def _recorded_env(load: Path, env_id: str, env_kwargs: dict[str, Any], n_envs: int) -> tuple[str, dict, int]:
+    """The env id, arguments and count the model file ``load`` records, or the config's when the record needs objects
+    a file cannot hold (the config names them: reward functions by import path, say)."""
+    from algorithms.common.saving.run_file import recorded_env_kwargs
+
+    try:
+        return recorded_env_kwargs(load)
+    except ValueError:
+        return env_id, env_kwargs, n_envs
 
 
 def _grpo_keys(algorithm: Any = None) -> set[str]:
@@ -189,7 +203,11 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     except ValueError as error:  # a damaged model.zip: the checkpoint before it may be whole
         moved = f"or move {os.fspath(folder)!r} away to resume from the one before"
         raise ValueError(f"--resume: {error}, {moved}") from None
-    taken = resumed_params(args.hyperparams, saved.arguments, run)
+    flags: dict[str, Any] = {}
+    apply_source_flags(args, flags)  # the env settings --model, --task, ... name: the run's, or refused
+    record = (saved.env or {}).get("record") or {}  # the env arguments the checkpoint records, when it does
+    env_record = record.get("kwargs") if isinstance(record.get("kwargs"), dict) else None
+    taken = resumed_params(args.hyperparams, saved.arguments, run, env_record, flags.get("env_kwargs"))
     model, env, plan = _setup(args, load=folder / MODEL)
     say = main_says(model, say)
     for note in skipped:
@@ -344,7 +362,7 @@ def evaluate(args: argparse.Namespace) -> int:
             env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
         env_kwargs.update(extra)
     env = make_env(env_id, 1, env_kwargs, args.eval_seed)
-    model = _algorithm(args).load(args.model, env=env, rollout_engine="builtin")  # evaluated with our sampler
+    model = _algorithm(args).load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
     results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
     print(format_table({Path(args.model).stem: results}))
     return 0

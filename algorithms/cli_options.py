@@ -122,22 +122,41 @@ def without_resume(argv: list[str]) -> list[str]:
     return [arg for arg in argv if arg != "--resume"]
 
 
-def resumed_params(hyperparams: list[str] | None, saved: dict[str, Any], run: dict[str, Any]) -> list[str]:
+def resumed_params(
+    hyperparams: list[str] | None,
+    saved: dict[str, Any],
+    run: dict[str, Any],
+    env_record: dict[str, Any] | None = None,
+    flags: dict[str, Any] | None = None,
+) -> list[str]:
     """``-params`` on ``--resume``: the evaluation's and the rollout engine's settings are taken (returned, to say so);
-    a change to anything else is refused, naming it (a resumed run continues with the settings it was saved with)."""
+    ``env_kwargs`` (and the env's flags, ``flags``) are taken when each value is the one the checkpoint's env records
+    (``env_record``: the command that started the run, given again); a change to anything else is refused, naming it
+    (a resumed run continues with the settings it was saved with)."""
     from algorithms.common.arguments import ENGINE_ARGUMENTS
 
     given = parse_overrides(hyperparams or [])
     recorded = {**saved, "n_timesteps": run.get("total_timesteps")}
     runtime = ("eval_difficulties", "eval_problems", "eval_greedy", *ENGINE_ARGUMENTS)  # how it samples, not learns
     taken = sorted(key for key in given if key in runtime)
+    env_params = given.pop("env_kwargs", None)
+    env_given = {**(env_params if isinstance(env_params, dict) else {}), **(flags or {})}
     changed = {key: value for key, value in given.items() if key not in taken and recorded.get(key) != value}
+    if env_params is not None and not isinstance(env_params, dict):
+        changed["env_kwargs"] = env_params
+    if env_given and env_record is None:
+        changed["env_kwargs"] = env_given
+        recorded["env_kwargs"] = "not recorded in the checkpoint"
+    for key, value in env_given.items() if env_record is not None else ():
+        if key not in env_record or env_record[key] != value:
+            changed[f"env_kwargs.{key}"] = value
+            recorded[f"env_kwargs.{key}"] = env_record.get(key, "not an env argument")
     if changed:
         shown = ", ".join(
             f"{key}:{value!r} (saved: {recorded.get(key, 'not a saved setting')!r})" for key, value in changed.items()
         )
         raise ValueError(
-            f"--resume continues the saved run with its own settings; -params would change {shown}. Drop them to "
-            "resume, or start a new run (without --resume) to use them"
+            f"--resume continues the saved run with its own settings; the command line would change {shown}. Drop them "
+            "to resume, or start a new run (without --resume) to use them"
         )
-    return taken
+    return taken + (["env_kwargs"] if env_params is not None else [])

@@ -196,6 +196,17 @@ def test_recorded_arguments_the_algorithm_refuses_name_the_file(saved: Path, tmp
     _refused(with_data(saved, tmp_path / "arguments.zip", edit), words)
 
 
+def test_an_edited_vocabulary_size_blames_the_file_not_the_tokenizer(saved: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Before: "the model's vocabulary (10 tokens) is smaller than the env tokenizer's (359): make the env use the
+    model's tokenizer": the env's tokenizer took the blame for an edited file."""
+
+    def edit(data: dict[str, Any]) -> None:
+        data["arguments"]["policy_kwargs"]["model_config"]["vocab_size"] = 10
+
+    path = with_data(saved, tmp_path / "vocab.zip", edit)
+    _refused(path, r"model_config.vocab_size is 10, but its policy.pth's 'model.model.embed_tokens.weight' has 359")
+
+
 def test_a_number_of_5000_digits_is_refused_as_damaged_json(saved: Path, tmp_path: Path) -> None:  # noqa: F811
     """Python's "Exceeds the limit (4300 digits) for integer string conversion" before, without the file's name."""
 

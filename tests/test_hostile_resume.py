@@ -140,3 +140,50 @@ def test_a_run_json_without_before_trains_and_reports_none(finished, tmp_path: P
     capsys.readouterr()
     assert main(argv) == 0
     assert "after GRPO" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def started_with_env_params(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A run started with ``-params env_kwargs:{...}`` (its env differs from the config's), its newest checkpoint
+    deleted so that resuming has an iteration to train."""
+    folder = tmp_path_factory.mktemp("run")
+    config = write_config(folder, n_timesteps=24)
+    argv = ["train", "--config", str(config), "--checkpoint-every", "1", "--save-path", str(folder / "m.zip"),
+            "--no-progress-bar", "-params", "eval_problems:2", "env_kwargs:{'max_new_tokens': 20}"]  # fmt: skip
+    assert main(argv) == 0
+    shutil.rmtree(checkpoints(folder / "m_checkpoints")[-1])
+    return folder, [*argv, "--resume"]
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["same-params", "without-them"])
+def test_a_run_started_with_env_params_resumes_with_or_without_them(
+    started_with_env_params, tmp_path: Path, capsys, again: bool
+) -> None:
+    """Hostile round four: the same -params were refused ("not a saved setting") and without them the env's
+    spaces differed from the run's. Now the env is the one the checkpoint records."""
+    source, argv = started_with_env_params
+    shutil.copytree(source, tmp_path, dirs_exist_ok=True)
+    argv = [arg.replace(str(source), str(tmp_path)) for arg in argv]
+    if not again:
+        argv.remove("env_kwargs:{'max_new_tokens': 20}")
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "resuming from" in out and "after GRPO" in out
+    assert ("-params taken: eval_problems, env_kwargs" in out) == again
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (["-params", "env_kwargs:{'max_new_tokens': 32}"], r"env_kwargs.max_new_tokens:32 \(saved: 20\)"),
+        (["--difficulty", "0.5"], r"env_kwargs.difficulty:0.5 \(saved: 0.3\)"),
+        (["-params", "env_kwargs:{'bogus': 1}"], "env_kwargs.bogus:1 \\(saved: 'not an env argument'\\)"),
+    ],
+    ids=["other-value", "flag", "unknown"],
+)
+def test_a_changed_env_setting_on_resume_is_refused_naming_it(started_with_env_params, capsys, change, words) -> None:
+    """Nothing is written: the refusal comes before any work."""
+    _, argv = started_with_env_params
+    argv = [arg for arg in argv if not arg.startswith("env_kwargs:")] + change
+    assert re.search(words, one_line_error(argv, capsys))

@@ -159,6 +159,20 @@ def test_load_refuses_damaged_optimizer_moments(tmp_path: Path, change, words: s
     assert str(crafted) in str(refusal.value) and "policy.optimizer.pth" in str(refusal.value)
 
 
+def test_eval_and_serve_leave_a_damaged_optimizer_state_unread(stopped, tmp_path: Path, capsys) -> None:
+    """``grpo-gym eval`` and the server never use the optimizer: a file whose optimizer state ``load`` refuses is
+    still evaluated (``read_optimizer=False``); training from it is still refused."""
+    folder, _ = stopped
+    crafted = with_optimizer(folder / "m.zip", tmp_path / "bad.zip", lambda moments: moments["exp_avg"].fill_(1e400))
+    with pytest.raises(ValueError, match="NaN or infinite values in 'exp_avg'"):
+        GRPO.load(crafted, env=make_env())
+    model = GRPO.load(crafted, env=make_env(), read_optimizer=False)
+    assert all(th.isfinite(value).all() for value in model.policy.state_dict().values())
+    capsys.readouterr()
+    assert main(["eval", str(crafted), "--difficulty", "0.1", "--n", "2", "--greedy"]) == 0
+    assert "bad" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("group", "words"),
     [

@@ -361,6 +361,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         allow_pickle: bool = False,
         env_objects: dict[str, Any] | None = None,
         rebuild_env: bool = True,
+        read_optimizer: bool = True,
         **kwargs: Any,
     ) -> SelfLMBaseAlgorithm:
         """Load a model written by :meth:`save`, safely: its ``data`` is JSON and its tensors are read with
@@ -372,7 +373,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         :meth:`~grpo_gym.R1ZeroEnv.describe`) is rebuilt, with ``env_objects`` supplying what a file cannot hold
         (``{"reward_funcs": {...}}``, ``{"task_kwargs": {"data": dataset}}``); when something is missing the model
         loads without an env (a warning names it), predicts and exports but does not train; ``rebuild_env=False``
-        skips the rebuild (the policy alone, e.g. to serve it). ``force_reset`` is
+        skips the rebuild (the policy alone, e.g. to serve it). ``read_optimizer=False`` leaves the saved optimizer
+        state unread and unchecked (to evaluate or serve: training from such a model starts a fresh optimizer; a
+        sharded checkpoint's is always read). ``force_reset`` is
         accepted for SB3's signature: the envs are always reset when training starts, then given their saved
         states back."""
         if print_system_info:
@@ -382,6 +385,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
         checks.check_saved_arguments(saved, cls, name)
+        checks.check_recorded_vocabulary(saved, name)
         wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
         rebuilt = env is None  # no env given: the recorded one is rebuilt (when it can be)
         env, env_missing = run_file.env_to_load(saved, env, env_objects, rebuild_env, name, wrap)
@@ -400,8 +404,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
         else:
             checks.check_weights_fit(model.policy.completed_state_dict(saved.state_dicts["policy"]),
                                        model.policy.state_dict(), name)  # fmt: skip
-            checks.check_optimizer_state(saved.state_dicts["policy.optimizer"], model.policy.optimizer, name)
-            model.set_parameters(saved.state_dicts, exact_match=True, device=device)
+            state_dicts = dict(saved.state_dicts)
+            if read_optimizer:
+                checks.check_optimizer_state(state_dicts["policy.optimizer"], model.policy.optimizer, name)
+            else:
+                state_dicts.pop("policy.optimizer", None)
+            model.set_parameters(state_dicts, exact_match=read_optimizer, device=device)
         check_finite_weights(model.policy, f"the model {name!r}")  # whole or sharded: each rank checks what it holds
         model.set_run_state(saved.state, saved.rng)
         model._loaded_from = name

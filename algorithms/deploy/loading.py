@@ -114,7 +114,9 @@ def load_policy(
     algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
     # the policy alone: no env, no rollout engine (a run's vLLM is not started to serve it); load refuses NaN or
     # infinite weights
-    policy = algorithm.load(location, device=device, rebuild_env=False, rollout_engine="builtin").policy
+    policy = algorithm.load(
+        location, device=device, rebuild_env=False, rollout_engine="builtin", read_optimizer=False
+    ).policy
     recorded = tokenizer if tokenizer is not None else recorded_tokenizer(location)  # the run's, as the zip records
     tokenizer = load_tokenizer(recorded, trust_remote_code=trust_remote_code)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")

@@ -138,6 +138,27 @@ def check_saved_arguments(saved: Any, algorithm: Any, name: str) -> None:
         raise ValueError(f"{name} records the policy class {saved.policy_class!r:.60}, not one of {known}; {fix}")
 
 
+#: the names a causal LM's token embedding has in transformers' architectures (Llama, GPT-2, BLOOM, GPT-NeoX)
+EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+
+
+def check_recorded_vocabulary(saved: Any, name: str) -> None:
+    """Refuse, naming the file and the key, a recorded ``policy_kwargs.model_config.vocab_size`` the saved token
+    embedding disagrees with: checked before the model is built, since building it compares the vocabulary with
+    the env's tokenizer, which would take the blame for the file."""
+    config = (saved.arguments.get("policy_kwargs") or {}).get("model_config")
+    weights = saved.state_dicts.get("policy") or {}
+    if not isinstance(config, dict) or "vocab_size" not in config:
+        return
+    for key, tensor in weights.items():
+        if key.endswith(EMBEDDING_NAMES) and tensor.dim() == 2 and tensor.shape[0] != config["vocab_size"]:
+            raise ValueError(
+                f"{name}: arguments.policy_kwargs.model_config.vocab_size is {config['vocab_size']!r:.40}, but its "
+                f"policy.pth's {key!r} has {tensor.shape[0]} rows: the 'data' entry was edited or comes from "
+                "another save; use another save (a checkpoint's previous iteration, or the run's --save-path)"
+            )
+
+
 def check_weights_fit(saved: dict[str, th.Tensor], expected: dict[str, th.Tensor], name: str) -> None:
     """Refuse, naming the file and up to three problems, weights that do not fit the model the file's arguments
     build: missing or unexpected tensors, other shapes, or integers where the model has floats (torch would copy
