@@ -6,7 +6,9 @@ stop answering mid-episode giving a clear error within the timeout."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import json
 import os
 import signal
 import socket
@@ -324,3 +326,33 @@ def test_a_clients_mistake_over_plain_http_is_a_400_naming_the_fix(
     assert answer.status_code == 400 and words in answer.json()["detail"], answer.text
     assert httpx.get(url + "/health", timeout=30).status_code == 200  # still serving
     assert "Traceback" not in capfd.readouterr().err
+
+
+SCORED: list[str] = []
+
+
+def slow_reward(prompts, completions, **kwargs):
+    """Takes 0.2 s per completion and counts the completions it scored."""
+    time.sleep(0.2)
+    SCORED.extend(completions)
+    return [0.0] * len(completions)
+
+
+def test_steps_a_departed_client_queued_are_dropped() -> None:
+    """Hostile round four: clients that sent work and disconnected kept the server busy scoring it (64 s for four).
+    Here a client queues 20 steps of 0.2 s each and leaves: the session drops the ones not started."""
+    from websockets.sync.client import connect
+
+    factory = functools.partial(R1ZeroEnv, task="arithmetic", difficulty=0.1, reward_funcs=[slow_reward])
+    SCORED.clear()
+    with serving(create_r1zero_app(env_factory=factory)) as address:
+        with connect(address.replace("http", "ws") + "/ws") as socket_:
+            socket_.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+            socket_.recv(timeout=30)
+            for n in range(20):
+                socket_.send(json.dumps({"type": "step", "data": {"completion": f"step {n}"}}))
+            time.sleep(0.1)  # the first step is under way
+        time.sleep(2.0)  # without the drop, 8 more steps would be scored by now
+        assert httpx.get(address + "/health", timeout=5).status_code == 200
+        scored = len(SCORED)
+    assert 1 <= scored <= 2, scored

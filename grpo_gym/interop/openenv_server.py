@@ -25,6 +25,7 @@ Every session builds its own env: a reward model in ``env_kwargs`` is loaded onc
 
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -163,6 +164,53 @@ class _QuietDisconnect:
                 raise
 
 
+#: the messages a session reads ahead of its work: a disconnect behind them drops them (see _DropDepartedWork)
+READ_AHEAD = 32
+
+
+class _DropDepartedWork:
+    """ASGI middleware: work a departed client queued is dropped. A WebSocket session handles its messages one at a
+    time; without this, the steps a client sent before it left were all scored, in order, after it was gone. Here
+    each session reads ahead (up to :data:`READ_AHEAD` messages): when the disconnect arrives, the messages not
+    started yet are dropped and the session ends after the step in progress."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        import asyncio
+
+        if scope.get("type") != "websocket":
+            await self.app(scope, receive, send)
+            return
+        waiting: collections.deque[dict[str, Any]] = collections.deque()
+        arrived, room = asyncio.Event(), asyncio.Semaphore(READ_AHEAD)
+
+        async def read_ahead() -> None:
+            while True:
+                await room.acquire()
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    waiting.clear()  # the client left: what it queued is not started
+                waiting.append(message)
+                arrived.set()
+                if message["type"] == "websocket.disconnect":
+                    return
+
+        async def next_message() -> dict[str, Any]:
+            while not waiting:
+                arrived.clear()
+                await arrived.wait()
+            room.release()
+            return waiting.popleft()
+
+        reader = asyncio.create_task(read_ahead())
+        try:
+            await self.app(scope, next_message, send)
+        finally:
+            reader.cancel()
+
+
 def create_r1zero_app(
     env_kwargs: dict[str, Any] | None = None,
     env_factory: Callable[[], R1ZeroEnv] | None = None,
@@ -188,6 +236,7 @@ def create_r1zero_app(
         factory, R1ZeroAction, R1ZeroObservation, env_name="r1zero", max_concurrent_envs=max_concurrent_envs
     )
     app.add_middleware(_QuietDisconnect)
+    app.add_middleware(_DropDepartedWork)
     app.add_exception_handler(ArgumentError, _client_mistake)
     return app
 
