@@ -27,7 +27,7 @@ from algorithms.cli_options import (
     torchrun,
     where_it_goes,
 )
-from algorithms.cli_types import COUNT, DIFFICULTY, SEED, VERBOSITY, Integer
+from algorithms.cli_types import COUNT, DIFFICULTY, SEED, SOURCE, VERBOSITY, Integer
 from algorithms.common.arguments import ENGINE_ARGUMENTS
 from algorithms.common.env_util import make_env
 from algorithms.common.finite_state import NonFiniteStateError
@@ -470,11 +470,15 @@ def pretrained_defaults() -> str:
 def _add_source_arguments(parser: argparse.ArgumentParser, difficulty: bool = True) -> None:
     """``--model``, ``--tokenizer``, ``--task``, ``--difficulty`` and ``--max-new-tokens``: your model and task."""
     add = parser.add_argument
-    add("--model", default=None, metavar="SOURCE",
+    add("--model", type=SOURCE, default=None, metavar="SOURCE",
         help="your model: a hub id, a folder or a .gguf file, with its own tokenizer; without --preset it trains with "
              f"the '{PRETRAINED_PRESET}' preset (below)")  # fmt: skip
     add(
-        "--tokenizer", default=None, metavar="SOURCE", help="another tokenizer than the model's (hub id, folder, .gguf)"
+        "--tokenizer",
+        type=SOURCE,
+        default=None,
+        metavar="SOURCE",
+        help="another tokenizer than the model's (hub id, folder, .gguf)",
     )
     add("--task", default=None, help="the task (grpo-gym tasks lists them; default: the preset's, arithmetic)")
     if difficulty:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 
 from grpo_gym.tasks import MAX_DIFFICULTY, MIN_DIFFICULTY
 from grpo_gym.validation import describe_range
@@ -25,6 +26,7 @@ __all__ = [
     "POSITIVE",
     "SEED",
     "SHARE",
+    "SOURCE",
     "VERBOSITY",
     "Integer",
     "Number",
@@ -105,3 +107,14 @@ POSITIVE = Number(low=0.0, low_open=True)
 NON_NEGATIVE = Number(low=0.0)
 #: a share, in [0, 1]
 SHARE = Number(low=0.0, high=1.0)
+
+
+def SOURCE(text: str) -> str:
+    """A model or tokenizer source (``--model``, ``--tokenizer``): a hub id, a folder or a ``.gguf`` file; an empty
+    name or a file of another kind is :class:`argparse.ArgumentTypeError` naming the three, before anything loads."""
+    wanted = "a hub id, a Hugging Face folder (written by save_pretrained) or a .gguf file"
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name {wanted}, got {text!r}")
+    if os.path.isfile(text) and not text.lower().endswith(".gguf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, but not a .gguf file: pass {wanted}")
+    return text

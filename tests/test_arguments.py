@@ -139,3 +139,30 @@ def test_positional_arguments_bind_as_the_signature_says() -> None:
     assert (model.learning_rate, model.n_groups, model.group_size) == (3e-4, 2, 4)
     with pytest.raises(TypeError, match="multiple values for argument 'n_groups'"):
         GRPO("TransformerPolicy", env(), 3e-4, 2, n_groups=2, _init_setup_model=False)
+
+
+@pytest.mark.parametrize(
+    ("settings", "words"),
+    [
+        ({"max_resample_rounds": 7}, "max_resample_rounds=7 has no effect with dynamic_sampling=False"),
+        ({"vllm_mode": "server"}, "vllm_mode='server' has no effect with rollout_engine='builtin'"),
+        ({"replay_buffer_kwargs": {"capacity": 64}}, "pass replay_ratio > 0 to use it"),
+        ({"competition_coef": 2.0}, "competition_coef=2.0 has no effect with competition=None"),
+        ({"sequence_clip_range": 1e-3}, "pass importance_level='sequence' to use it"),
+        ({"cold_start": False, "sft_learning_rate": 1e-4}, "sft_learning_rate=0.0001 has no effect with cold_start"),
+    ],
+    ids=["resample", "vllm", "replay", "competition", "sequence-clip", "cold-start"],
+)
+def test_a_setting_whose_part_is_off_is_named_in_a_warning(settings: dict, words: str) -> None:
+    """Hostile round four, options in combination: each was taken without a word and ignored. A warning, not an
+    error: a preset holds a part's settings and a run switches the part off (``-params cold_start:False``)."""
+    kwargs = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "policy_kwargs": TINY, **settings}
+    with pytest.warns(UserWarning, match=words.replace("(", r"\(").replace(")", r"\)")):
+        GRPO("TransformerPolicy", env(), **kwargs)
+
+
+def test_defaults_and_a_part_switched_on_warn_about_nothing(recwarn: pytest.WarningsRecorder) -> None:
+    GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY)
+    GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY,
+         dynamic_sampling=True, max_resample_rounds=7)  # fmt: skip
+    assert not [w for w in recwarn if "has no effect" in str(w.message)]

@@ -116,6 +116,20 @@ def test_the_converters() -> None:
     assert math.isclose(Number(low=0.0, low_open=True)("1e-300"), 1e-300)
 
 
+def test_a_model_source_that_names_nothing_loadable_is_a_usage_error(tmp_path) -> None:
+    """Hostile round four: ``--model ''`` and ``--model notes.txt`` said "could not load a tokenizer from ...",
+    blaming a tokenizer the user never named."""
+    from algorithms.cli_types import SOURCE
+
+    (tmp_path / "notes.txt").write_text("x")
+    assert SOURCE("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert SOURCE(str(tmp_path)) == str(tmp_path)  # a folder
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must name a hub id, a Hugging Face folder .* got ''"):
+        SOURCE("")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is a file, but not a \.gguf file: pass a hub id"):
+        SOURCE(str(tmp_path / "notes.txt"))
+
+
 def test_train_refuses_a_negative_count_from_the_shell() -> None:
     """The two numbers users found taken silently: ``train -n -100`` started a run, ``--checkpoint-every -1`` ran."""
     for flags, message in (

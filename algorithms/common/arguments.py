@@ -21,6 +21,7 @@ import functools
 import inspect
 import os
 import textwrap
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -192,8 +193,11 @@ class Arguments(Mapping[str, Argument]):
         return Arguments(arguments)
 
     def check(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Every argument's value by its one rule (an argument without a value gets its default)."""
-        return {name: argument.rule(name, values.get(name, argument.default)) for name, argument in self.items()}
+        """Every argument's value by its one rule (an argument without a value gets its default); a warning for the
+        settings that mean nothing together (:func:`check_combinations`)."""
+        checked = {name: argument.rule(name, values.get(name, argument.default)) for name, argument in self.items()}
+        check_combinations(checked, {name: argument.default for name, argument in self.items()})
+        return checked
 
     def signature(self) -> inspect.Signature:
         """``(self, policy, env, <the arguments, with their defaults>, _init_setup_model=True)``."""
@@ -230,6 +234,60 @@ class Arguments(Mapping[str, Argument]):
 
         bound.__signature__ = signature  # type: ignore[attr-defined]
         return with_trl_hints(bound)
+
+
+def _on(value: Any) -> bool:
+    return bool(value) and value != "off"
+
+
+_VLLM = ("rollout_engine", lambda v: v == "vllm", "rollout_engine='vllm'")
+
+#: settings of an optional part, each with the switch that turns the part on: (the switch, whether its value turns
+#: the part on, the switch's setting to name). A setting away from its default while its part is off means nothing.
+DEPENDS_ON: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    **{name: _VLLM for name in ENGINE_ARGUMENTS if name.startswith("vllm_")},
+    "replay_buffer_kwargs": ("replay_ratio", lambda v: v > 0, "replay_ratio > 0"),
+    "max_replay_age": ("replay_ratio", lambda v: v > 0, "replay_ratio > 0"),
+    "prompt_pool_size": ("prompt_sampling", lambda v: v == "learnability", "prompt_sampling='learnability'"),
+    "fresh_prompt_fraction": ("prompt_sampling", lambda v: v == "learnability", "prompt_sampling='learnability'"),
+    "max_resample_rounds": ("dynamic_sampling", _on, "dynamic_sampling=True"),
+    "competition_coef": ("competition", lambda v: v is not None, "competition='fixed' or 'adaptive'"),
+    "diversity_threshold": ("diversity_guard", _on, "diversity_guard=True"),
+    "sequence_clip_range": ("importance_level", lambda v: v == "sequence", "importance_level='sequence'"),
+    "sequence_clip_range_high": ("importance_level", lambda v: v == "sequence", "importance_level='sequence'"),
+    "sft_batch_size": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
+    "sft_learning_rate": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
+    "sft_data": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
+}
+
+
+def check_combinations(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Warn, naming the switch and both fixes, about a setting of an optional part (:data:`DEPENDS_ON`) given away
+    from its default while the part is off (``max_resample_rounds=5`` without ``dynamic_sampling``,
+    ``vllm_mode='server'`` with the built-in engine): the run ignores it. A warning, not an error: a preset holds a
+    part's settings and a run may switch the part off (``-params cold_start:False``, ``--rollout-engine builtin``)."""
+    for name, (switch, turns_on, setting) in DEPENDS_ON.items():
+        if name not in values or switch not in values or turns_on(values[switch]):
+            continue
+        value = values[name]
+        if not _same(value, defaults[name]):
+            warnings.warn(
+                f"{name}={value!r:.80} has no effect with {switch}={values[switch]!r:.40}: it is a setting of the "
+                f"part {setting} turns on; pass {setting} to use it, or leave {name} out to silence this",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` is the default (an empty dict for ``None`` too; a schedule or an object: compared by equality,
+    never called)."""
+    try:
+        if (value is None or value == {}) and (default is None or default == {}):
+            return True
+        return bool(value == default)
+    except Exception:  # an object whose == fails or is ambiguous (an array): not the default
+        return False
 
 
 def check_collapse_guard(name: str, value: Any) -> Any:
