@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -126,19 +127,31 @@ def test_a_checkpoint_that_would_diverge_or_crash_is_refused_before_any_work(
 
 
 def test_a_learning_rate_schedule_that_turns_nan_stops_learn_and_save_refuses(tmp_path: Path) -> None:
-    """Through the Python API: a schedule finite at both ends (what the constructor checks) and NaN between."""
+    """Through the Python API: a schedule finite at both ends (what the constructor checks) and for two iterations,
+    NaN from the third. Checkpoints every iteration: the newest stays the good one of iteration 2, and neither it
+    nor the file saved before changes afterwards."""
+    from algorithms.common.saving.checkpoints import IterationCheckpoint
+
     model = GRPO(
         "TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, sft_steps=0, seed=0,
-        mixed_precision="no", learning_rate=lambda progress: 1e-3 if progress in (0.0, 1.0) else float("nan"),
+        mixed_precision="no", learning_rate=lambda progress: 1e-3 if progress >= 0.5 or progress == 0 else math.nan,
     )  # fmt: skip
     path = tmp_path / "good.zip"
     model.save(path)
-    good = path.read_bytes()
-    with pytest.raises(NonFiniteStateError, match=r"training stopped at iteration 1: parameter '.*' \(\d+ of \d+"):
-        model.learn(12)
+    before = path.read_bytes()
+    (tmp_path / "checkpoints").mkdir()
+    checkpoint = IterationCheckpoint(tmp_path / "checkpoints", every=1, run={"total_timesteps": 16})
+    with pytest.raises(NonFiniteStateError, match=r"training stopped at iteration 3: parameter '.*' \(\d+ of \d+"):
+        model.learn(16, callback=checkpoint)
+    newest = checkpoints(tmp_path / "checkpoints")[-1]
+    assert newest.name == "iteration_0000002"
+    written = fingerprint(tmp_path / "checkpoints")
     with pytest.raises(NonFiniteStateError, match="refusing to write"):
         model.save(path)
-    assert path.read_bytes() == good
+    with pytest.raises(NonFiniteStateError, match="refusing to write"):
+        checkpoint.save()
+    assert path.read_bytes() == before and fingerprint(tmp_path / "checkpoints") == written
+    GRPO.load(newest / "model.zip", env=make_env(), custom_objects={"learning_rate": 1e-3})  # finite: load checks
 
 
 @pytest.mark.parametrize(
