@@ -9,7 +9,7 @@ judged on held-out problems.
   difficulty, reward weights). TRL's reward function is the env's composite reward of each completion for its
   problem (``score_completion``), the reward ours gets from ``env.step``.
 - **The same problems**: GRPO with seed ``s`` draws each iteration's K problem seeds from
-  ``numpy.random.default_rng(s)`` (``LMAlgorithm._draw_problems``); TRL's dataset is that stream, in order
+  ``numpy.random.default_rng(s)`` (``RolloutCollector.draw_problems``); TRL's dataset is that stream, in order
   (``shuffle_dataset=False``), so iteration t of both trains on the same K problems (checked on the first
   iteration). Held-out: ``--held-out`` problems from :func:`~algorithms.common.evaluation.held_out_problems`
   (seeds training never draws), at the env's difficulty.

@@ -21,10 +21,10 @@ ALGORITHM_CLASSES_MODULES = (
     "algorithms.common.base_class",
     "algorithms.common.rollout_collection",
     "algorithms.common.overlapped_learning",
-    "algorithms.common.lm_algorithm",
 )
-#: the classes whose own methods may read a model's private attributes (``load`` builds one, as SB3's does)
-ALGORITHM_CLASSES = ("LMBaseAlgorithm", "LMAlgorithm", "GRPO", "LMPPO")
+#: the classes whose own methods may read a model's private attributes (``load`` builds one, as SB3's does), and
+#: the parts an algorithm owns (its rollout collection and overlapped loop, built with it in its constructor)
+ALGORITHM_CLASSES = ("LMBaseAlgorithm", "GRPO", "LMPPO", "RolloutCollector", "OverlappedLoop")
 #: the names a model goes by outside its class (``model``, a callback's ``self.model``)
 MODEL_NAMES = ("model", "algorithm")
 #: the one module that writes through a temporary name and renames

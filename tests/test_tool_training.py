@@ -109,16 +109,17 @@ def test_tool_result_tokens_get_no_gradient_and_are_attended_to() -> None:
 
 
 def remember_problems(model: GRPO) -> dict[str, Any]:
-    """The problems ``model`` draws from now on, by prompt (its ``_draw_problems`` wrapped to record them)."""
+    """The problems ``model`` draws from now on, by prompt (its collector's ``draw_problems`` wrapped to record
+    them)."""
     problems: dict[str, Any] = {}
-    draw = model._draw_problems
+    draw = model.rollouts.draw_problems
 
     def draw_and_remember(*args: Any, **kwargs: Any) -> list[Any]:
         drawn = draw(*args, **kwargs)
         problems.update({p.prompt: p for p in drawn})
         return drawn
 
-    model._draw_problems = draw_and_remember
+    model.rollouts.draw_problems = draw_and_remember
     return problems
 
 
@@ -141,7 +142,7 @@ def contains(row: th.Tensor, needle: np.ndarray) -> bool:
 
 
 def scripted_sample(model: GRPO, env: grpo_gym.R1ZeroEnv, problems: dict[str, Any]):
-    """``model._sample`` replaced by a policy that uses the tool (log-probs from the real policy)."""
+    """``model.rollouts.sample`` replaced by a policy that uses the tool (log-probs from the real policy)."""
 
     def sample(prompts: list[th.Tensor], **_: Any) -> Completions:
         texts = []
@@ -167,7 +168,7 @@ def test_collection_batches_later_turns_across_envs_and_keeps_one_row_per_model_
     problems = remember_problems(model)
     batches: list[int] = []
     scripted = scripted_sample(model, env, problems)
-    model._sample = lambda prompts, **kw: (batches.append(len(prompts)), scripted(prompts, **kw))[1]
+    model.rollouts.sample = lambda prompts, **kw: (batches.append(len(prompts)), scripted(prompts, **kw))[1]
     rows_seen: list[Rows] = []
     build = model._build_batch
     model._build_batch = lambda rows, seconds: (rows_seen.append(rows), build(rows, seconds))[1]

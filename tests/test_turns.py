@@ -117,7 +117,7 @@ def test_turn_weights_never_divide_by_a_vanishing_spread() -> None:
 
 
 def scripted(model: GRPO, env: grpo_gym.R1ZeroEnv, problems: dict[str, Any]):
-    """``model._sample`` replaced by a policy that always calls the tool and then answers right in every other
+    """``model.rollouts.sample`` replaced by a policy that always calls the tool and then answers right in every other
     episode of a batch (so each group of four has two successes), log-probs from the real policy."""
 
     def sample(prompts: list[th.Tensor], **_: Any) -> Completions:
@@ -152,7 +152,7 @@ def test_grpo_trains_each_turn_on_the_credit_chosen_and_logs_the_turns(credit: s
                  gamma=0.9, turn_credit=credit)  # fmt: skip
     env = vec.envs[0].unwrapped
     problems = remember_problems(model)
-    model._sample = scripted(model, env, problems)
+    model.rollouts.sample = scripted(model, env, problems)
     seen: list[tuple[Rows, dict[str, float], Any]] = []
     build = model._build_batch
 

@@ -1,9 +1,10 @@
 """What every language-model algorithm shares; imports nothing from an algorithm folder.
 
 At the top, the pieces an algorithm is made of, in the order an iteration uses them: ``base_class``
-(``LMBaseAlgorithm``: construction, policy, reference, run state, save/load, the public face the saving code and the
-command line read), ``rollout_collection`` (``RolloutCollection``: one rollout's collection), ``lm_algorithm``
-(``LMAlgorithm``: the learn loop; its docstring writes one iteration's route down), ``policies``
+(``LMBaseAlgorithm``: construction, policy, reference, run state, save/load, the learn loop, the public face the
+saving code and the command line read; its docstring writes one iteration's route down), the parts it owns:
+``rollout_collection`` (``RolloutCollector``: one rollout's collection) and ``overlapped_learning``
+(``OverlappedLoop``: the loop of ``max_staleness >= 1``), ``policies``
 (``TransformerPolicy``), ``cold_start`` (the SFT stage), ``losses`` (the loss terms), ``evaluation`` (held-out
 success), ``arguments`` / ``hyperparams`` / ``schedules`` (the shared constructor arguments, declared once; zoo
 presets; schedules), ``trl_names`` (TRL's names and ours), ``callbacks`` (the curriculum) and ``env_util`` (making

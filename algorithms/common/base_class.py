@@ -1,12 +1,42 @@
-"""``LMBaseAlgorithm``: the parts of a language-model algorithm that are not its learning loop.
+"""``LMBaseAlgorithm``: what every language-model algorithm on R1Zero-style envs shares (GRPO and the PPO baseline
+build on it, at one level, as SB3's PPO builds on ``OnPolicyAlgorithm``).
 
-The role SB3's ``BaseAlgorithm`` (``base_class.py``) plays under ``OnPolicyAlgorithm``: the constructor's shared
-arguments, the policy with its mixed precision, the frozen reference, the rollouts' seeds
-(:class:`~algorithms.common.rollout.seeds.RolloutSeeds`), several processes (whole replicas or FSDP2 shards,
-:mod:`algorithms.common.runtime.parallel`), the guarded optimizer step, the
-run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`) and ``save`` / ``load``
-(the file's contents: :mod:`algorithms.common.saving.run_file`). The learning loop and rollout collection are
-:class:`~algorithms.common.lm_algorithm.LMAlgorithm`'s.
+SB3's ``BaseAlgorithm`` and ``OnPolicyAlgorithm`` roles in one class: the constructor's shared arguments, the policy
+with its mixed precision, the frozen reference, the rollouts' seeds (:class:`~algorithms.common.rollout.seeds.
+RolloutSeeds`), several processes (whole replicas or FSDP2 shards, :mod:`algorithms.common.runtime.parallel`), the
+guarded optimizer step, the run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`),
+``save`` / ``load`` (the file's contents: :mod:`algorithms.common.saving.run_file`), and the learning loop. It owns
+two parts, built in its constructor: ``rollouts`` (:class:`~algorithms.common.rollout_collection.RolloutCollector`)
+collects a rollout; with ``max_staleness >= 1``, ``overlapped``
+(:class:`~algorithms.common.overlapped_learning.OverlappedLoop`) runs the loop with sampling overlapping the update.
+
+One iteration, top-down, in the order it runs (``self._sampling`` is the algorithm's
+:class:`~algorithms.common.rollout.sampling.RolloutSampling`, GRPO's adds its options there; the two methods an
+algorithm writes are marked *algorithm*)::
+
+    learn
+    ├─ collect_rollouts                       (callbacks' on_rollout_start: the checkpoint at the boundary)
+    │  ├─ rollouts.collect
+    │  │  ├─ _sampling.before_rollout         the env's settings for the rollout (GRPO: the reward ramp)
+    │  │  ├─ draw_problems                    K problems: _sampling.problem_keys (the stream, or GRPO's pool)
+    │  │  ├─ sample, score ahead, env.step    the K x G first turns in one batch (the policy, or the reference
+    │  │  │                                   when _sampling.from_reference), stepped n_envs at a time: rewards
+    │  │  ├─ play_later_turns                 multi-turn episodes (rollout/turns.py: each later turn from the KV
+    │  │  │                                   cache of the last); every step counted, its rows kept (Rows)
+    │  │  ├─ _sampling.after_play             play groups again (GRPO: DAPO's refills, through play_again)
+    │  │  └─ log_turns                        tool-call rate, turns per episode, ... (multi-turn episodes only)
+    │  └─ end_rollout
+    │     └─ _build_batch         *algorithm* returns, advantages, the kept rows as a RolloutBatch
+    ├─ _engine.sleep                          a GPU vLLM engine frees its memory (vllm_enable_sleep_mode)
+    ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
+    │                                         restore the update is skipped
+    ├─ train                      *algorithm* minibatches, loss, _optimizer_step (clip, guarded step)
+    ├─ check_finite_state                     a NaN or inf in a weight or optimizer moment stops the run here,
+    │                                         naming the iteration, before any checkpoint or save is written
+    ├─ push_weights                           the rollout engine gets the new weights (time/weight_sync_seconds)
+    └─ dump_logs                              rollout/, time/, train/ at num_timesteps
+
+The cold start (:meth:`LMBaseAlgorithm.run_cold_start`) runs before the first rollout.
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
@@ -15,24 +45,29 @@ network with its adapters disabled, i.e. the base model, with no copy (``ref_mod
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import json
 import os
+import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
-from stable_baselines3.common.type_aliases import GymEnv
-from stable_baselines3.common.utils import get_system_info
+from stable_baselines3.common.callbacks import BaseCallback, CallbackList
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
+from stable_baselines3.common.utils import configure_logger, get_system_info, safe_mean, update_learning_rate
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
 from algorithms.common.arguments import LM_ARGUMENTS, Arguments
 from algorithms.common.callbacks import CurriculumCallback
+from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guards_by_default
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.finite_state import NonFiniteStateError, find_nonfinite
@@ -40,11 +75,15 @@ from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, c
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
+from algorithms.common.overlapped_learning import OverlappedLoop
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows
 from algorithms.common.rollout.sampling import RolloutSampling
 from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, WeightVersions
+from algorithms.common.rollout_collection import Collected, RolloutCollector
+from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.parallel import parallelism
 from algorithms.common.runtime.precision import choose_precision
@@ -64,7 +103,8 @@ GUARD_PREFIX = "collapse_guard/"  # the collapse guard's snapshot among a saved 
 
 
 class LMBaseAlgorithm(BaseAlgorithm):
-    """Base class of :class:`~algorithms.common.lm_algorithm.LMAlgorithm`: see the module docstring.
+    """Base class of the language-model algorithms (:class:`~algorithms.grpo.GRPO`, the PPO baseline): see the
+    module docstring.
 
     The constructor's arguments are the table :attr:`arguments` (an algorithm's: the shared ones and its own); each
     is checked once, by its rule, and stored under its name.
@@ -126,7 +166,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         #: max_staleness >= 1: the weights later rollouts sample with, and learn()'s producer while it runs
         self._weight_versions = WeightVersions(self.max_staleness) if self.max_staleness > 0 else None
         self._overlap: RolloutProducer | None = None
-        self._staleness_max = 0  # rollout/staleness_max since the last dump
+        #: the parts it owns: rollout collection, and with max_staleness >= 1 the overlapped learning loop
+        self.rollouts = RolloutCollector(self)
+        self.overlapped = OverlappedLoop(self) if self.max_staleness > 0 else None
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
@@ -512,3 +554,212 @@ class LMBaseAlgorithm(BaseAlgorithm):
         with th.no_grad(), reference_network(self.policy, self.ref_model) as reference:
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
             return self.policy.log_probs(*args, model=reference)[0]
+
+    # ------------------------------------------------------------------ rollouts
+    def gathered_policy(self) -> contextlib.AbstractContextManager:
+        """The policy's whole weights on every rank for the block, so that one rank may sample alone (e.g. rank 0
+        evaluating); with ``sharding="fsdp"`` they are gathered, a collective every rank enters."""
+        return self._parallel.gathered(self.policy.model)
+
+    def predict(
+        self, observation: Any, state: Any = None, episode_start: Any = None, deterministic: bool = False
+    ) -> tuple[Any, Any]:
+        """SB3's ``predict``; with ``sharding="fsdp"`` on several processes a collective (every rank calls it)."""
+        with self.gathered_policy():
+            return super().predict(observation, state, episode_start, deterministic)
+
+    # ------------------------------------------------------------------ what the algorithm adds
+    def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
+        """The rollout's rows as the batch the update trains on (the algorithm's returns and advantages)."""
+        raise NotImplementedError
+
+    def train(self) -> None:
+        """Update the policy on the last rollout (the algorithm's loss)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ one rollout
+    def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:
+        """SB3's ``collect_rollouts``: one rollout, collected by :attr:`rollouts`, its batch built
+        (:meth:`end_rollout`); False when a callback stopped training."""
+        return self.end_rollout(self.rollouts.collect(env, callback), callback)
+
+    def end_rollout(self, collected: Collected | None, callback: BaseCallback) -> bool:
+        """The batch of a rollout :attr:`rollouts` played (the algorithm's :meth:`_build_batch`), then the
+        callbacks' ``on_rollout_end``; False when a callback stopped training during the rollout (``None``)."""
+        if collected is None:
+            return False
+        self._rollout = self._build_batch(collected.rows, collected.generation_seconds)
+        self._boundary = None
+        if self._overlap is not None:  # the producer samples the next rollout while the update shuffles
+            self._overlap.update_generator.set_state(collected.generator_state)
+        callback.update_locals({"rows": collected.rows, "collected": collected})
+        callback.on_rollout_end()
+        return True
+
+    @property
+    def _minibatch_generator(self) -> th.Generator:
+        """What shuffles the update's minibatches: the rollouts' generator as the rollout left it, or with
+        ``max_staleness`` its copy taken then (the producer draws the next rollout's noise meanwhile)."""
+        return self._seeds.generator if self._overlap is None else self._overlap.update_generator
+
+    # ------------------------------------------------------------------ learning loop
+    def learn(
+        self: SelfLMBaseAlgorithm,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str | None = None,
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfLMBaseAlgorithm:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
+        tb_log_name = tb_log_name or type(self).__name__
+        self._check_has_env()
+        total_timesteps, callback = self._setup_learn(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self.curriculum:  # one curriculum per model: its level carries over from one learn() to the next
+            self._curriculum = self._curriculum or CurriculumCallback()
+            callback = CallbackList([callback, self._curriculum])
+            callback.init_callback(self)
+        self.logger.record("precision/choice", self._precision_text(), exclude=TEXT_ONLY)  # with the next dump
+        if self.needs_cold_start():
+            self.run_cold_start(progress_bar)
+        callback.on_training_start(locals(), globals())
+        assert self.env is not None
+        if self.max_staleness > 0:
+            assert self.overlapped is not None
+            self.overlapped.run(total_timesteps, callback, log_interval)
+            callback.on_training_end()
+            return self
+        self.push_weights()  # whatever changed the weights since the engine last got them
+        while self.num_timesteps < total_timesteps:
+            from_reference = self._sampling.from_reference(self._iteration, self.logger)
+            sampling = [self.policy.model, self.ref_model if from_reference else None]
+            with self._parallel.gathered(*sampling):  # FSDP2: the whole weights for the rollout's sampler
+                collected = self.collect_rollouts(self.env, callback)
+            if not collected:
+                break
+            self._engine.sleep()  # until the push
+            self._iteration += 1
+            self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
+            if self._guard is not None and self._guard_restored(callback):
+                self.push_weights()  # the restored weights
+                self.dump_logs()  # the restore's figures; no update on the rollout the fallen policy sampled
+                continue
+            with deterministic_on_cpu(self.device):
+                self.train()
+            self.check_finite_state(f"training stopped at iteration {self._iteration}", agreed=True)
+            self.push_weights()
+            if log_interval is not None and self._iteration % log_interval == 0:
+                self.dump_logs()
+        callback.on_training_end()
+        return self
+
+    # ------------------------------------------------------------------ collapse guard
+    def _guard_restored(self, callback: BaseCallback) -> bool:
+        """Let the collapse guard judge this iteration; True when it put the best snapshot back (logged)."""
+        guard = self._guard
+        assert guard is not None
+        figure = self._guard_figure(callback)
+        restored = guard.check(figure, self._iteration, self.policy, self.policy.optimizer)
+        self.logger.record("guard/restores", guard.restores)
+        self.logger.record("guard/lr_scale", guard.lr_scale)
+        if guard.best is not None:
+            self.logger.record("guard/best_success", guard.best)
+        if guard.recent:
+            self.logger.record("guard/success", float(np.mean(guard.recent)))
+        if restored and self.verbose >= 1:
+            print(guard.describe_last_event(self.lr_schedule(self._current_progress_remaining) * guard.lr_scale))
+        return restored
+
+    def _guard_figure(self, callback: BaseCallback) -> float | None:
+        """This iteration's figure for the collapse guard (:meth:`CollapseGuard.figure`)."""
+        assert self._guard is not None
+        return self._guard.figure(self._iteration, self.env, self.policy, self._rollout_successes, callback, self._dist)
+
+    def _update_learning_rate(self, optimizers: list[th.optim.Optimizer] | th.optim.Optimizer) -> None:
+        """SB3's, with the collapse guard's scale: the schedule's rate times ``lr_scale`` (1 without a restore)."""
+        scale = self._guard.lr_scale if self._guard is not None else 1.0
+        rate = self.lr_schedule(self._current_progress_remaining) * scale
+        self.logger.record("train/learning_rate", rate)
+        for optimizer in optimizers if isinstance(optimizers, list) else [optimizers]:
+            update_learning_rate(optimizer, rate)
+
+    def _check_has_env(self) -> None:
+        """A clear error when there is no env to train on (e.g. a loaded model whose recorded env was not rebuilt)."""
+        if self.env is None:
+            why = self._env_missing or "it was made or loaded without one"
+            raise ValueError(
+                f"{type(self).__name__}.learn needs an env: {why}. Pass one with model.set_env(env), or load with "
+                f"{type(self).__name__}.load(path, env=...) or load(path, env_objects={{...}})"
+            )
+
+    def _setup_learn(
+        self, total_timesteps, callback=None, reset_num_timesteps=True, tb_log_name="run", progress_bar=False
+    ):
+        """SB3's ``_setup_learn`` (which resets the envs), then the env states of a loaded run put back."""
+        result = super()._setup_learn(total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar)
+        if self._pending_env_states is not None and self.env is not None:
+            checks.check_env_states(self._pending_env_states, self.env, self._loaded_from)  # applies each state
+            self._pending_env_states = None
+        return result
+
+    def start_run(self, tb_log_name: str | None = None) -> None:
+        """Set up what :meth:`learn` sets up first (SB3's ``_setup_learn``: the counters and episode statistics, the
+        envs reset, the logger on a new TensorBoard run ``<tensorboard_log>/<tb_log_name>_<n>``) for a stage run
+        before it: the cold start called alone (:meth:`run_cold_start`), as ``grpo-gym train`` and ``sft`` do. A
+        later ``learn(..., reset_num_timesteps=False)`` continues that run and logs to the same folder."""
+        self._setup_learn(0, None, True, tb_log_name or type(self).__name__, False)
+
+    def needs_cold_start(self) -> bool:
+        """Whether the next :meth:`learn` runs the cold-start SFT stage first (``cold_start``, ``sft_steps``, and
+        for ``"auto"`` whether the policy is a freshly initialised built-in model; warns when a pretrained model
+        looks untrained)."""
+        if self._cold_start_done or self.sft_steps <= 0:
+            return False
+        if self.cold_start == "auto" and not self.policy.is_builtin and self.env is not None and self._dist.is_main:
+            check_pretrained(self.policy, self.env, self.sft_steps, self.verbose)  # warns if it looks untrained
+        return bool(self.policy.is_builtin) if self.cold_start == "auto" else bool(self.cold_start)
+
+    def run_cold_start(self, progress_bar: bool = False) -> dict[str, float]:
+        """The cold-start SFT stage; rebuilds the reference from its result. Logged under ``sft/``;
+        ``progress_bar`` shows its steps (a bar on a terminal, a line per tenth otherwise)."""
+        assert self.env is not None
+        if getattr(self, "_logger", None) is None:  # called before learn(): log to stdout (verbose) only
+            self._logger = configure_logger(self.verbose, None, type(self).__name__, True)
+        if self._last_obs is None:  # called before learn(): a reset applies the env's seed before problems are drawn
+            self._last_obs = self.env.reset()
+        with deterministic_on_cpu(self.device):
+            stats = supervised_finetune(
+                self.policy,
+                self.env,
+                steps=self.sft_steps,
+                batch_size=self.sft_batch_size,
+                learning_rate=self.sft_learning_rate,
+                data=self.sft_data,
+                generator=self._seeds.generator,
+                logger=self.logger,
+                verbose=self.verbose,
+                progress_bar=progress_bar,
+                loss_weight=self._parallel.sft_loss_weight,
+            )
+        self.check_finite_state("the cold start stopped", agreed=True)
+        self._cold_start_done = True
+        self._refresh_reference()
+        self.push_weights()
+        return stats
+
+    def dump_logs(self) -> None:
+        """Write the recorded values (SB3's ``rollout/``, ``time/`` keys plus the algorithm's) at ``num_timesteps``."""
+        elapsed = max((time.time_ns() - self.start_time) / 1e9, 1e-9)
+        self.logger.record("time/iterations", self._iteration, exclude="tensorboard")
+        if self.ep_info_buffer:
+            self.logger.record("rollout/ep_rew_mean", safe_mean([info["r"] for info in self.ep_info_buffer]))
+            self.logger.record("rollout/ep_len_mean", safe_mean([info["l"] for info in self.ep_info_buffer]))
+        if self.ep_success_buffer:
+            self.logger.record("rollout/success_rate", safe_mean(self.ep_success_buffer))
+        self.logger.record("time/fps", int((self.num_timesteps - self._num_timesteps_at_start) / elapsed))
+        self.logger.record("time/time_elapsed", int(elapsed), exclude="tensorboard")
+        self.logger.record("time/total_timesteps", self.num_timesteps, exclude="tensorboard")
+        self.logger.dump(step=self.num_timesteps)

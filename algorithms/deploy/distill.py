@@ -25,9 +25,9 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import configure_logger
 from tqdm.auto import tqdm
 
+from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.evaluation import held_out_problems
 from algorithms.common.generation.sampler import completion_logits
-from algorithms.common.lm_algorithm import LMAlgorithm
 from algorithms.common.losses import aggregate
 from algorithms.common.model.loading import BUILTIN_MODELS, is_builtin_model
 from algorithms.common.model.tokenizer_check import has_tokenizer, model_tokenizer
@@ -76,7 +76,7 @@ def student_policy_kwargs(student: str | os.PathLike | dict[str, Any]) -> dict[s
 
 def _teacher_policy(teacher: Any, device: th.device) -> tuple[TransformerPolicy, Any]:
     """``(policy, tokenizer or None)`` of a teacher given as a path, a trained algorithm or a policy."""
-    if isinstance(teacher, LMAlgorithm):
+    if isinstance(teacher, LMBaseAlgorithm):
         return teacher.policy.to(device), None
     if isinstance(teacher, TransformerPolicy):
         return teacher.to(device), None
@@ -189,7 +189,7 @@ class DistillSettings:
 
 
 def distill(
-    teacher: str | os.PathLike | LMAlgorithm | TransformerPolicy,
+    teacher: str | os.PathLike | LMBaseAlgorithm | TransformerPolicy,
     student: str | os.PathLike | dict[str, Any] = "tiny",
     env: GymEnv | str = "R1Zero-v0",
     steps: int = 1000,

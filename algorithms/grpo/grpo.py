@@ -1,7 +1,7 @@
 """GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API.
 
 The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
-them: rollouts in :mod:`algorithms.common.lm_algorithm` / :mod:`algorithms.common.rollout.rows`, dynamic sampling
+them: rollouts in :mod:`algorithms.common.rollout_collection` / :mod:`algorithms.common.rollout.rows`, dynamic sampling
 in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the original design's controls in
 :mod:`algorithms.grpo.controls`, the update in :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`),
 replay in :mod:`algorithms.grpo.replay`.
@@ -17,7 +17,7 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
-from algorithms.common.lm_algorithm import LMAlgorithm
+from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
@@ -31,7 +31,7 @@ from algorithms.grpo.arguments import GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling, truncated_rows
 
 
-class GRPO(LMAlgorithm):
+class GRPO(LMBaseAlgorithm):
     __doc__ = f"""Group Relative Policy Optimization for language models on ``R1Zero-v0``-style envs.
 
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
@@ -39,7 +39,7 @@ class GRPO(LMAlgorithm):
     (:func:`~algorithms.grpo.advantages.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen
     reference and an entropy bonus (:func:`~algorithms.grpo.objective.grpo_loss`); global gradient clipping; an
     optimizer step per minibatch. No value network: GRPO builds on
-    :class:`~algorithms.common.lm_algorithm.LMAlgorithm` rather than SB3's ``OnPolicyAlgorithm``, whose
+    :class:`~algorithms.common.base_class.LMBaseAlgorithm` rather than SB3's ``OnPolicyAlgorithm``, whose
     ``RolloutBuffer`` and GAE do not fit completions scored per group. ``num_timesteps`` counts completions (one
     env step each). With a freshly initialised built-in model the first ``learn()`` runs the cold-start SFT stage
     before GRPO. The options' details are in the docs (docs/algorithms.md).
@@ -70,7 +70,7 @@ class GRPO(LMAlgorithm):
         if _init_setup_model:
             self._setup_model()
 
-    state_attributes = (*LMAlgorithm.state_attributes, "_between_variance", "_groups_seen")
+    state_attributes = (*LMBaseAlgorithm.state_attributes, "_between_variance", "_groups_seen")
 
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:

@@ -39,7 +39,7 @@ from grpo_gym.trl_names import TrlName, spelled
 from grpo_gym.validation import check_float, check_int
 
 if TYPE_CHECKING:
-    from algorithms.common.lm_algorithm import LMAlgorithm
+    from algorithms.common.base_class import LMBaseAlgorithm
 
 ANSWER_COLUMNS = ("answer", "solution", "ground_truth", "target")
 """The columns ``from_trl`` looks for reference answers in, in this order, when ``answer`` is not given."""
@@ -260,7 +260,7 @@ def _lora(peft_config: Any) -> dict[str, Any]:
 
 
 def from_trl(
-    cls: type[LMAlgorithm],
+    cls: type[LMBaseAlgorithm],
     model: Any,
     reward_funcs: Any,
     args: Any = None,
@@ -271,7 +271,7 @@ def from_trl(
     answer: str | None = None,
     env_kwargs: dict[str, Any] | None = None,
     **kwargs: Any,
-) -> LMAlgorithm:
+) -> LMBaseAlgorithm:
     """TRL's ``GRPOTrainer(model, reward_funcs, args, train_dataset, ...)`` as a ``cls`` (GRPO) model: see the module
     docstring for what it builds. ``GRPO.from_trl(...)`` calls it.
 

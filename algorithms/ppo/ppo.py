@@ -13,7 +13,7 @@ from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
-from algorithms.common.lm_algorithm import LMAlgorithm
+from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
@@ -22,7 +22,7 @@ from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
 
-class LMPPO(LMAlgorithm):
+class LMPPO(LMBaseAlgorithm):
     __doc__ = f"""PPO with a per-token value head for language models on ``R1Zero-v0``-style envs.
 
     One iteration: ``n_groups`` (K) prompts, ``group_size`` completions each (1 by default: PPO needs no group),
@@ -34,7 +34,7 @@ class LMPPO(LMAlgorithm):
     of minibatches of the clipped surrogate plus ``vf_coef`` x the clipped value loss, each a guarded optimizer step
     (as SB3's ``PPO``: ``target_kl`` stops the update early). ``num_timesteps`` counts completions.
 
-    What it shares with :class:`~algorithms.grpo.GRPO` (:class:`~algorithms.common.lm_algorithm.LMAlgorithm`): the
+    What it shares with :class:`~algorithms.grpo.GRPO` (:class:`~algorithms.common.base_class.LMBaseAlgorithm`): the
     cold start, rollouts, sampler, mixed precision, several processes, save/load and exact resume, callbacks and
     the ``rollout/``, ``time/``, ``train/`` TensorBoard tags; PPO adds ``train/value_loss``,
     ``train/explained_variance``, ``train/clip_fraction_vf``, ``rollout/kl`` and ``rollout/values``. Under

@@ -3,5 +3,5 @@ object ``collect_rollouts`` calls at its fixed points), ``seeds`` (the job-wide 
 ``prompt_pool`` (the problems drawn by learnability instead of the stream), ``env_steps`` (stepping only the envs
 whose multi-turn episodes still play; scoring the first turns ahead), ``rows`` (one row per completion, episode
 returns, the rollout logs) and ``batch`` (``RolloutBatch``, the tensors of the rows kept, padding, minibatches). In
-the data flow: ``LMAlgorithm.collect_rollouts`` fills ``Rows``; the algorithm's ``_build_batch`` turns them into
+the data flow: ``RolloutCollector.collect`` fills ``Rows``; the algorithm's ``_build_batch`` turns them into
 the ``RolloutBatch`` its update trains on (``rows_to_batch``)."""

@@ -2,7 +2,7 @@
 checks (reward errors, every rank's episode statistics).
 
 Where it sits in the data flow: :meth:`collect_rollouts
-<algorithms.common.rollout_collection.RolloutCollection.collect_rollouts>` samples K problems x G completions in one
+<algorithms.common.rollout_collection.RolloutCollector.collect>` samples K problems x G completions in one
 batch and steps them through the env(s); every completion the env scored is recorded in :class:`Rows` (one row per
 completion, one per turn in multi-turn episodes). The algorithm then turns the rows into per-episode returns
 (:func:`episode_returns`) and its own advantages, and :func:`~algorithms.common.rollout.batch.rows_to_batch` makes

@@ -1,5 +1,5 @@
 """What a rollout samples, as one object the algorithm owns and calls at the fixed points of
-:meth:`collect_rollouts <algorithms.common.rollout_collection.RolloutCollection.collect_rollouts>` (as it calls its
+:meth:`RolloutCollector.collect <algorithms.common.rollout_collection.RolloutCollector.collect>` (as it calls its
 parallel object), instead of methods a subclass overrides:
 
 1. :meth:`~RolloutSampling.before_rollout`: at the start of every rollout (e.g. GRPO's reward ramp);
@@ -27,7 +27,7 @@ from algorithms.common.rollout.seeds import RolloutSeeds
 #: how a sampling object plays groups again: ``play(slots, mine, refill_round)`` draws new problems for the job's
 #: groups ``slots``, plays this rank's (``mine``: local group indices) and returns their rows and generation
 #: seconds, or None when a callback stopped training
-#: (:meth:`_play_again <algorithms.common.rollout_collection.RolloutCollection._play_again>`)
+#: (:meth:`play_again <algorithms.common.rollout_collection.RolloutCollector.play_again>`)
 PlayRefill = Callable[[list[int], list[int], int], "tuple[Rows, float] | None"]
 
 

@@ -1,7 +1,7 @@
 """The later turns of multi-turn episodes (tool calls, the env's feedback): played in batches across the envs, each
 sampled from the KV cache of the turn before; and what a rollout logs of its turns.
 
-Where it sits in the data flow: :meth:`_play <algorithms.common.rollout_collection.RolloutCollection._play>` samples the
+Where it sits in the data flow: :meth:`play <algorithms.common.rollout_collection.RolloutCollector.play>` samples the
 first turns of all K x G episodes in one batch (keeping its KV cache when the env plays several turns,
 :func:`keeps_turn_cache`) and steps them; :func:`play_later_turns` then samples the next turn of every episode of
 the chunk still playing in one batch, until all ended. Each later turn continues from the cache of its episode's
