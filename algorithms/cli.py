@@ -75,8 +75,13 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
     config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
     apply_source_flags(args, config)  # --model, --tokenizer, --task, --difficulty, --max-new-tokens
     sharding = {"sharding": args.sharding} if getattr(args, "sharding", None) else {}  # --sharding over the config
-    config.update({**sharding, **engine_overrides(args)})
-    check_keys(config, _grpo_keys(algorithm), f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params")
+    config.update({**sharding, **engine_overrides(args, config)})
+    where = f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params"
+    for key, value in config.items():  # a flat name of an earlier version: where it lives now
+        moved = algorithm.arguments.moved(key, value)
+        if moved is not None:
+            raise ValueError(f"{where}: {moved}")
+    check_keys(config, _grpo_keys(algorithm), where)
     n_timesteps = int(config.pop("n_timesteps"))
     if getattr(args, "n_timesteps", None) is not None:
         n_timesteps = args.n_timesteps
@@ -463,7 +468,11 @@ def pretrained_defaults() -> str:
         config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", PRETRAINED_PRESET)
     except ValueError:  # an edited or missing config file: --help still works
         return "(zoo_configs/grpo.yml has no 'pretrained' preset)"
-    flat = {**{k: v for k, v in config.items() if not isinstance(v, dict)}, **config.get("env_kwargs", {})}
+    flat = {k: v for k, v in config.items() if not isinstance(v, dict)}
+    for name, settings in config.items():  # a settings dict's keys by their place: cold_start_kwargs.steps
+        if isinstance(settings, dict) and name not in ("env_kwargs", "policy_kwargs"):
+            flat.update({f"{name}.{key}": value for key, value in settings.items()})
+    flat.update(config.get("env_kwargs", {}))
     return ", ".join(f"{key}: {value}" for key, value in flat.items() if key != "policy")
 
 

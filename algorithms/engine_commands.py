@@ -29,8 +29,9 @@ from algorithms.cli_types import COUNT, PORT, POSITIVE, SEED, Number
 #: a share of a GPU's memory: above 0, at most all of it
 GPU_SHARE = Number(low=0.0, high=1.0, low_open=True)
 #: ``grpo-gym train``'s engine flags and the constructor arguments they set
-TRAIN_FLAGS = {"rollout_engine": "--rollout-engine", "vllm_mode": "--vllm-mode",
-               "vllm_server_base_url": "--vllm-server-base-url"}  # fmt: skip
+#: the engine flags of ``train``: the argument each sets (``rollout_engine``, or a key of ``rollout_engine_kwargs``)
+TRAIN_FLAGS = {"rollout_engine": ("rollout_engine", None), "vllm_mode": ("rollout_engine_kwargs", "mode"),
+               "vllm_server_base_url": ("rollout_engine_kwargs", "server_base_url")}  # fmt: skip
 
 
 def add_engine_flags(command: argparse.ArgumentParser) -> None:
@@ -61,10 +62,19 @@ def checkpoint_on_engine_error(model: Any, checkpoint: Any, resume: str) -> Iter
         ) from error
 
 
-def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine flags given on the command line, as constructor arguments."""
-    values = {name: getattr(args, name, None) for name in TRAIN_FLAGS}
-    return {name: value for name, value in values.items() if value is not None}
+def engine_overrides(args: argparse.Namespace, config: dict[str, Any]) -> dict[str, Any]:
+    """The engine flags given on the command line, as constructor arguments over ``config``'s (the flags' keys of
+    ``rollout_engine_kwargs`` over the config's others)."""
+    overrides: dict[str, Any] = {}
+    for flag, (name, key) in TRAIN_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        if key is None:
+            overrides[name] = value
+        else:
+            overrides.setdefault(name, dict(config.get(name) or {}))[key] = value
+    return overrides
 
 
 # ---------------------------------------------------------------------------------------------------- vllm-serve

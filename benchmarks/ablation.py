@@ -39,17 +39,19 @@ SECTION = "## Ablation of the training controls (issue: the seed's training cont
 WEIGHTS = {"syntax": 0.2, "consistency": 0.2, "task": 0.6}
 ARMS: dict[str, dict] = {
     "vanilla": {},
-    "competition coefficient": {"competition": "fixed"},
-    "adaptive competition": {"competition": "adaptive"},
-    "diversity guard": {"diversity_guard": True},
-    "sequential updates": {"update_mode": "sequential"},
+    "competition coefficient": {"controls_kwargs": {"competition": "fixed"}},
+    "adaptive competition": {"controls_kwargs": {"competition": "adaptive"}},
+    "diversity guard": {"controls_kwargs": {"diversity_guard": True}},
+    "sequential updates": {"controls_kwargs": {"update_mode": "sequential"}},
     "value baseline": {"advantage_baseline": "value", "value_head": True},
-    "reward-model ramp": {"reward_ramp": True},
-    "protected rollouts": {"protected_rollouts": 3},
+    "reward-model ramp": {"controls_kwargs": {"reward_ramp": True}},
+    "protected rollouts": {"controls_kwargs": {"protected_rollouts": 3}},
     "curriculum": {"curriculum": True},
-    "replay 0.25": {"replay_ratio": 0.25},
+    "replay 0.25": {"controls_kwargs": {"replay_ratio": 0.25}},
 }
-ARMS["all"] = {k: v for arm in list(ARMS.values())[1:] for k, v in arm.items()} | {"competition": "adaptive"}
+ARMS["all"] = {k: v for arm in list(ARMS.values())[1:] for k, v in arm.items()} | {
+    "controls_kwargs": {"competition": "adaptive"}
+}
 
 
 def make_env():
@@ -123,8 +125,14 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     env = make_env()
-    sft = GRPO("TransformerPolicy", env, sft_steps=args.sft_steps, sft_batch_size=32, sft_learning_rate=1e-3,
-               policy_kwargs={"model": "tiny"}, seed=0, device="cpu")  # fmt: skip
+    sft = GRPO(
+        "TransformerPolicy",
+        env,
+        cold_start_kwargs={"steps": args.sft_steps, "batch_size": 32, "learning_rate": 1e-3},
+        policy_kwargs={"model": "tiny"},
+        seed=0,
+        device="cpu",
+    )
     sft.run_cold_start()
     checkpoint = copy.deepcopy(sft.policy.model.state_dict())
     before = evaluate_problems(sft.policy, env, held_out_problems(env, 200, 0.1), seed=0).success_rate

@@ -183,10 +183,17 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(settings["threads"])
     env = {**env_kwargs(settings["model"]), "max_new_tokens": settings["new_tokens"]}
     gpu = settings.get("device", "cpu") == "cuda"  # bf16 sampling and update on a GPU (mixed_precision auto)
-    kwargs: dict[str, Any] = {"n_groups": N_GROUPS, "group_size": GROUP_SIZE, "cold_start": False, "beta": 0.0,
-                              "mixed_precision": "auto" if gpu else "no", "seed": settings["seed"],
-                              "device": settings.get("device", "cpu"), "policy_kwargs": {"model": settings["model"]},
-                              "vllm_enable_sleep_mode": gpu and settings.get("sleep", False)}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "n_groups": N_GROUPS,
+        "group_size": GROUP_SIZE,
+        "cold_start": False,
+        "beta": 0.0,
+        "mixed_precision": "auto" if gpu else "no",
+        "seed": settings["seed"],
+        "device": settings.get("device", "cpu"),
+        "policy_kwargs": {"model": settings["model"]},
+        "rollout_engine_kwargs": {"enable_sleep_mode": gpu and settings.get("sleep", False)},
+    }
     stop = None
     if name == "builtin-bf16":  # ours with bf16 sampling and a float32 update, corrected (sampler_correction auto)
         kwargs["mixed_precision"], name = {"sampling": "bf16"}, "builtin"
@@ -197,7 +204,7 @@ def iteration_worker(name: str, settings: dict[str, Any]) -> dict[str, Any]:
 
         model = load_model(settings["model"], vocab_size=grpo_gym.R1ZeroEnv().codec.vocab_size, seed=0).eval()
         url, stop = serve(model, settings["new_tokens"], gpu)
-        kwargs.update(vllm_mode="server", vllm_server_base_url=url)
+        kwargs["rollout_engine_kwargs"].update(mode="server", server_base_url=url)
     times: list[float] = []
 
     class Clock(BaseCallback):

@@ -108,7 +108,9 @@ def build_start(args: argparse.Namespace, start: str) -> dict[str, Any]:
     if record.exists():
         return json.loads(record.read_text())
     if start == "a":
-        sft = {"sft_steps": args.sft_steps_a, "sft_batch_size": 32, "sft_learning_rate": 1e-3}
+        sft = {
+            "cold_start_kwargs": {"steps": args.sft_steps_a, "batch_size": 32, "learning_rate": 1e-3},
+        }
     elif start == "c":
         sft = {"steps": args.sft_steps_c}
     else:

@@ -67,8 +67,18 @@ def train_worker(size: str, mode: str, args: argparse.Namespace) -> dict[str, fl
     imports = memory_mib()["rss"]
     env = grpo_gym.R1ZeroEnv(template="compact", max_new_tokens=args.new_tokens, difficulty=0.5)
     policy_kwargs = {"model": size, **({"lora": LORA} if mode == "LoRA" else {})}
-    model = GRPO("TransformerPolicy", env, n_groups=args.groups, group_size=args.group_size, beta=0.04, sft_steps=0,
-                 learning_rate=1e-5, mixed_precision="no", seed=0, policy_kwargs=policy_kwargs)  # fmt: skip
+    model = GRPO(
+        "TransformerPolicy",
+        env,
+        n_groups=args.groups,
+        group_size=args.group_size,
+        beta=0.04,
+        cold_start=False,
+        learning_rate=1e-5,
+        mixed_precision="no",
+        seed=0,
+        policy_kwargs=policy_kwargs,
+    )
     parameters = list(model.policy.parameters())
     batch = args.groups * args.group_size
     model.learn(batch)  # warm-up iteration

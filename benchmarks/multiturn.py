@@ -68,9 +68,16 @@ def build(workload: str, args: argparse.Namespace) -> Any:
     episodes = args.groups * args.group_size
     env = make_vec_env("R1Zero-v0", n_envs=episodes, env_kwargs=env_kwargs, seed=args.seed)
     sft_steps = args.sft_steps if workload == "tools" else 0
-    return GRPO("TransformerPolicy", env, n_groups=args.groups, group_size=args.group_size, sft_steps=sft_steps,
-                sft_batch_size=32, sft_learning_rate=2e-3, policy_kwargs={"model": "tiny"}, mixed_precision="no",
-                seed=args.seed)  # fmt: skip
+    return GRPO(
+        "TransformerPolicy",
+        env,
+        n_groups=args.groups,
+        group_size=args.group_size,
+        cold_start_kwargs={"steps": sft_steps, "batch_size": 32, "learning_rate": 2e-3},
+        policy_kwargs={"model": "tiny"},
+        mixed_precision="no",
+        seed=args.seed,
+    )
 
 
 def rollout_seconds(model: Any, setting: bool, timer: GenerationTimer) -> tuple[float, float, int]:

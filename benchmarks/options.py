@@ -49,7 +49,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
     "gspo": {"importance_level": "sequence"},
     "dynamic sampling": {"dynamic_sampling": True},
-    "learnability": {"prompt_sampling": "learnability"},
+    "learnability": {"controls_kwargs": {"prompt_sampling": "learnability"}},
 }
 ARMS["all"] = {k: v for arm in list(ARMS.values())[1:] for k, v in arm.items()} | {"mask_truncated": True}
 
@@ -70,7 +70,7 @@ def cold_start(task: dict[str, Any], steps: int, held_out: int) -> tuple[dict, d
     from algorithms.common.evaluation import evaluate_problems, held_out_problems
 
     env = make_env(task)
-    sft = GRPO("TransformerPolicy", env, sft_steps=steps, sft_batch_size=32, sft_learning_rate=1e-3,
+    sft = GRPO("TransformerPolicy", env, cold_start_kwargs={"steps": steps, "batch_size": 32, "learning_rate": 1e-3},  
                policy_kwargs={"model": "tiny"}, seed=0, device="cpu")  # fmt: skip
     start = time.perf_counter()
     sft.run_cold_start()

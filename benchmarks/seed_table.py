@@ -142,7 +142,7 @@ def cold_start(task: str, steps: int, eval_problems: int, folder: str) -> tuple[
     from algorithms.common.evaluation import evaluate_problems, held_out_problems
 
     env = make_env(task)
-    sft = GRPO("TransformerPolicy", env, sft_steps=steps, sft_batch_size=32, sft_learning_rate=1e-3,
+    sft = GRPO("TransformerPolicy", env, cold_start_kwargs={"steps": steps, "batch_size": 32, "learning_rate": 1e-3},  
                policy_kwargs={"model": "tiny"}, seed=0, device="cpu")  # fmt: skip
     sft.run_cold_start()
     path = Path(folder) / f"{task}.pt"
@@ -154,8 +154,11 @@ def cold_start(task: str, steps: int, eval_problems: int, folder: str) -> tuple[
 def run_task(task: str, args: argparse.Namespace, points: list[int], folder: str, began: float) -> tuple[float, dict]:
     """The task's cold start, then every arm from it in turn, each in a process of its own."""
     settings: dict[str, Any] = {"task": task, "eval_problems": args.eval_problems, "threads": args.threads}
-    cold = run_worker(__file__, f"{task}/cold start", {**settings, "cold_start": True, "sft_steps": args.sft_steps,
-                                                       "folder": folder})  # fmt: skip
+    cold = run_worker(
+        __file__,
+        f"{task}/cold start",
+        {**settings, "cold_start": True, "cold_start_kwargs": {"steps": args.sft_steps}, "folder": folder},
+    )
     print(f"{task}: cold start {cold['success']:.1%} held-out ({time.perf_counter() - began:.0f} s)", flush=True)
     results = {}
     for arm in args.arms:

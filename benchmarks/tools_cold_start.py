@@ -106,7 +106,7 @@ def main() -> None:
     from algorithms.common.cold_start import supervised_finetune
 
     env = make_vec_env("R1Zero-v0", n_envs=2, env_kwargs=preset["env_kwargs"], seed=args.seed)
-    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, sft_steps=0, mixed_precision="no",
+    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, cold_start=False, mixed_precision="no",
                  policy_kwargs=preset["policy_kwargs"], seed=args.seed)  # fmt: skip
     env.reset()
     curve = CurveLogger(model.policy, held_out_episodes(env, args.held_out, 0.5))

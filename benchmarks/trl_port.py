@@ -78,7 +78,9 @@ def pretrained_folder(folder: Path, steps: int) -> Path:
     if (folder / "config.json").is_file():
         return folder
     env = gym.make("R1Zero-v0", template=SYSTEM + "\nUser: {prompt}\nAssistant: ", max_new_tokens=32, difficulty=0.1)
-    teacher = GRPO("TransformerPolicy", env, sft_steps=steps, seed=1234, policy_kwargs={"model": "tiny"})
+    teacher = GRPO(
+        "TransformerPolicy", env, cold_start_kwargs={"steps": steps}, seed=1234, policy_kwargs={"model": "tiny"}
+    )
     teacher.start_run("GRPO")
     teacher.run_cold_start()
     teacher.save_pretrained(str(folder))

@@ -99,7 +99,7 @@ def check_colocated(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_sleep(args: argparse.Namespace) -> dict[str, Any]:
-    with grpo(args, vllm_enable_sleep_mode=True) as model:
+    with grpo(args, rollout_engine_kwargs={"enable_sleep_mode": True}) as model:
         result = train(model, args.iterations)
         model.policy.rollout_engine.sleep()
         result["free GiB asleep"] = torch.cuda.mem_get_info()[0] / 2**30
@@ -108,7 +108,7 @@ def check_sleep(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_lora(args: argparse.Namespace) -> dict[str, Any]:
     lora = {"model": args.model, "lora": {"r": 16, "alpha": 32}}
-    with grpo(args, policy_kwargs=lora, vllm_lora_sync="adapters") as model:
+    with grpo(args, policy_kwargs=lora, rollout_engine_kwargs={"lora_sync": "adapters"}) as model:
         return train(model, 2)
 
 
@@ -129,7 +129,10 @@ def check_served(args: argparse.Namespace) -> dict[str, Any]:
                                log_path=folder / "server.log", startup_timeout=300)  # fmt: skip
     started = time.perf_counter() - begin
     try:
-        with grpo(args, vllm_mode="server", vllm_server_base_url=server.base_url) as model:
+        with grpo(
+            args,
+            rollout_engine_kwargs={"mode": "server", "server_base_url": server.base_url},
+        ) as model:
             return {"server start s": started, **train(model, 2)}
     finally:
         server.stop()

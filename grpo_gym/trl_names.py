@@ -83,8 +83,9 @@ NOT_THE_ENVS = "the algorithm's arguments (n_groups, group_size, ...) go to GRPO
 # ---------------------------------------------------------------------------------------------- the hints
 def spelled(name: str, entry: TrlName) -> str:
     """How a user writes our equivalent (``group_size=...``, ``gym.make("R1Zero-v0", max_new_tokens=...)``)."""
-    if entry.where == "arg":
-        return f"{entry.ours}=..."
+    if entry.where == "arg":  # a flat argument, or a key of a settings dict ("rollout_engine_kwargs.mode")
+        key, _, inner = str(entry.ours).partition(".")
+        return f'{key}={{"{inner}": ...}}' if inner else f"{key}=..."
     if entry.where == "env":
         return f'gym.make("R1Zero-v0", {entry.ours}=...)'
     if entry.where == "policy":
@@ -118,7 +119,7 @@ def _equivalent(algorithm: str, entry: TrlName, accepted: set[str]) -> str:
         return f"we have no equivalent ({entry.note}); see 'From TRL's GRPOConfig' in docs/guides/from-trl.md"
     if entry.where == "always":
         return f"nothing to set, this is always so: {entry.ours}"
-    if entry.where == "arg" and ours not in accepted:
+    if entry.where == "arg" and str(ours).partition(".")[0] not in accepted:
         return f"GRPO's equivalent is {ours}; {algorithm} has none"
     if entry.where == "env" and ours in accepted:  # the env itself: its own argument
         return f"ours is {ours}=...{note}"

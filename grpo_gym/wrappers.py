@@ -20,8 +20,8 @@ named as in verifiers' ``GymEnv``. It gives the env R1ZeroEnv's spaces and the m
   stepped, the turn scores 0 and ``info["tool_calls"]`` lists the calls; ``max_turns`` counts the other turns, and
   a tool turn after ``max_tool_calls`` calls ends the episode (``truncated``).
 
-There are no gold solutions for a cold start: train with ``sft_steps=0`` (or ``cold_start=False``), or give
-``sft_data``.
+There are no gold solutions for a cold start: train with ``cold_start=False``, or give
+``cold_start_kwargs={"data": ...}``.
 """
 
 from __future__ import annotations
@@ -61,8 +61,11 @@ class EpisodeSeeds(Task):
         return Verdict(False, "a wrapped env's reward scores its episodes")
 
     def solution(self, problem: Problem) -> tuple[str, str]:
-        """No gold solutions: train with ``sft_steps=0`` or ``sft_data``."""
-        raise ValueError(f"{self.name} has no gold solutions: train with sft_steps=0 (or cold_start=False) or sft_data")
+        """No gold solutions: train with ``cold_start=False`` or ``cold_start_kwargs={"data": ...}``."""
+        raise ValueError(
+            f"{self.name} has no gold solutions: train with cold_start=False, or give the cold start its rows: "
+            "cold_start_kwargs={'data': ...}"
+        )
 
 
 class LMEnvWrapper(gym.Wrapper):

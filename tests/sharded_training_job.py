@@ -35,9 +35,20 @@ from algorithms import GRPO, LMPPO
 from tests.sizes import TINY
 from tests.test_grpo import make_env
 
-SETTINGS = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": True, "sft_steps": 2,
-            "sft_batch_size": 4, "seed": 0, "policy_kwargs": TINY, "dist_timeout": 60.0, "mixed_precision": "no",
-            "sharding": "fsdp", "protected_rollouts": 1}  # fmt: skip
+SETTINGS = {
+    "n_groups": 2,
+    "group_size": 4,
+    "beta": 0.04,
+    "learning_rate": 1e-3,
+    "cold_start": True,
+    "cold_start_kwargs": {"steps": 2, "batch_size": 4},
+    "controls_kwargs": {"protected_rollouts": 1},
+    "seed": 0,
+    "policy_kwargs": TINY,
+    "dist_timeout": 60.0,
+    "mixed_precision": "no",
+    "sharding": "fsdp",
+}
 LORA = {**TINY, "lora": {"r": 4, "alpha": 8}}
 ITERATION = 8  # completions: K x G
 
@@ -49,7 +60,7 @@ def grpo(**kwargs) -> GRPO:
 def ppo(**kwargs) -> LMPPO:
     policy = {**TINY, "gradient_checkpointing": True}  # a chunk of layers gathered as one FSDP group
     settings = {**SETTINGS, "group_size": 1, "n_epochs": 2, "policy_kwargs": policy, **kwargs}
-    for name in ("beta", "protected_rollouts"):  # GRPO's
+    for name in ("beta", "controls_kwargs"):  # GRPO's
         settings.pop(name)
     return LMPPO("TransformerPolicy", make_env(), **settings)
 

@@ -173,8 +173,15 @@ def make_env(tokenizer: str | None = None) -> DummyVecEnv:
 
 
 def make_model(policy_kwargs: dict, tokenizer: str | None = None, **kwargs) -> GRPO:
-    defaults = {"n_groups": 2, "group_size": 4, "sft_steps": 2, "sft_batch_size": 4, "seed": 0, "beta": 0.04,
-                "learning_rate": 1e-2, "mixed_precision": "no"}  # fmt: skip
+    defaults = {
+        "n_groups": 2,
+        "group_size": 4,
+        "cold_start_kwargs": {"steps": 2, "batch_size": 4},
+        "seed": 0,
+        "beta": 0.04,
+        "learning_rate": 1e-2,
+        "mixed_precision": "no",
+    }
     return GRPO("TransformerPolicy", make_env(tokenizer), policy_kwargs=policy_kwargs, **{**defaults, **kwargs})
 
 
@@ -257,7 +264,7 @@ def test_a_folder_base_is_saved_as_adapters_only(qwen2_folder: Path, tmp_path: P
     """The base read from a folder stays out of the zip (read from the folder at load); a built-in is saved whole."""
     entries = {}
     for name, (policy_kwargs, tokenizer) in {n: setup(qwen2_folder) for n, setup in SETUPS.items()}.items():
-        model = make_model(policy_kwargs, tokenizer, sft_steps=0)
+        model = make_model(policy_kwargs, tokenizer, cold_start=False)
         model.save(tmp_path / "m.zip")
         with zipfile.ZipFile(tmp_path / "m.zip") as archive:
             state = th.load(archive.open("policy.pth"), weights_only=True)
@@ -271,7 +278,11 @@ def test_a_folder_base_is_saved_as_adapters_only(qwen2_folder: Path, tmp_path: P
 def test_the_reference_is_the_base_model(tmp_path: Path) -> None:
     """The KL term's reference log-probs are the base model's (a fresh built-in of the same seed), and
     ``protected_rollouts`` samples from it too, while the policy's adapters change its own log-probs."""
-    model = make_model({**TINY, "lora": ACTIVE}, sft_steps=0, protected_rollouts=1)
+    model = make_model(
+        {**TINY, "lora": ACTIVE},
+        cold_start=False,
+        controls_kwargs={"protected_rollouts": 1},
+    )
     base = load_model("tiny", seed=0, vocab_size=model.policy.vocab_size, **TINY_KWARGS).eval()
     model.learn(8)
     batch = model._rollout
@@ -286,7 +297,7 @@ def test_the_reference_is_the_base_model(tmp_path: Path) -> None:
 
 def test_a_ready_peft_model_is_accepted_and_saved_whole(tmp_path: Path) -> None:
     network = apply_lora(load_model("tiny", seed=0, **TINY_KWARGS), {"r": 2, "alpha": 4, "target_modules": ["q_proj"]})
-    model = make_model({"model": network}, sft_steps=0)
+    model = make_model({"model": network}, cold_start=False)
     assert model.policy.model is network and model.ref_model is None
     assert model.policy_kwargs["lora"] == {"r": 2, "alpha": 4, "target_modules": ["q_proj"], "dropout": 0.0}
     model.learn(8)
@@ -308,7 +319,7 @@ def _adapter(tmp_path: Path, network) -> Path:
 def test_exported_adapter_and_merged_folders(qwen2_folder: Path, tmp_path: Path) -> None:
     """``save_pretrained`` writes a peft adapter folder that PeftModel.from_pretrained reads back onto the base,
     ``merge=True`` a plain model folder; both give the policy's greedy output, and the policy keeps its adapters."""
-    model = make_model({"model": str(qwen2_folder), "lora": ACTIVE}, str(qwen2_folder), sft_steps=0)
+    model = make_model({"model": str(qwen2_folder), "lora": ACTIVE}, str(qwen2_folder), cold_start=False)
     model.learn(8)
     model.save_pretrained(str(tmp_path / "adapter"))
     model.save_pretrained(str(tmp_path / "merged"), merge=True)

@@ -3,7 +3,9 @@ refused when the object is built, with the argument's name in the message."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import re
 
 import pytest
 from stable_baselines3.common.monitor import Monitor
@@ -54,19 +56,66 @@ BAD_IDS = [f"{n}={getattr(v, '__name__', v)!r}"[:40] for n, v in BAD_GRPO]  # a 
 
 @pytest.mark.parametrize(("name", "value"), BAD_GRPO, ids=BAD_IDS)
 def test_a_bad_value_is_refused_at_construction(name: str, value: object) -> None:
-    kwargs = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "policy_kwargs": TINY, name: value}
+    """Each value by its rule; a setting of a settings dict (``sft_steps`` is ``cold_start_kwargs["steps"]``) given
+    in its dict, the message naming the dict and the key."""
+    kwargs = {"n_groups": 2, "group_size": 4, "cold_start": False, "policy_kwargs": TINY}
+    group, key = GRPO.arguments.flat_names().get(name, (name, name))
     if name == "policy_kwargs":
         kwargs["policy_kwargs"] = {**TINY, **value}
-    shown = next(iter(value)) if isinstance(value, dict) else name
-    with pytest.raises((ValueError, TypeError), match=shown.rstrip("s") if name == "policy_kwargs" else name):
+        shown = next(iter(value)).rstrip("s")
+    elif group != name:
+        kwargs[group] = {key: value}
+        shown = re.escape(f"{group}[{key!r}]")
+    else:
+        kwargs[name], shown = value, name
+    with pytest.raises((ValueError, TypeError), match=shown):
         GRPO("TransformerPolicy", env(), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["sft_steps", "diagnostics", "replay_ratio"])
+def test_a_flat_name_of_an_earlier_version_names_its_settings_dict(name: str) -> None:
+    """``GRPO(sft_steps=0)`` worked before the settings dicts: now a ``TypeError`` says where it lives (TRL's names,
+    ``vllm_mode``, get TRL's hint, which names the same place); a model file of that version still loads
+    (``Arguments.regrouped``)."""
+    group, key = GRPO.arguments.flat_names()[name]
+    with pytest.raises(TypeError, match=re.escape(f"{name} is now a setting of {group}: pass {group}={{{key!r}: 1}}")):
+        GRPO("TransformerPolicy", env(), policy_kwargs=TINY, **{name: 1})
+    assert GRPO.arguments.regrouped({name: 1, "n_groups": 2}) == {group: {key: 1}, "n_groups": 2}
+
+
+def test_a_model_file_of_an_earlier_version_loads_with_its_flat_names(tmp_path) -> None:
+    """A file written before the settings dicts records ``sft_steps``, ``vllm_mode``, ``replay_ratio`` flat: load
+    puts each in its dict."""
+    from tests.test_hostile_files import with_data
+
+    model = GRPO("TransformerPolicy", env(), policy_kwargs=TINY, n_groups=2, group_size=4, cold_start=False,
+                 cold_start_kwargs={"steps": 7}, controls_kwargs={"replay_ratio": 0.25})  # fmt: skip
+    model.save(tmp_path / "new.zip")
+
+    def flatten(data: dict) -> None:
+        arguments = data["arguments"]
+        for name, (group, key) in GRPO.arguments.flat_names().items():
+            arguments[name] = arguments[group][key]
+        for group in ("rollout_engine_kwargs", "cold_start_kwargs", "controls_kwargs"):
+            del arguments[group]
+
+    old = with_data(tmp_path / "new.zip", tmp_path / "old.zip", flatten)
+    loaded = GRPO.load(old, env=env())
+    assert (loaded.sft_steps, loaded.replay_ratio, loaded.vllm_mode) == (7, 0.25, "colocate")
+    assert loaded._constructor_arguments()["cold_start_kwargs"]["steps"] == 7
+
+
+def test_every_keyword_is_in_the_signature() -> None:
+    """What IDEs, ``help`` and ``inspect`` show: every argument by name (71 flat ones before the settings dicts)."""
+    assert list(inspect.signature(GRPO).parameters) == ["policy", "env", *GRPO.arguments, "_init_setup_model"]
+    assert len(GRPO.arguments) <= 44, len(GRPO.arguments)
 
 
 def test_integral_floats_and_numpy_numbers_are_read_as_their_values() -> None:
     import numpy as np
 
     model = GRPO(
-        "TransformerPolicy", env(), n_groups=2.0, group_size=np.int64(4), beta=np.float32(0.0), sft_steps=0,
+        "TransformerPolicy", env(), n_groups=2.0, group_size=np.int64(4), beta=np.float32(0.0), cold_start=False,
         policy_kwargs=TINY,
     )  # fmt: skip
     assert model.n_groups == 2 and isinstance(model.n_groups, int) and model.group_size == 4
@@ -92,7 +141,7 @@ def scored_env(every: int, n_envs: int = 1) -> DummyVecEnv:
 
 
 def test_every_completion_erring_stops_training_with_the_error() -> None:
-    model = GRPO("TransformerPolicy", scored_env(1), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY)
+    model = GRPO("TransformerPolicy", scored_env(1), n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY)
     with pytest.warns(RuntimeWarning, match="scorer call"), pytest.raises(RuntimeError, match="every completion"):
         model.learn(8)
 
@@ -101,7 +150,7 @@ def test_reward_errors_are_counted_in_tensorboard(tmp_path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     model = GRPO(
-        "TransformerPolicy", scored_env(2, n_envs=2), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY,
+        "TransformerPolicy", scored_env(2, n_envs=2), n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY,
         tensorboard_log=str(tmp_path),
     )  # fmt: skip
     with pytest.warns(RuntimeWarning, match="scorer call"):
@@ -135,7 +184,7 @@ def test_every_argument_is_declared_once_with_a_rule_and_a_docstring_entry() -> 
 
 def test_positional_arguments_bind_as_the_signature_says() -> None:
     """SB3's positional order (policy, env, learning_rate, ...) still binds; unknown names still say ours."""
-    model = GRPO("TransformerPolicy", env(), 3e-4, 2, 4, sft_steps=0, policy_kwargs=TINY, _init_setup_model=False)
+    model = GRPO("TransformerPolicy", env(), 3e-4, 2, 4, cold_start=False, policy_kwargs=TINY, _init_setup_model=False)
     assert (model.learning_rate, model.n_groups, model.group_size) == (3e-4, 2, 4)
     with pytest.raises(TypeError, match="multiple values for argument 'n_groups'"):
         GRPO("TransformerPolicy", env(), 3e-4, 2, n_groups=2, _init_setup_model=False)
@@ -145,24 +194,36 @@ def test_positional_arguments_bind_as_the_signature_says() -> None:
     ("settings", "words"),
     [
         ({"max_resample_rounds": 7}, "max_resample_rounds=7 has no effect with dynamic_sampling=False"),
-        ({"vllm_mode": "server"}, "vllm_mode='server' has no effect with rollout_engine='builtin'"),
-        ({"replay_buffer_kwargs": {"capacity": 64}}, "pass replay_ratio > 0 to use it"),
-        ({"competition_coef": 2.0}, "competition_coef=2.0 has no effect with competition=None"),
+        (
+            {"rollout_engine_kwargs": {"mode": "server"}},
+            "rollout_engine_kwargs['mode']='server' has no effect with rollout_engine='builtin'",
+        ),
+        (
+            {"controls_kwargs": {"replay_buffer_kwargs": {"capacity": 64}}},
+            "pass controls_kwargs['replay_ratio'] > 0 to use it",
+        ),
+        (
+            {"controls_kwargs": {"competition_coef": 2.0}},
+            "controls_kwargs['competition_coef']=2.0 has no effect with controls_kwargs['competition']=None",
+        ),
         ({"sequence_clip_range": 1e-3}, "pass importance_level='sequence' to use it"),
-        ({"cold_start": False, "sft_learning_rate": 1e-4}, "sft_learning_rate=0.0001 has no effect with cold_start"),
+        (
+            {"cold_start": False, "cold_start_kwargs": {"learning_rate": 1e-4}},
+            "cold_start_kwargs['learning_rate']=0.0001 has no effect with cold_start",
+        ),
     ],
     ids=["resample", "vllm", "replay", "competition", "sequence-clip", "cold-start"],
 )
 def test_a_setting_whose_part_is_off_is_named_in_a_warning(settings: dict, words: str) -> None:
     """Hostile round four, options in combination: each was taken without a word and ignored. A warning, not an
     error: a preset holds a part's settings and a run switches the part off (``-params cold_start:False``)."""
-    kwargs = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "policy_kwargs": TINY, **settings}
-    with pytest.warns(UserWarning, match=words.replace("(", r"\(").replace(")", r"\)")):
+    kwargs = {"n_groups": 2, "group_size": 4, "cold_start": False, "policy_kwargs": TINY, **settings}
+    with pytest.warns(UserWarning, match=re.escape(words)):
         GRPO("TransformerPolicy", env(), **kwargs)
 
 
 def test_defaults_and_a_part_switched_on_warn_about_nothing(recwarn: pytest.WarningsRecorder) -> None:
-    GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY)
-    GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY,
+    GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY)
+    GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY,
          dynamic_sampling=True, max_resample_rounds=7)  # fmt: skip
     assert not [w for w in recwarn if "has no effect" in str(w.message)]

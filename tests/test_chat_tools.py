@@ -143,7 +143,7 @@ def test_cold_start_grpo_and_evaluation_on_the_chat_model(chat_folder: Path) -> 
     _, completion, roles = env.gold_examples(2, episodes=True)[0]  # one tool episode: two model turns
     between = env.tokenizer.decode(completion[roles == ENV_TOKEN])
     assert between.startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\n")  # the template's tool message
-    model = GRPO("TransformerPolicy", vec, n_groups=1, group_size=4, cold_start=True, sft_steps=2, sft_batch_size=4, seed=0,
+    model = GRPO("TransformerPolicy", vec, n_groups=1, group_size=4, cold_start=True, cold_start_kwargs={"steps": 2, "batch_size": 4},  seed=0,
                  policy_kwargs={"model": str(chat_folder)}, mixed_precision="no")  # fmt: skip
     assert type(model.policy.model).__name__ == "Qwen2ForCausalLM"
     model.learn(4)

@@ -22,8 +22,7 @@ CONFIG = {
         "n_timesteps": 16,
         "n_groups": 2,
         "group_size": 4,
-        "sft_steps": 3,
-        "sft_batch_size": 4,
+        "cold_start_kwargs": {"steps": 3, "batch_size": 4},
         "eval_problems": 4,
         "policy_kwargs": {
             "model": "tiny",
@@ -166,7 +165,15 @@ def test_sft_saves_a_cold_started_model(tmp_path: Path, capsys: pytest.CaptureFi
 
 def test_hyperparams_override_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = write_config(tmp_path)
-    argv = ["sft", "--config", str(config), "--save-path", str(tmp_path / "s.zip"), "-params", "sft_steps:1"]
+    argv = [
+        "sft",
+        "--config",
+        str(config),
+        "--save-path",
+        str(tmp_path / "s.zip"),
+        "-params",
+        "cold_start_kwargs:{'steps': 1}",
+    ]
     assert main([*argv, "n_groups=1", "beta:0.0"]) == 0
     capsys.readouterr()
     model = GRPO.load(tmp_path / "s.zip")

@@ -182,8 +182,7 @@ def test_bad_sft_data_fails_at_construction(tmp_path: Path) -> None:
             env,
             n_groups=1,
             group_size=2,
-            sft_steps=2,
-            sft_data=str(tmp_path / "nope.jsonl"),
+            cold_start_kwargs={"steps": 2, "data": str(tmp_path / "nope.jsonl")},
             policy_kwargs=TINY,
         )
 
@@ -195,8 +194,7 @@ def test_grpo_cold_start_logs_sft_loss_to_tensorboard(tmp_path: Path) -> None:
         env,
         n_groups=2,
         group_size=4,
-        sft_steps=3,
-        sft_batch_size=4,
+        cold_start_kwargs={"steps": 3, "batch_size": 4},
         seed=0,
         tensorboard_log=str(tmp_path),
         policy_kwargs=TINY,
@@ -218,7 +216,7 @@ def test_run_cold_start_before_learn_needs_no_setup():
     """A user (or a benchmark) may run the SFT stage alone, right after construction."""
     from tests.test_grpo import make_model
 
-    model = make_model(sft_steps=2)
+    model = make_model(cold_start_kwargs={"steps": 2})
     stats = model.run_cold_start()
     assert model._cold_start_done and stats
 
@@ -234,7 +232,7 @@ def test_rows_without_a_solution_get_well_formed_targets_and_a_warning(tmp_path:
         supervised_finetune(policy, env, steps=2, batch_size=8, learning_rate=1e-3)
     message = next(str(w.message) for w in caught if "gold reasoning" in str(w.message))
     assert message.startswith(f"{core.gold_stand_ins} of 16 cold-start examples (task 'jsonl') had no gold reasoning")
-    assert 0 < core.gold_stand_ins < 16 and "sft_data" in message
+    assert 0 < core.gold_stand_ins < 16 and "cold_start_kwargs" in message
 
 
 def test_malformed_sft_data_responses_are_counted_in_a_warning(tmp_path: Path) -> None:
@@ -253,11 +251,13 @@ def test_an_untrained_model_from_a_folder_is_named_and_cold_start_true_runs_it(t
     load_model("tiny", seed=0, **TINY_KWARGS).save_pretrained(folder)  # from_config, saved: untrained weights
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS))])
     kwargs = {"n_groups": 1, "group_size": 2, "seed": 0, "policy_kwargs": {"model": folder}}
-    model = GRPO("TransformerPolicy", env, sft_steps=7, **kwargs)
+    model = GRPO("TransformerPolicy", env, cold_start_kwargs={"steps": 7}, **kwargs)
     assert not model.policy.is_builtin and gold_nll(model.policy, env) > 0.9 * math.log(BUILTIN_VOCAB_SIZE)
-    with pytest.warns(UserWarning, match=r"like an untrained one .* the cold start \(sft_steps=7\) does not run"):
+    with pytest.warns(UserWarning, match=r"like an untrained one .* the cold start \(7 steps\) does not run"):
         model.learn(2)
     assert not model._cold_start_done
-    model = GRPO("TransformerPolicy", env, sft_steps=60, sft_learning_rate=3e-3, cold_start=True, **kwargs)
+    model = GRPO(
+        "TransformerPolicy", env, cold_start_kwargs={"steps": 60, "learning_rate": 3e-3}, cold_start=True, **kwargs
+    )
     model.learn(2)
     assert model._cold_start_done and check_pretrained(model.policy, env, 60)  # now better than a uniform guess

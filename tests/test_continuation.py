@@ -107,7 +107,7 @@ def feedback_env(n_envs: int) -> DummyVecEnv:
 
 
 def rollout(turn_cache: bool, n_envs: int) -> Any:
-    model = GRPO("TransformerPolicy", feedback_env(n_envs), n_groups=2, group_size=4, sft_steps=0,
+    model = GRPO("TransformerPolicy", feedback_env(n_envs), n_groups=2, group_size=4, cold_start=False,
                  policy_kwargs=TINY, seed=3, mixed_precision="no", turn_cache=turn_cache)  # fmt: skip
     rows_seen, ratios = [], []
     build = model._build_batch

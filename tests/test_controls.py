@@ -79,15 +79,15 @@ def _scalars(tmp_path: Path) -> dict[str, list[float]]:
 @pytest.mark.parametrize(
     ("kwargs", "tag"),
     [
-        ({"competition": "fixed"}, "train/competition_coef"),
-        ({"competition": "adaptive"}, "train/competition_coef"),
-        ({"diversity_guard": True}, "diversity/entropy_spread"),
-        ({"reward_ramp": True}, "train/reward_model_weight"),
+        ({"controls_kwargs": {"competition": "fixed"}}, "train/competition_coef"),
+        ({"controls_kwargs": {"competition": "adaptive"}}, "train/competition_coef"),
+        ({"controls_kwargs": {"diversity_guard": True}}, "diversity/entropy_spread"),
+        ({"controls_kwargs": {"reward_ramp": True}}, "train/reward_model_weight"),
         ({"curriculum": True}, "curriculum/difficulty"),
-        ({"diagnostics": True}, "groups/stability"),
-        ({"replay_ratio": 0.25}, "replay/fraction"),
-        ({"update_mode": "sequential"}, "train/optimizer_steps"),
-        ({"protected_rollouts": 1}, "rollout/protected"),
+        ({"controls_kwargs": {"diagnostics": True}}, "groups/stability"),
+        ({"controls_kwargs": {"replay_ratio": 0.25}}, "replay/fraction"),
+        ({"controls_kwargs": {"update_mode": "sequential"}}, "train/optimizer_steps"),
+        ({"controls_kwargs": {"protected_rollouts": 1}}, "rollout/protected"),
         ({"advantage_baseline": "value", "policy_kwargs": {**TINY, "value_head": True}}, "train/value_baseline"),
     ],
 )
@@ -98,7 +98,7 @@ def test_each_control_is_active_in_learn(tmp_path: Path, kwargs, tag):
 
 
 def test_fixed_competition_scales_the_advantages(tmp_path: Path):
-    model = make_model(competition="fixed", tensorboard_log=str(tmp_path), seed=4)
+    model = make_model(controls_kwargs={"competition": "fixed"}, tensorboard_log=str(tmp_path), seed=4)
     model.learn(8)
     coef = _scalars(tmp_path)["train/competition_coef"]
     assert coef == [pytest.approx(1.2)]
@@ -106,7 +106,7 @@ def test_fixed_competition_scales_the_advantages(tmp_path: Path):
 
 def test_reward_ramp_sets_the_env_weight():
     env = make_env(reward_weights={"syntax": 0.3, "consistency": 0.4, "task": 0.3})
-    model = make_model(env, reward_ramp=True)
+    model = make_model(env, controls_kwargs={"reward_ramp": True})
     model.learn(8)
     assert env.get_attr("reward_fn")[0].weights["consistency"] == 0.0  # 0 timesteps: nothing yet
     model.num_timesteps = 2500
@@ -137,7 +137,7 @@ def test_diagnostics_give_the_joint_gradient(tmp_path: Path, mixed_precision: st
     runs = []
     for diagnostics in (False, True):
         model = make_model(
-            diagnostics=diagnostics,
+            controls_kwargs={"diagnostics": diagnostics},
             tensorboard_log=str(tmp_path / str(diagnostics)),
             learning_rate=1e-3,
             mixed_precision=mixed_precision,
@@ -151,17 +151,21 @@ def test_diagnostics_give_the_joint_gradient(tmp_path: Path, mixed_precision: st
 
 
 def test_sequential_updates_step_once_per_group(tmp_path: Path):
-    model = make_model(update_mode="sequential", tensorboard_log=str(tmp_path))
+    model = make_model(controls_kwargs={"update_mode": "sequential"}, tensorboard_log=str(tmp_path))
     model.learn(8)
     assert model._n_updates == 2  # two groups, one step each
     assert _scalars(tmp_path)["train/optimizer_steps"] == [2.0]
 
 
 def test_value_baseline_and_protected_rollouts():
-    model = make_model(advantage_baseline="value", policy_kwargs={**TINY, "value_head": True}, protected_rollouts=1)
+    model = make_model(
+        advantage_baseline="value",
+        policy_kwargs={**TINY, "value_head": True},
+        controls_kwargs={"protected_rollouts": 1},
+    )
     assert model.ref_model is not None  # the frozen sampler of the protected rollouts
     model.learn(16)
     with pytest.raises(ValueError, match="value head"):
         make_model(advantage_baseline="value")
     with pytest.raises(ValueError, match="update_mode"):
-        make_model(update_mode="parallel")
+        make_model(controls_kwargs={"update_mode": "parallel"})

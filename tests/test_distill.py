@@ -36,9 +36,12 @@ def trained_teacher() -> GRPO:
     budget; its greedy held-out success is about 14%)."""
     kwargs = {**TINY_KWARGS, "hidden_size": 64, "intermediate_size": 128}
     teacher = GRPO(
-        "TransformerPolicy", make_env(), policy_kwargs={"model": "tiny", "model_kwargs": kwargs}, sft_steps=800,
-        sft_batch_size=32, sft_learning_rate=5e-3, seed=0,
-    )  # fmt: skip
+        "TransformerPolicy",
+        make_env(),
+        policy_kwargs={"model": "tiny", "model_kwargs": kwargs},
+        cold_start_kwargs={"steps": 800, "batch_size": 32, "learning_rate": 5e-3},
+        seed=0,
+    )
     teacher.run_cold_start()
     return teacher
 

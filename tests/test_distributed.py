@@ -56,8 +56,12 @@ def test_two_processes_train_the_weights_of_one_in_bf16(tmp_path: Path):
 def test_two_processes_refill_and_sample_prompts_as_one(tmp_path: Path):
     """Dynamic sampling (every rank draws the same rounds), the prompt pool, GSPO and mask_truncated: the job's
     weights are the single process's."""
-    options = {"dynamic_sampling": True, "prompt_sampling": "learnability", "importance_level": "sequence",
-               "mask_truncated": True, "prompt_pool_size": 4}  # fmt: skip
+    options = {
+        "dynamic_sampling": True,
+        "controls_kwargs": {"prompt_sampling": "learnability", "prompt_pool_size": 4},
+        "importance_level": "sequence",
+        "mask_truncated": True,
+    }
     done = torchrun(tmp_path, "train", *(f"{key}={value}" for key, value in options.items()), timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (tmp_path / "one").mkdir()

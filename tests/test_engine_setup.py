@@ -76,13 +76,25 @@ def test_builtin_has_no_engine_and_lmppo_takes_hf(tmp_path: Path) -> None:
     ("kwargs", "match"),
     [
         ({"rollout_engine": "sglang"}, r"rollout_engine .*'builtin', 'hf', 'vllm'"),
-        ({"vllm_mode": "remote"}, r"vllm_mode .*'colocate', 'server'"),
-        ({"vllm_server_base_url": "127.0.0.1:8000"}, r"vllm_server_base_url must be a URL such as 'http://"),
-        ({"vllm_server_port": 70000}, "vllm_server_port"),
-        ({"vllm_kwargs": ["tensor_parallel_size"]}, "vllm_kwargs must be a dict of keyword arguments"),
-        ({"vllm_lora_sync": "full"}, r"vllm_lora_sync .*'merged', 'adapters'"),
+        ({"rollout_engine_kwargs": {"mode": "remote"}}, r"rollout_engine_kwargs\['mode'\] .*'colocate', 'server'"),
+        (
+            {"rollout_engine_kwargs": {"server_base_url": "127.0.0.1:8000"}},
+            r"rollout_engine_kwargs\['server_base_url'\] must be a URL such as 'http://",
+        ),
+        ({"rollout_engine_kwargs": {"server_port": 70000}}, "server_port"),
+        (
+            {"rollout_engine_kwargs": {"llm_kwargs": ["tensor_parallel_size"]}},
+            "rollout_engine_kwargs\\['llm_kwargs'\\] must be a dict of keyword arguments",
+        ),
+        (
+            {"rollout_engine_kwargs": {"lora_sync": "full"}},
+            r"rollout_engine_kwargs\['lora_sync'\] .*'merged', 'adapters'",
+        ),
         ({"rollout_engine": "hf", "sharding": "fsdp"}, r"not with sharding='fsdp'.*use sharding=None"),
-        ({"rollout_engine": "vllm", "vllm_enable_sleep_mode": True}, "needs a CUDA device; leave it False on a CPU"),
+        (
+            {"rollout_engine": "vllm", "rollout_engine_kwargs": {"enable_sleep_mode": True}},
+            "needs a CUDA device; leave it False on a CPU",
+        ),
     ],
 )
 def test_bad_engine_settings_name_the_fix(kwargs: dict, match: str) -> None:
@@ -97,7 +109,10 @@ def test_vllm_colocated_without_vllm_says_how_to_install() -> None:
 
 
 def test_the_spec_and_the_engine_sizes() -> None:
-    model = make_model(rollout_engine="hf", vllm_server_host="10.0.0.2", vllm_server_port=8001)
+    model = make_model(
+        rollout_engine="hf",
+        rollout_engine_kwargs={"server_host": "10.0.0.2", "server_port": 8001},
+    )
     spec = EngineSpec.of(model)
     assert spec.server_url == "http://10.0.0.2:8001" and spec.engine == "hf" and spec.llm_kwargs == {}
     assert EngineSpec(base_url="http://h:1/").server_url == "http://h:1"
@@ -125,16 +140,20 @@ def test_train_flags_and_resume_take_the_engine(tmp_path: Path) -> None:
     assert code == 0, err
     saved = read_saved_run(latest_checkpoint(folder) / "model.zip").arguments
     assert (saved["rollout_engine"], saved["sampler_correction"]) == ("hf", "auto")  # the flag's, recorded
-    code, out, err = run_cli([*base, "--resume", "--rollout-engine", "builtin", "-params", "vllm_mode:'server'"])
+    code, out, err = run_cli(
+        [*base, "--resume", "--rollout-engine", "builtin", "-params", "rollout_engine_kwargs:{'mode': 'server'}"]
+    )
     assert code == 0, err
-    assert "-params taken: vllm_mode" in out  # how it samples may change on --resume, what it learns may not
+    assert (
+        "-params taken: rollout_engine_kwargs" in out
+    )  # how it samples may change on --resume, what it learns may not
 
 
 def test_an_engine_that_cannot_start_ends_the_command_with_the_fix(tmp_path: Path) -> None:
     config, folder = write_config(tmp_path), tmp_path / "ck"
     argv = ["train", "--config", str(config), "--checkpoint-dir", str(folder), "--rollout-engine", "vllm",
             "--vllm-mode", "server", "--vllm-server-base-url", "http://127.0.0.1:9", "-params",
-            "vllm_server_timeout:1.0"]  # fmt: skip
+            "rollout_engine_kwargs:{'server_timeout': 1.0}"]  # fmt: skip
     code, _, err = run_cli(argv)
     assert code == 1 and "Traceback" not in err
     assert "no vLLM server answers at http://127.0.0.1:9" in err and "grpo-gym vllm-serve" in err
@@ -148,8 +167,15 @@ def test_a_zoo_config_names_the_engine(tmp_path: Path) -> None:
     from algorithms.cli import _grpo_keys
     from algorithms.common.hyperparams import check_keys, load_hyperparams
 
-    keys = {"rollout_engine": "hf", "vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:8000",
-            "vllm_lora_sync": "adapters", "sampler_correction": "mask"}  # fmt: skip
+    keys = {
+        "rollout_engine": "hf",
+        "rollout_engine_kwargs": {
+            "mode": "server",
+            "server_base_url": "http://127.0.0.1:8000",
+            "lora_sync": "adapters",
+        },
+        "sampler_correction": "mask",
+    }
     path = tmp_path / "grpo.yml"
     path.write_text(yaml.safe_dump({"R1Zero-v0": {"n_timesteps": 8, "policy": "TransformerPolicy", **keys}}))
     config = load_hyperparams(path, "R1Zero-v0")
@@ -163,6 +189,6 @@ def test_served_vllm_on_several_processes_is_refused_naming_the_fix() -> None:
 
     from algorithms.common.generation.engines.setup import check_spec
 
-    with pytest.raises(ValueError, match=r"2 processes: .*Use vllm_mode='colocate'"):
+    with pytest.raises(ValueError, match=r"2 processes: .*Use rollout_engine_kwargs=\{'mode': 'colocate'\}"):
         check_spec(EngineSpec(engine="vllm", vllm_mode="server"), None, torch.device("cpu"), world_size=2)
     check_spec(EngineSpec(engine="vllm"), None, torch.device("cpu"), world_size=2)  # colocated: one per rank

@@ -75,9 +75,16 @@ def test_the_tokenizer_and_chat_template_come_from_the_file(gguf_file, tokenizer
 def test_grpo_trains_saves_loads_and_exports_a_gguf_model(tmp_path, gguf_file):
     env = DummyVecEnv([lambda: grpo_gym.R1ZeroEnv(tokenizer=gguf_file, max_new_tokens=8)])
     model = GRPO(
-        "TransformerPolicy", env, n_groups=2, group_size=2, seed=0, policy_kwargs={"model": gguf_file}, sft_steps=2,
-        cold_start=True, sft_batch_size=2, sft_learning_rate=1e-3, learning_rate=1e-3,
-    )  # fmt: skip
+        "TransformerPolicy",
+        env,
+        n_groups=2,
+        group_size=2,
+        seed=0,
+        policy_kwargs={"model": gguf_file},
+        cold_start_kwargs={"steps": 2, "batch_size": 2, "learning_rate": 1e-3},
+        cold_start=True,
+        learning_rate=1e-3,
+    )
     model.learn(4)
     model.save(tmp_path / "run.zip")
     loaded = GRPO.load(tmp_path / "run.zip")  # rebuilt from the file's record: the GGUF's tokenizer again
@@ -124,8 +131,9 @@ def test_the_command_line_trains_a_gguf_file_and_a_folder(tmp_path, gguf_file, l
     tokenizer.save_pretrained(folder)
     for source in (gguf_file, str(folder)):
         argv = ["train", "--model", source, "--difficulty", "0.1", "--max-new-tokens", "12", "-n", "8",
-                "--save-path", str(tmp_path / "run.zip"), "--no-progress-bar", "-params", "sft_steps:2",
-                "sft_batch_size:2", "n_groups:2", "group_size:4", "eval_problems:4"]  # fmt: skip
+                "--save-path", str(tmp_path / "run.zip"), "--no-progress-bar", "-params",
+                "cold_start_kwargs:{'steps': 2, 'batch_size': 2}", "n_groups:2", "group_size:4",
+                "eval_problems:4"]  # fmt: skip
         assert main(argv) == 0
         out = capsys.readouterr().out
         for label in ("before training", "before GRPO", "after GRPO"):
@@ -140,7 +148,7 @@ def test_the_pretrained_preset_is_said_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "--model SOURCE" in out and "'pretrained' preset" in out and "sft_learning_rate" in out
+    assert "--model SOURCE" in out and "'pretrained' preset" in out and "cold_start_kwargs.learning_rate" in out
 
 
 def _corrupt(path: str, target: Path, keep: int) -> str:

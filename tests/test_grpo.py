@@ -24,7 +24,13 @@ def make_env(n_envs: int = 1, **kwargs) -> DummyVecEnv:
 
 
 def make_model(env=None, **kwargs) -> GRPO:
-    defaults = {"n_groups": 2, "group_size": 4, "sft_steps": 2, "sft_batch_size": 4, "seed": 0, "policy_kwargs": TINY}
+    defaults = {
+        "n_groups": 2,
+        "group_size": 4,
+        "cold_start_kwargs": {"steps": 2, "batch_size": 4},
+        "seed": 0,
+        "policy_kwargs": TINY,
+    }
     return GRPO("TransformerPolicy", env or make_env(), **{**defaults, **kwargs})
 
 
@@ -191,7 +197,7 @@ def test_evaluate_policy_eval_and_checkpoint_callbacks(tmp_path: Path) -> None:
 
 
 def test_string_env_id_and_set_get_env() -> None:
-    model = GRPO("TransformerPolicy", "R1Zero-v0", n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
+    model = GRPO("TransformerPolicy", "R1Zero-v0", n_groups=1, group_size=2, cold_start=False, policy_kwargs=TINY)
     assert model.get_env().num_envs == 1
     model.set_env(make_env(context_length=4096, max_new_tokens=64, difficulty=0.5))
     assert model.get_env().get_attr("difficulty") == [0.5]
@@ -232,7 +238,7 @@ def test_reference_only_when_beta_positive() -> None:
 
 
 def test_cold_start_is_auto_for_builtin_and_switchable() -> None:
-    model = make_model(sft_steps=3)
+    model = make_model(cold_start_kwargs={"steps": 3})
     assert model.needs_cold_start()
     model.learn(8)
     assert model._cold_start_done and not model.needs_cold_start()
@@ -281,7 +287,7 @@ def test_vocabulary_mismatch_is_caught(tmp_path: Path) -> None:
 
 def test_gym_make_env_is_wrapped() -> None:
     env = gym.make("R1Zero-v0", **ENV_KWARGS)
-    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
+    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, cold_start=False, policy_kwargs=TINY)
     model.learn(2)
     assert model.num_timesteps == 2
 
@@ -313,9 +319,7 @@ def test_reward_rises_on_an_easy_task(tmp_path: Path) -> None:
         env,
         n_groups=2,
         group_size=8,
-        sft_steps=60,
-        sft_batch_size=16,
-        sft_learning_rate=3e-3,
+        cold_start_kwargs={"steps": 60, "batch_size": 16, "learning_rate": 3e-3},
         learning_rate=1e-3,
         beta=0.0,
         ent_coef=0.0,

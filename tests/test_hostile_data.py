@@ -238,7 +238,7 @@ def test_learn_names_a_reward_function_returning_1e308() -> None:
     from tests.sizes import TINY
 
     env = dataset_env(reward_funcs={"huge": lambda completions, **kw: [1e308] * len(completions)})
-    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, sft_steps=0, seed=0, policy_kwargs=TINY)
+    model = GRPO("TransformerPolicy", env, n_groups=1, group_size=2, cold_start=False, seed=0, policy_kwargs=TINY)
     with pytest.raises(RuntimeError, match=r"every completion .*'huge' returned 1e\+308, beyond float32's range"):
         model.learn(total_timesteps=4)
 

@@ -31,7 +31,7 @@ def make_env() -> DummyVecEnv:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    settings = {"n_groups": 2, "group_size": 2, "sft_steps": 0, "seed": 0, "mixed_precision": "no"}
+    settings = {"n_groups": 2, "group_size": 2, "cold_start": False, "seed": 0, "mixed_precision": "no"}
     model = GRPO("TransformerPolicy", make_env(), policy_kwargs=TINY, **settings)
     path = tmp_path_factory.mktemp("saved") / "good.zip"
     model.save(path)

@@ -20,7 +20,7 @@ from grpo_gym.validation import ArgumentError
 from tests.sizes import ENV_KWARGS, TINY_KWARGS
 
 ROWS = [{"prompt": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(12)]
-SMALL = {"policy_kwargs": {"model_kwargs": TINY_KWARGS}, "sft_steps": 0, "mixed_precision": "no"}
+SMALL = {"policy_kwargs": {"model_kwargs": TINY_KWARGS}, "cold_start": False, "mixed_precision": "no"}
 PORT = {"train_dataset": ROWS, "env_kwargs": {"max_new_tokens": 8, "context_length": 128}, **SMALL}
 BUILTINS_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
 

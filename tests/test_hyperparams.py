@@ -55,7 +55,7 @@ def test_seed_preset_values() -> None:
     assert config["n_groups"] == 4
     assert config["group_size"] == 8
     assert config["max_grad_norm"] == 0.5
-    assert config["sft_steps"] == 5000
+    assert config["cold_start_kwargs"]["steps"] == 5000
     assert config["policy_kwargs"]["top_p"] == 0.92
     assert config["env_kwargs"]["difficulty"] == 0.3
     assert isinstance(config["learning_rate"], float) and config["learning_rate"] == 1e-5

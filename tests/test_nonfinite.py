@@ -133,7 +133,7 @@ def test_a_learning_rate_schedule_that_turns_nan_stops_learn_and_save_refuses(tm
     from algorithms.common.saving.checkpoints import IterationCheckpoint
 
     model = GRPO(
-        "TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, sft_steps=0, seed=0,
+        "TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, cold_start=False, seed=0,
         mixed_precision="no", learning_rate=lambda progress: 1e-3 if progress >= 0.5 or progress == 0 else math.nan,
     )  # fmt: skip
     path = tmp_path / "good.zip"
@@ -163,7 +163,9 @@ def test_a_learning_rate_schedule_that_turns_nan_stops_learn_and_save_refuses(tm
     ids=["infinite-moment", "moment-shape"],
 )
 def test_load_refuses_damaged_optimizer_moments(tmp_path: Path, change, words: str) -> None:
-    model = GRPO("TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, sft_steps=0, seed=0)
+    model = GRPO(
+        "TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, cold_start=False, seed=0
+    )
     model.learn(4)  # the optimizer has moments
     model.save(tmp_path / "good.zip")
     crafted = with_optimizer(tmp_path / "good.zip", tmp_path / "bad.zip", change)
@@ -196,7 +198,9 @@ def test_eval_and_serve_leave_a_damaged_optimizer_state_unread(stopped, tmp_path
     ],
 )
 def test_load_refuses_optimizer_settings_out_of_range(tmp_path: Path, group: dict[str, Any], words: str) -> None:
-    model = GRPO("TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, sft_steps=0, seed=0)
+    model = GRPO(
+        "TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, cold_start=False, seed=0
+    )
     model.save(tmp_path / "good.zip")
 
     def edit(name: str, content: bytes) -> bytes:

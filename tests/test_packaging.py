@@ -60,7 +60,7 @@ def test_the_wheel_runs_the_demo_preset_from_a_fresh_virtualenv(tmp_path: Path) 
             "-n",
             "256",
             "-params",
-            "sft_steps:5",
+            "cold_start_kwargs:{'steps': 5}",
             "eval_problems:8",
             "--no-progress-bar",
             "--checkpoint-every",

@@ -42,11 +42,8 @@ PUBLISHED = {"beta": 0.04, "ent_coef": 0.01}
 CONTROLS = {
     "beta": 0.04,
     "ent_coef": 0.01,
-    "competition": "adaptive",
-    "diversity_guard": True,
+    "controls_kwargs": {"competition": "adaptive", "diversity_guard": True, "replay_ratio": 0.25, "diagnostics": True},
     "advantage_baseline": "value",
-    "replay_ratio": 0.25,
-    "diagnostics": True,
     "policy_kwargs": {**TINY, "value_head": True},
 }
 PINS = {
@@ -69,9 +66,7 @@ def run(settings: dict) -> tuple[float, float, float]:
         "loss_aggregation": "sequence",
         "mixed_precision": "no",
         "cold_start": True,
-        "sft_steps": 2,
-        "sft_batch_size": 4,
-        "sft_learning_rate": 1e-3,
+        "cold_start_kwargs": {"steps": 2, "batch_size": 4, "learning_rate": 1e-3},
         "policy_kwargs": TINY,
         "seed": 0,
         **settings,

@@ -63,7 +63,7 @@ def save_tiny_hf_model(folder: Path, kind: str, vocab_size: int = 384) -> Path:
 # ---------------------------------------------------------------------------------------------- predict
 def test_predict_raw_observation_and_batch() -> None:
     env = make_raw_env()
-    model = GRPO("TransformerPolicy", DummyVecEnv([make_raw_env]), sft_steps=0, seed=0, policy_kwargs=TINY)
+    model = GRPO("TransformerPolicy", DummyVecEnv([make_raw_env]), cold_start=False, seed=0, policy_kwargs=TINY)
     obs, _ = env.reset(seed=0)
     action, state = model.predict(obs)
     assert state is None
@@ -187,7 +187,7 @@ def test_save_pretrained_loads_with_auto_classes(tmp_path: Path) -> None:
 def test_grpo_save_pretrained_writes_the_env_tokenizer(tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = GRPO("TransformerPolicy", DummyVecEnv([make_raw_env]), sft_steps=0, seed=0, policy_kwargs=TINY)
+    model = GRPO("TransformerPolicy", DummyVecEnv([make_raw_env]), cold_start=False, seed=0, policy_kwargs=TINY)
     model.save_pretrained(str(tmp_path))
     assert len(AutoTokenizer.from_pretrained(tmp_path)) == model.env.get_attr("codec")[0].vocab_size
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
@@ -227,7 +227,7 @@ def test_value_head(dtype: th.dtype) -> None:
 
 def test_value_head_survives_save_and_load(tmp_path: Path) -> None:
     env = DummyVecEnv([make_raw_env])
-    model = GRPO("TransformerPolicy", env, sft_steps=0, seed=0, policy_kwargs={**TINY, "value_head": True})
+    model = GRPO("TransformerPolicy", env, cold_start=False, seed=0, policy_kwargs={**TINY, "value_head": True})
     model.save(tmp_path / "m.zip")
     loaded = GRPO.load(tmp_path / "m.zip")
     assert loaded.policy.value_net is not None

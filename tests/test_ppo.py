@@ -28,8 +28,7 @@ def make_model(env=None, **kwargs) -> LMPPO:
         "n_groups": 4,
         "n_epochs": 2,
         "batch_size": 2,
-        "sft_steps": 2,
-        "sft_batch_size": 4,
+        "cold_start_kwargs": {"steps": 2, "batch_size": 4},
         "seed": 0,
         "learning_rate": 1e-3,
         "mixed_precision": "no",
@@ -183,7 +182,7 @@ def test_multi_turn_episodes() -> None:
 def test_group_size_one_is_ppo_s_and_not_grpo_s() -> None:
     assert make_model(group_size=1).group_size == 1
     with pytest.raises(ValueError, match="group_size"):
-        GRPO("TransformerPolicy", make_env(), n_groups=2, group_size=1, sft_steps=0, policy_kwargs=TINY)
+        GRPO("TransformerPolicy", make_env(), n_groups=2, group_size=1, cold_start=False, policy_kwargs=TINY)
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def test_gold_reasoning_from_metadata_and_entries_without_an_answer() -> None:
     env.gold_examples(2)
     assert env.gold_stand_ins == 0  # real reasoning, no stand-in
     boxnet = make_task("reasoning_gym:boxnet")
-    with pytest.raises(ValueError, match=r"no single gold answer.*sft_data"):
+    with pytest.raises(ValueError, match=r"no single gold answer.*cold_start_kwargs"):
         boxnet.solution(boxnet.sample_seeded(0.1, 0))
 
 
@@ -125,8 +125,16 @@ class Infos(BaseCallback):
 @pytest.mark.parametrize("family", ["chain_sum", "spell_backward"])
 def test_grpo_trains_on_a_reasoning_gym_family(family: str) -> None:
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV, task=f"reasoning_gym:{family}"))])
-    model = GRPO("TransformerPolicy", env, n_groups=2, group_size=4, sft_steps=2, sft_batch_size=4, seed=0,
-                 policy_kwargs=TINY, learning_rate=1e-3)  # fmt: skip
+    model = GRPO(
+        "TransformerPolicy",
+        env,
+        n_groups=2,
+        group_size=4,
+        cold_start_kwargs={"steps": 2, "batch_size": 4},
+        seed=0,
+        policy_kwargs=TINY,
+        learning_rate=1e-3,
+    )
     before = [p.detach().clone() for p in model.policy.parameters()]
     spy = Infos()
     with pytest.warns(UserWarning, match="had no gold reasoning"):  # the cold start used stand-ins

@@ -39,7 +39,9 @@ def test_concat_pads_prompts_left_and_completions_right():
 
 
 def test_grpo_with_replay_trains_and_logs(tmp_path: Path):
-    model = make_model(replay_ratio=0.5, max_replay_age=2, tensorboard_log=str(tmp_path), seed=1)
+    model = make_model(
+        controls_kwargs={"replay_ratio": 0.5, "max_replay_age": 2}, tensorboard_log=str(tmp_path), seed=1
+    )
     assert model.replay_buffer is not None
     model.learn(8 * 5)  # 5 iterations of 2 groups x 4
     buffer = model.replay_buffer
@@ -55,10 +57,10 @@ def test_grpo_with_replay_trains_and_logs(tmp_path: Path):
 
 
 def test_replay_buffer_save_and_load(tmp_path: Path):
-    model = make_model(replay_ratio=0.25, seed=2)
+    model = make_model(controls_kwargs={"replay_ratio": 0.25}, seed=2)
     model.learn(16)
     model.save_replay_buffer(tmp_path / "buffer.npz")
-    other = make_model(replay_ratio=0.25, seed=2)
+    other = make_model(controls_kwargs={"replay_ratio": 0.25}, seed=2)
     other.load_replay_buffer(tmp_path / "buffer.npz")
     assert len(other.replay_buffer) == len(model.replay_buffer) == 16
     a, b = model.replay_buffer.sample_batch(4), other.replay_buffer.sample_batch(4)
@@ -70,14 +72,14 @@ def test_replay_buffer_save_and_load(tmp_path: Path):
 def test_replay_on_the_demo_task():
     """The demo's env settings (compact template, arithmetic at difficulty 0.1), a quarter of each update replayed."""
     env = make_env(n_envs=2)
-    model = make_model(env, replay_ratio=0.25, n_groups=4, group_size=4, beta=0.04, seed=3)
+    model = make_model(env, controls_kwargs={"replay_ratio": 0.25}, n_groups=4, group_size=4, beta=0.04, seed=3)
     model.learn(16 * 4)
     assert model.num_timesteps == 64 and len(model.replay_buffer) == 64
 
 
 def test_bad_replay_arguments():
     with pytest.raises(ValueError, match="replay_ratio"):
-        make_model(replay_ratio=1.0)
+        make_model(controls_kwargs={"replay_ratio": 1.0})
     model = make_model()
     with pytest.raises(ValueError, match="no replay buffer"):
         model.save_replay_buffer("x.npz")

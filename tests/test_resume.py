@@ -30,7 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_checkpoints_keep_the_newest_two_and_ignore_partial_writes(tmp_path: Path) -> None:
-    model = make_model(sft_steps=0, replay_ratio=0.25)
+    model = make_model(
+        cold_start=False,
+        controls_kwargs={"replay_ratio": 0.25},
+    )
     for _ in range(3):
         model.learn(8, reset_num_timesteps=False)
         write_checkpoint(model, tmp_path, {"total_timesteps": 64})
@@ -161,7 +164,14 @@ def test_a_save_path_that_is_no_file_name_is_refused_before_any_work(tmp_path: P
 @pytest.mark.parametrize("number,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_during_the_cold_start_stops_within_seconds(tmp_path: Path, number: int, code: int) -> None:
     config = write_config(tmp_path)
-    run = ["--config", str(config), "--save-path", str(tmp_path / "m.zip"), "-params", "sft_steps:100000"]
+    run = [
+        "--config",
+        str(config),
+        "--save-path",
+        str(tmp_path / "m.zip"),
+        "-params",
+        "cold_start_kwargs:{'steps': 100000}",
+    ]
     process = subprocess.Popen(cli(*run), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     watchdog = threading.Timer(600, process.kill)  # a run that never reaches its cold start fails, never hangs
     watchdog.start()

@@ -186,7 +186,12 @@ def test_replayed_rows_join_a_corrected_rollout_with_weight_one(tmp_path: Path):
     replayed = test_replay._batch(1, 5, 2, weights=torch.tensor([0.5]), slots=torch.tensor([9]))
     both = fresh.concat(replayed)
     assert both.sampler_weights.tolist() == [[0.5] * 4, [0.5] * 4, [1.0, 1.0, 0.0, 0.0]]
-    model = make_model(replay_ratio=0.5, sampler_correction="tis", mixed_precision="no", tensorboard_log=str(tmp_path))
+    model = make_model(
+        controls_kwargs={"replay_ratio": 0.5},
+        sampler_correction="tis",
+        mixed_precision="no",
+        tensorboard_log=str(tmp_path),
+    )
     model.learn(8 * 3)  # a corrected fresh rollout with replayed rows in the last two updates
     assert len(scalars(tmp_path, "train/sampler_kl")) == 3
 

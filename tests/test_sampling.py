@@ -88,7 +88,7 @@ def make_env(n_envs: int = 1) -> DummyVecEnv:
 
 
 def make_model(env=None, **kwargs) -> GRPO:
-    defaults = {"n_groups": 2, "group_size": 4, "sft_steps": 2, "sft_batch_size": 4, "seed": 0,
+    defaults = {"n_groups": 2, "group_size": 4, "cold_start_kwargs": {"steps": 2, "batch_size": 4},  "seed": 0,
                 "mixed_precision": "no", "policy_kwargs": TINY}  # fmt: skip
     return GRPO("TransformerPolicy", env or make_env(), **{**defaults, **kwargs})
 
@@ -98,9 +98,7 @@ OPTIONS = {
     "dynamic_sampling": True,
     "max_resample_rounds": 2,
     "mask_truncated": True,
-    "prompt_sampling": "learnability",
-    "prompt_pool_size": 8,
-    "fresh_prompt_fraction": 0.5,
+    "controls_kwargs": {"prompt_sampling": "learnability", "prompt_pool_size": 8, "fresh_prompt_fraction": 0.5},
 }
 
 
@@ -138,7 +136,7 @@ class RoundSpy(BaseCallback):
 
 def test_refills_run_until_every_group_has_signal_or_the_rounds_are_spent() -> None:
     spy = RoundSpy()
-    model = make_model(dynamic_sampling=True, max_resample_rounds=3, sft_steps=0, seed=3)
+    model = make_model(dynamic_sampling=True, max_resample_rounds=3, cold_start=False, seed=3)
     model.learn(40, callback=spy)
     for uniform, rounds, resampled in spy.seen:
         assert 0 <= rounds <= 3 and resampled <= 3 * model.n_groups
@@ -152,7 +150,10 @@ def test_dynamic_sampling_needs_whole_groups_per_env() -> None:
 
 
 def test_options_off_draw_the_same_problems_as_before() -> None:
-    first, second = make_model(sft_steps=0), make_model(sft_steps=0, mask_truncated=False, max_resample_rounds=7)
+    first, second = (
+        make_model(cold_start=False),
+        make_model(cold_start=False, mask_truncated=False, max_resample_rounds=7),
+    )
     first.learn(8)
     second.learn(8)
     for p, q in zip(first.policy.parameters(), second.policy.parameters(), strict=True):

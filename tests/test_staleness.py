@@ -113,7 +113,7 @@ def test_zero_is_todays_loop_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_with_frozen_weights_the_overlapped_loop_collects_and_updates_as_the_synchronous_one() -> None:
     """With a learning rate of 0 every version is the same weights, so k = 2 must sample the same rollouts and give
     the optimizer the same gradients as k = 0: the same problems, noise, minibatch order and counters."""
-    settings = {"learning_rate": 0.0, "sft_steps": 0, "sampler_correction": None, "n_epochs": 2, "batch_size": 4}
+    settings = {"learning_rate": 0.0, "cold_start": False, "sampler_correction": None, "n_epochs": 2, "batch_size": 4}
     synchronous, overlapped = make_model(**settings), make_model(max_staleness=2, **settings)
     with staleness.split_cores(), deterministic_on_cpu("cpu"):  # the kernels the overlapped loop samples with
         synchronous.learn(32)
@@ -172,7 +172,7 @@ def test_a_fixed_seed_reproduces_the_run_and_the_schedule_is_logged(
 
 
 def test_lmppo_overlaps_too_and_reproduces() -> None:
-    settings = {"n_groups": 4, "group_size": 1, "sft_steps": 0, "seed": 0, "mixed_precision": "no",
+    settings = {"n_groups": 4, "group_size": 1, "cold_start": False, "seed": 0, "mixed_precision": "no",
                 "policy_kwargs": TINY, "max_staleness": 1}  # fmt: skip
     first, second = (LMPPO("TransformerPolicy", make_env(), **settings) for _ in range(2))
     first.learn(12)

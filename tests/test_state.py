@@ -34,8 +34,7 @@ def make_model(env=None, **kwargs) -> GRPO:
     defaults = {
         "n_groups": 2,
         "group_size": 4,
-        "sft_steps": 2,
-        "sft_batch_size": 4,
+        "cold_start_kwargs": {"steps": 2, "batch_size": 4},
         "seed": 0,
         "learning_rate": 1e-3,
         "mixed_precision": "no",
@@ -79,7 +78,7 @@ class Payload:
 
 
 def test_a_crafted_zip_is_refused_and_its_payload_never_runs(tmp_path: Path) -> None:
-    model = make_model(sft_steps=0)
+    model = make_model(cold_start=False)
     model.save(tmp_path / "good.zip")
     target = tmp_path / "pwned"
     for key in ("learning_rate", "policy_kwargs", "clip_range"):
@@ -114,7 +113,7 @@ def test_an_own_schedule_needs_custom_objects_or_allow_pickle(tmp_path: Path) ->
     def schedule(progress: float) -> float:
         return 1e-3 * progress
 
-    make_model(learning_rate=schedule, sft_steps=0).save(tmp_path / "m.zip")
+    make_model(learning_rate=schedule, cold_start=False).save(tmp_path / "m.zip")
     with pytest.raises(ValueError, match=r"'learning_rate'.*custom_objects"):
         GRPO.load(tmp_path / "m.zip", env=make_env())
     assert GRPO.load(tmp_path / "m.zip", env=make_env(), custom_objects={"learning_rate": 2e-4}).learning_rate == 2e-4
@@ -122,7 +121,7 @@ def test_an_own_schedule_needs_custom_objects_or_allow_pickle(tmp_path: Path) ->
 
 
 def test_truncated_and_corrupt_files_are_named(tmp_path: Path) -> None:
-    make_model(sft_steps=0).save(tmp_path / "m.zip")
+    make_model(cold_start=False).save(tmp_path / "m.zip")
     content = (tmp_path / "m.zip").read_bytes()
     (tmp_path / "cut.zip").write_bytes(content[: len(content) // 2])
     with pytest.raises(ValueError, match=r"cut\.zip is truncated or corrupt"):
@@ -139,7 +138,7 @@ def test_truncated_and_corrupt_files_are_named(tmp_path: Path) -> None:
 
 
 def test_bad_save_names_are_refused(tmp_path: Path) -> None:
-    model = make_model(sft_steps=0)
+    model = make_model(cold_start=False)
     with pytest.raises(ValueError, match="not a file name"):
         model.save(tmp_path / ".zip")
     with pytest.raises(ValueError, match="exclude"):
@@ -150,7 +149,7 @@ SAVE_LOOP = """
 import sys
 sys.path.insert(0, {root!r})
 from tests.test_state import make_model
-model = make_model(sft_steps=0)
+model = make_model(cold_start=False)
 print("ready", flush=True)
 while True:
     model.save({path!r})
@@ -159,7 +158,7 @@ while True:
 
 def test_a_kill_during_saves_always_leaves_a_loadable_file(tmp_path: Path) -> None:
     path = tmp_path / "latest.zip"
-    make_model(sft_steps=0).save(path)
+    make_model(cold_start=False).save(path)
     script = SAVE_LOOP.format(root=str(ROOT), path=str(path))
     for delay in (0.05, 0.11, 0.17, 0.23, 0.31, 0.37, 0.43, 0.5):
         process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, cwd=ROOT)
@@ -198,14 +197,18 @@ def resumed(tmp_path: Path, n: int, replay: bool = False, **kwargs) -> tuple[GRP
     "settings",
     [
         {},
-        {"replay_ratio": 0.25},
+        {"controls_kwargs": {"replay_ratio": 0.25}},
         {"curriculum": True},
-        {"beta": 0.04, "ent_coef": 0.01, "competition": "adaptive", "diversity_guard": True},
+        {
+            "beta": 0.04,
+            "ent_coef": 0.01,
+            "controls_kwargs": {"competition": "adaptive", "diversity_guard": True},
+        },
     ],
     ids=["plain", "replay", "curriculum", "controls"],
 )
 def test_resume_is_bit_identical(tmp_path: Path, settings: dict) -> None:
-    whole, second = resumed(tmp_path, 16, replay="replay_ratio" in settings, **settings)
+    whole, second = resumed(tmp_path, 16, replay="replay_ratio" in settings.get("controls_kwargs", {}), **settings)
     assert_same_training_state(whole, second)
     if "curriculum" in settings:
         assert whole._curriculum.curriculum.difficulty == second._curriculum.curriculum.difficulty
@@ -227,8 +230,13 @@ class SaveMidRollout(BaseCallback):
 
 def test_resume_is_bit_identical_with_refills_gspo_and_the_prompt_pool(tmp_path: Path) -> None:
     """Refills make an iteration's completions vary, so the second half runs to the whole run's count."""
-    settings = {"importance_level": "sequence", "dynamic_sampling": True, "mask_truncated": True,
-                "prompt_sampling": "learnability", "prompt_pool_size": 4, "curriculum": True}  # fmt: skip
+    settings = {
+        "importance_level": "sequence",
+        "dynamic_sampling": True,
+        "mask_truncated": True,
+        "controls_kwargs": {"prompt_sampling": "learnability", "prompt_pool_size": 4},
+        "curriculum": True,
+    }
     whole = make_model(**settings)
     whole.learn(32)
     first = make_model(**settings)
@@ -269,7 +277,7 @@ def test_frozen_parameters_stay_frozen_and_out_of_the_file_data(tmp_path: Path) 
     for name, parameter in network.named_parameters():
         parameter.requires_grad_(name not in frozen)
     before = {name: p.detach().clone() for name, p in network.named_parameters() if name in frozen}
-    model = make_model(sft_steps=0, policy_kwargs={"model": network})
+    model = make_model(cold_start=False, policy_kwargs={"model": network})
     assert sum(len(g["params"]) for g in model.policy.optimizer.param_groups) == len(list(network.parameters())) - len(
         frozen
     )
@@ -322,7 +330,7 @@ def exact_match(prompts, completions, **kwargs) -> list[float]:
 
 def test_an_env_with_reward_funcs_needs_them_back_at_load(tmp_path: Path) -> None:
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs={"exact": exact_match}))])
-    model = make_model(env, sft_steps=0)
+    model = make_model(env, cold_start=False)
     model.save(tmp_path / "m.zip")
     with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}.*env_objects=.*the model has no env"):
         bare = GRPO.load(tmp_path / "m.zip")
@@ -347,7 +355,7 @@ def test_a_recorded_env_id_never_imports_a_module(tmp_path: Path, monkeypatch: p
     marker = tmp_path / "imported"
     (tmp_path / "evil_env_module.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).touch()\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    model = make_model(sft_steps=0)
+    model = make_model(cold_start=False)
     model.save(tmp_path / "m.zip")
     with zipfile.ZipFile(tmp_path / "m.zip") as original, zipfile.ZipFile(tmp_path / "evil.zip", "w") as crafted:
         for item in original.namelist():
@@ -390,7 +398,7 @@ def test_a_save_mid_episode_with_the_turn_cache_resumes_exactly(tmp_path: Path) 
     """Multi-turn episodes (up to three answers) whose later turns are sampled from the KV cache of the turn before:
     a save inside a later turn of the second rollout resumes to the uninterrupted run (the cache is a rollout's own,
     never saved: the resumed run plays that rollout again from its start)."""
-    settings = {"sft_steps": 0, "turn_cache": True, "n_groups": 1}
+    settings = {"cold_start": False, "turn_cache": True, "n_groups": 1}
     whole = make_model(feedback_env(), **settings)
     whole.learn(20)  # 4 episodes of up to 3 turns a rollout: two rollouts
     first = make_model(feedback_env(), **settings)

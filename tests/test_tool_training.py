@@ -46,7 +46,9 @@ def test_tool_result_tokens_get_no_gradient_and_are_attended_to() -> None:
     predict the tool result's tokens get exactly zero gradient (no loss, KL or entropy term reads them), while the
     tool result's input embeddings get gradient (later tokens attend to them)."""
     env = grpo_gym.R1ZeroEnv(**TOOL_ENV)
-    model = GRPO("TransformerPolicy", make_env(), n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY, seed=0)
+    model = GRPO(
+        "TransformerPolicy", make_env(), n_groups=1, group_size=2, cold_start=False, policy_kwargs=TINY, seed=0
+    )
     policy, codec = model.policy, env.codec
     obs, _ = env.reset(seed=3)
     rows = Rows()
@@ -163,7 +165,7 @@ def scripted_sample(model: GRPO, env: grpo_gym.R1ZeroEnv, problems: dict[str, An
 
 def test_collection_batches_later_turns_across_envs_and_keeps_one_row_per_model_turn() -> None:
     vec = make_env(n_envs=4)
-    model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY, seed=0)
+    model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY, seed=0)
     env = vec.envs[0].unwrapped
     problems = remember_problems(model)
     batches: list[int] = []
@@ -191,14 +193,20 @@ def test_multi_turn_feedback_episodes_with_several_envs() -> None:
         [lambda: Monitor(grpo_gym.R1ZeroEnv(template="compact", max_new_tokens=24, context_length=256, max_turns=2))]
         * 2
     )
-    model = GRPO("TransformerPolicy", env, n_groups=2, group_size=2, sft_steps=0, policy_kwargs=TINY, seed=0)
+    model = GRPO("TransformerPolicy", env, n_groups=2, group_size=2, cold_start=False, policy_kwargs=TINY, seed=0)
     model.learn(4)
     assert model.num_timesteps >= 4 and len(model.ep_info_buffer) == 4
 
 
 def test_cold_start_and_learn_with_tools() -> None:
     model = GRPO(
-        "TransformerPolicy", make_env(n_envs=2), n_groups=1, group_size=2, sft_steps=2, policy_kwargs=TINY, seed=0
+        "TransformerPolicy",
+        make_env(n_envs=2),
+        n_groups=1,
+        group_size=2,
+        cold_start_kwargs={"steps": 2},
+        policy_kwargs=TINY,
+        seed=0,
     )
     model.learn(2)
     assert model._cold_start_done and model.num_timesteps >= 2
@@ -235,7 +243,7 @@ def test_evaluation_plays_whole_episodes_with_tools(n_envs: int) -> None:
     calls = [len(env.codec.encode(gold_reply(env, p, ""))) + 1 for p in problems]
     answers = [len(env.codec.encode(gold_reply(env, p, "\nTool: "))) + 1 for p in problems]
     assert result.mean_length == pytest.approx(np.mean(np.add(calls, answers)))
-    model = GRPO("TransformerPolicy", vec, n_groups=1, group_size=6, sft_steps=0, policy_kwargs=TINY, seed=0)
+    model = GRPO("TransformerPolicy", vec, n_groups=1, group_size=6, cold_start=False, policy_kwargs=TINY, seed=0)
     untrained = evaluate_problems(model.policy, vec, problems)  # a real policy: episodes end, whatever it writes
     assert 0.0 <= untrained.success_rate <= 1.0 and untrained.n_problems == 5
 
@@ -243,7 +251,9 @@ def test_evaluation_plays_whole_episodes_with_tools(n_envs: int) -> None:
 def test_lmppo_trains_on_tool_episodes() -> None:
     from algorithms import LMPPO
 
-    model = LMPPO("TransformerPolicy", make_env(n_envs=2), n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY)
+    model = LMPPO(
+        "TransformerPolicy", make_env(n_envs=2), n_groups=1, group_size=2, cold_start=False, policy_kwargs=TINY
+    )
     model.learn(2)
     assert model.num_timesteps >= 2
 
@@ -262,8 +272,16 @@ def test_an_episode_example_trains_what_its_turns_train() -> None:
     for problem, episode in zip(problems, episodes, strict=True):
         for (p, c), (q, d) in zip(episode_turns(episode), tool_examples(env, problem), strict=True):
             assert np.array_equal(p, q) and np.array_equal(c, d)
-    model = GRPO("TransformerPolicy", make_env(), n_groups=1, group_size=2, sft_steps=0, policy_kwargs=TINY, seed=0,
-                 mixed_precision="no")  # fmt: skip
+    model = GRPO(
+        "TransformerPolicy",
+        make_env(),
+        n_groups=1,
+        group_size=2,
+        cold_start=False,
+        policy_kwargs=TINY,
+        seed=0,
+        mixed_precision="no",
+    )
     with th.no_grad():
         whole, trained = _example_log_probs(model.policy, episodes)
         turns = [turn for episode in episodes for turn in episode_turns(episode)]

@@ -93,9 +93,10 @@ def test_trls_vllm_fields_map_onto_the_rollout_engine() -> None:
                           vllm_server_base_url="http://10.0.0.2:8001", vllm_server_timeout=30.0,
                           vllm_max_model_length=512)  # fmt: skip
     ours = translate(*config_values(args), ["accuracy"])[0]
-    assert (ours["rollout_engine"], ours["vllm_mode"], ours["vllm_server_base_url"]) == (
+    engine = ours["rollout_engine_kwargs"]  # every TRL vllm_* field a config holds, ours by its key
+    assert (ours["rollout_engine"], engine["mode"], engine["server_base_url"]) == (
         "vllm", "server", "http://10.0.0.2:8001")  # fmt: skip
-    assert (ours["vllm_server_timeout"], ours["policy_kwargs"]["memory_length"]) == (30.0, 512)
+    assert (engine["server_timeout"], ours["policy_kwargs"]["memory_length"]) == (30.0, 512)
     assert (ours["sampler_correction"], ours["sampler_correction_cap"]) == ("mask", 3.0)  # TRL's defaults
     plain = translate(*config_values(trl.GRPOConfig(output_dir="unused", use_cpu=True)), ["accuracy"])[0]
     assert (plain["rollout_engine"], plain["sampler_correction"]) == ("builtin", "auto")  # no vLLM: the mode unused
@@ -143,7 +144,9 @@ def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
         GRPO.from_trl("tiny", accuracy, {}, [{"prompt": "x", "label": "1"}])
     with pytest.raises(ValueError, match="train_dataset has no rows"):
         GRPO.from_trl("tiny", accuracy, {}, Dataset.from_list([]))
-    with pytest.warns(UserWarning, match=r"do it by hand: vllm_tensor_parallel_size \(vllm_kwargs="):
+    with pytest.warns(
+        UserWarning, match=r"do it by hand: vllm_tensor_parallel_size \(rollout_engine_kwargs=\{\"llm_kwargs\": "
+    ):
         GRPO.from_trl("tiny", accuracy, {"vllm_tensor_parallel_size": 2}, data, **SMALL)
     for trl_value, ours in ((False, None), (True, "auto")):  # a mapped None (correction off) is ported, not dropped
         args = {"vllm_importance_sampling_correction": trl_value, "vllm_importance_sampling_clip_max": 3.0}
@@ -159,7 +162,7 @@ def test_a_peft_config_trains_lora_adapters() -> None:
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["v_proj", "q_proj"], use_rslora=True)
     with pytest.warns(UserWarning, match="lora_dropout=0.05 is not used: the policy never runs dropout"):
-        model = GRPO.from_trl("tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, sft_steps=0)
+        model = GRPO.from_trl("tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, cold_start=False)
     lora = model.policy.lora
     assert (lora["r"], lora["alpha"], lora["dropout"], lora["use_rslora"]) == (4, 8, 0.0, True)
     assert sorted(lora["target_modules"]) == ["q_proj", "v_proj"]
@@ -176,7 +179,9 @@ def test_a_peft_config_without_target_modules_adapts_what_peft_picks(tmp_path: P
 
     peft_picks = adapted(peft.get_peft_model(load_model("tiny", **TINY_KWARGS), peft.LoraConfig(r=4, lora_alpha=8)))
     config = peft.LoraConfig(r=4, lora_alpha=8)  # no target_modules (get_peft_model fills in the one it is given)
-    model = GRPO.from_trl("tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, sft_steps=0, **SMALL)
+    model = GRPO.from_trl(
+        "tiny", [accuracy], {}, Dataset.from_list(ROWS), peft_config=config, cold_start=False, **SMALL
+    )
     assert adapted(model.policy.model) == peft_picks == {"q_proj", "v_proj"}
     model.save(tmp_path / "lora.zip")
     again = GRPO.load(tmp_path / "lora.zip", env=model.get_env())
@@ -199,9 +204,15 @@ def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: py
     try:
         env = gym.make("R1Zero-v0", template="compact", max_new_tokens=24, context_length=256, difficulty=0.1)
         model = GRPO(
-            "TransformerPolicy", env, n_groups=2, group_size=4, sft_steps=2, seed=0, policy_kwargs=TINY,
+            "TransformerPolicy",
+            env,
+            n_groups=2,
+            group_size=4,
+            cold_start_kwargs={"steps": 2},
+            seed=0,
+            policy_kwargs=TINY,
             tensorboard_log=f"runs/{run.id}",
-        )  # fmt: skip
+        )
         model.learn(total_timesteps=16, callback=WandbCallback())
         assert run.config["algo"] == "GRPO" and run.config["n_groups"] == 2  # the callback records the arguments
         model.logger.close()  # the TensorBoard files complete before wandb's last scan of them (at finish)

@@ -148,7 +148,7 @@ def call_bonus(prompts, completions, tool_calls, **kwargs) -> list[float]:
 @pytest.mark.parametrize("credit", ["episode", "reward_to_go"])
 def test_grpo_trains_each_turn_on_the_credit_chosen_and_logs_the_turns(credit: str) -> None:
     vec = make_env(n_envs=4, reward_funcs={"call_bonus": call_bonus})
-    model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, sft_steps=0, policy_kwargs=TINY, seed=0,
+    model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY, seed=0,
                  gamma=0.9, turn_credit=credit)  # fmt: skip
     env = vec.envs[0].unwrapped
     problems = remember_problems(model)

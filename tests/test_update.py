@@ -19,7 +19,7 @@ from tests.sizes import ENV_KWARGS, TINY
 def rollout() -> tuple[GRPO, RolloutBatch]:
     """A model and one real rollout of 4 groups x 4 completions, groups 0 and 2 made uniform (zero advantages)."""
     env = grpo_gym.R1ZeroEnv(**ENV_KWARGS)
-    model = GRPO("TransformerPolicy", env, n_groups=4, group_size=4, sft_steps=0, policy_kwargs=TINY, seed=0)
+    model = GRPO("TransformerPolicy", env, n_groups=4, group_size=4, cold_start=False, policy_kwargs=TINY, seed=0)
     model.learn(16)
     batch = model._rollout
     assert batch is not None and len(batch) == 16

@@ -83,10 +83,23 @@ def served(tmp_path_factory):
 
 def test_grpo_samples_on_the_served_vllm(served, tmp_path: Path) -> None:
     url, _ = served
-    kwargs = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "cold_start": False, "seed": 0, "learning_rate": 1e-3,
-              "policy_kwargs": ENGINE_MODEL, "tensorboard_log": str(tmp_path)}  # fmt: skip
-    model = GRPO("TransformerPolicy", make_env(), rollout_engine="vllm", vllm_mode="server",
-                 vllm_server_base_url=url, **kwargs)  # fmt: skip
+    kwargs = {
+        "n_groups": 2,
+        "group_size": 4,
+        "cold_start_kwargs": {"steps": 0},
+        "cold_start": False,
+        "seed": 0,
+        "learning_rate": 1e-3,
+        "policy_kwargs": ENGINE_MODEL,
+        "tensorboard_log": str(tmp_path),
+    }
+    model = GRPO(
+        "TransformerPolicy",
+        make_env(),
+        rollout_engine="vllm",
+        rollout_engine_kwargs={"mode": "server", "server_base_url": url},
+        **kwargs,
+    )
     assert type(model.policy.rollout_engine).__name__ == "VLLMServerEngine"
     model.learn(16)
     syncs, kl = scalars(tmp_path, "time/weight_sync_seconds"), scalars(tmp_path, "train/sampler_kl")
@@ -104,7 +117,7 @@ def test_a_server_that_dies_mid_run_ends_train_with_the_fix_and_a_checkpoint_tha
     command = [sys.executable, "-m", "algorithms.cli", "train", "--config", str(tmp_path / "grpo.yml"),
                "--checkpoint-dir", str(folder), "--checkpoint-every", "1", "--no-progress-bar",
                "--rollout-engine", "vllm", "--vllm-mode", "server", "--vllm-server-base-url", url,
-               "-params", "vllm_request_timeout:30.0"]  # fmt: skip
+               "-params", "rollout_engine_kwargs:{'request_timeout': 30.0}"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     train = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     deadline = time.monotonic() + 300

@@ -30,7 +30,7 @@ from tests.two_ranks import run_on_two_ranks
 pytestmark = pytest.mark.skipif(bool(VLLM_MISSING), reason=VLLM_MISSING)
 
 ENGINE_MODEL = {"model": "tiny", "model_kwargs": ENGINE_KWARGS}  # head size 32: vLLM's CPU attention runs it
-VLLM = {"rollout_engine": "vllm", "vllm_kv_cache_memory_bytes": 32 << 20}
+VLLM = {"rollout_engine": "vllm", "rollout_engine_kwargs": {"kv_cache_memory_bytes": 32 << 20}}
 TOOL_ENV = {"template": "compact", "max_new_tokens": 112, "context_length": 512, "difficulty": 0.5,
             "tools": ["calculator"], "max_turns": 2}  # fmt: skip
 JOB = Path(__file__).with_name("vllm_distributed_job.py")
@@ -42,7 +42,7 @@ def scalars(folder: Path, tag: str) -> list[float]:
 
 
 def vllm_model(env: Any = None, **kwargs: Any) -> GRPO:
-    settings = {"n_groups": 2, "group_size": 4, "sft_steps": 0, "cold_start": False, "seed": 0,
+    settings = {"n_groups": 2, "group_size": 4, "cold_start_kwargs": {"steps": 0}, "cold_start": False, "seed": 0,
                 "policy_kwargs": ENGINE_MODEL, **VLLM}  # fmt: skip
     return GRPO("TransformerPolicy", env if env is not None else make_env(), **{**settings, **kwargs})
 
@@ -78,7 +78,7 @@ def test_lora_adapters_are_pushed_during_training(tmp_path: Path) -> None:
     """vllm_lora_sync="adapters": the base weights go in once, each update's adapters as a new LoRA request."""
     pytest.importorskip("peft")
     lora = {**ENGINE_MODEL, "lora": {"r": 4, "alpha": 8}}
-    with vllm_model(policy_kwargs=lora, vllm_lora_sync="adapters", learning_rate=1e-2,
+    with vllm_model(policy_kwargs=lora, rollout_engine_kwargs={"lora_sync": "adapters"}, learning_rate=1e-2,
                     tensorboard_log=str(tmp_path)) as model:  # fmt: skip
         engine = model.policy.rollout_engine
         assert engine.adapters

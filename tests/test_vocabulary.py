@@ -48,7 +48,7 @@ def saved(folder: Path, model, tokenizer=None) -> Path:
 
 def make(env_tokenizer=None, **policy_kwargs) -> GRPO:
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, tokenizer=env_tokenizer))])
-    return GRPO("TransformerPolicy", env, sft_steps=0, n_groups=2, group_size=4, policy_kwargs=policy_kwargs)
+    return GRPO("TransformerPolicy", env, cold_start=False, n_groups=2, group_size=4, policy_kwargs=policy_kwargs)
 
 
 def test_a_model_with_many_more_rows_than_the_env_tokenizer_is_refused() -> None:
@@ -93,5 +93,5 @@ def test_the_models_own_tokenizer_in_the_env_passes(tmp_path: Path) -> None:
 
 def test_an_env_made_by_id_takes_the_models_tokenizer(tmp_path: Path) -> None:
     folder = saved(tmp_path / "m", llama(300), bpe_tokenizer())
-    model = GRPO("TransformerPolicy", "R1Zero-v0", sft_steps=0, policy_kwargs={"model": str(folder)})
+    model = GRPO("TransformerPolicy", "R1Zero-v0", cold_start=False, policy_kwargs={"model": str(folder)})
     assert model.env.get_attr("codec")[0].vocab_size == len(bpe_tokenizer())

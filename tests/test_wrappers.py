@@ -129,7 +129,7 @@ class BinarySearchPolicy(th.nn.Module):
 @pytest.mark.parametrize("n_envs", [1, 2])
 def test_grpo_trains_and_evaluation_plays_the_wrapped_game(n_envs: int) -> None:
     vec = DummyVecEnv([lambda: Monitor(wrapped())] * n_envs)
-    model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=2, sft_steps=0, policy_kwargs=TINY, seed=0)
+    model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=2, cold_start=False, policy_kwargs=TINY, seed=0)
     model.learn(4)
     assert model.num_timesteps >= 4 and len(model.ep_info_buffer) == 4  # whole episodes, however many turns
     problems = vec.env_method("eval_problems", 6, 0.5, indices=[0])[0]

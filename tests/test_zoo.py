@@ -19,7 +19,7 @@ TINY = (
 def test_zoo_train_runs_and_saves_a_grpo_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     argv = ["zoo", "train", "-n", "16", "--seed", "0", "-f", str(tmp_path / "logs"), "--eval-freq", "-1"]
-    assert main([*argv, "-params", "sft_steps:2", "n_groups:2", "group_size:4", TINY]) == 0
+    assert main([*argv, "-params", "cold_start_kwargs:{'steps': 2}", "n_groups:2", "group_size:4", TINY]) == 0
     (saved,) = (tmp_path / "logs" / "grpo").glob("R1Zero-v0_*/R1Zero-v0.zip")
     model = GRPO.load(saved)
     assert model.num_timesteps == 16 and model.n_groups == 2

@@ -20,9 +20,19 @@ from algorithms import GRPO
 from tests.engine_models import ENGINE_KWARGS
 from tests.test_grpo import make_env
 
-SETTINGS = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": False, "seed": 0,
-            "policy_kwargs": {"model": "tiny", "model_kwargs": ENGINE_KWARGS}, "dist_timeout": 120.0,
-            "mixed_precision": "no", "rollout_engine": "vllm", "vllm_kv_cache_memory_bytes": 32 << 20}  # fmt: skip
+SETTINGS = {
+    "n_groups": 2,
+    "group_size": 4,
+    "beta": 0.04,
+    "learning_rate": 1e-3,
+    "cold_start": False,
+    "seed": 0,
+    "policy_kwargs": {"model": "tiny", "model_kwargs": ENGINE_KWARGS},
+    "dist_timeout": 120.0,
+    "mixed_precision": "no",
+    "rollout_engine": "vllm",
+    "rollout_engine_kwargs": {"kv_cache_memory_bytes": 32 << 20},
+}
 
 
 def run(out: Path, iterations: int = 2) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ non-finite value can reach the optimizer from any setting.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import inspect
 import os
@@ -27,14 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from algorithms.common.collapse_guard import GuardSettings
-from algorithms.common.generation.engines.arguments import ENGINE_ARGUMENTS
+from algorithms.common.generation.engines.arguments import ENGINE_ATTRIBUTES, ENGINE_SETTINGS, ROLLOUT_ENGINE
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.runtime.distributed import COMPRESSIONS
 from algorithms.common.runtime.parallel import SHARDINGS
 from algorithms.common.runtime.precision import check_precision
 from algorithms.common.sampler_correction import SAMPLER_CORRECTIONS
 from algorithms.common.schedules import UpdateDecay
-from algorithms.common.trl_names import with_trl_hints
+from algorithms.common.trl_names import TRL_NAMES, with_trl_hints
 from grpo_gym.validation import (
     ArgumentError,
     check_bool,
@@ -142,6 +143,8 @@ class Argument:
     :param doc: its ``:param:`` text
     :param annotation: its type, as the signature shows it
     :param saved: whether a model file records it (``device`` is the loader's to give)
+    :param settings: for a settings dict (``rollout_engine_kwargs``, ...), its keys' declarations
+    :param attributes: for a settings dict, the attribute the algorithm holds each key's value in
     """
 
     default: Any
@@ -149,6 +152,49 @@ class Argument:
     doc: str
     annotation: str = "Any"
     saved: bool = True
+    settings: Mapping[str, Argument] | None = None
+    attributes: Mapping[str, str] | None = None
+
+
+def settings_argument(
+    part: str, settings: Mapping[str, Argument], attributes: Mapping[str, str] | None = None, note: str = ""
+) -> Argument:
+    """The argument that holds the settings of an optional ``part`` in one dict (SB3's ``policy_kwargs`` style):
+    ``None`` or a dict of some of ``settings``' keys, each checked by its rule; the checked value holds every key
+    (the defaults filled in). The algorithm keeps each value as an attribute (``attributes``: key -> name; default
+    the key itself); ``note`` adds to the docstring."""
+    keys = ", ".join(f"``{key}``" for key in settings)
+    lines = "; ".join(f"``{key}``: {item.doc} (default ``{item.default!r}``)" for key, item in settings.items())
+    return Argument(
+        None,
+        settings_rule(part, settings),
+        f"the settings of {part}{note}, a dict of some of {keys} (``None``: every default): {lines}",
+        "dict[str, Any] | None",
+        settings=settings,
+        attributes=dict(attributes) if attributes is not None else {key: key for key in settings},
+    )
+
+
+def settings_rule(part: str, settings: Mapping[str, Argument]) -> Rule:
+    """The rule of :func:`settings_argument`: unknown keys named with the close match and the valid ones."""
+
+    def rule(name: str, value: Any) -> dict[str, Any]:
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping) or not all(isinstance(key, str) for key in value):
+            raise ArgumentError(
+                f"{name} must be a dict of the settings of {part} ({', '.join(settings)}) or None, got {value!r:.80}"
+            )
+        for key in value:
+            if key not in settings:
+                close = difflib.get_close_matches(key, list(settings), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ArgumentError(
+                    f"{name}: unknown setting {key!r:.60}{hint}; the settings of {part}: {', '.join(settings)}"
+                )
+        return {key: item.rule(f"{name}[{key!r}]", value.get(key, item.default)) for key, item in settings.items()}
+
+    return rule
 
 
 #: the constructor's parameters before the table's (SB3's ``policy, env``) and after it
@@ -196,8 +242,58 @@ class Arguments(Mapping[str, Argument]):
         """Every argument's value by its one rule (an argument without a value gets its default); a warning for the
         settings that mean nothing together (:func:`check_combinations`)."""
         checked = {name: argument.rule(name, values.get(name, argument.default)) for name, argument in self.items()}
-        check_combinations(checked, {name: argument.default for name, argument in self.items()})
+        defaults = self.check({}) if values else checked
+        check_combinations(self.flattened(checked), self.flattened(defaults), self.shown_names())
         return checked
+
+    def flat_names(self) -> dict[str, tuple[str, str]]:
+        """Each setting of a settings dict by its attribute name (the flat argument name of earlier versions,
+        ``vllm_mode``): ``(the settings dict, its key)``."""
+        return {
+            attribute: (name, key)
+            for name, argument in self.items()
+            for key, attribute in (argument.attributes or {}).items()
+        }
+
+    def shown_names(self) -> dict[str, str]:
+        """How a message names each setting of a settings dict, by its attribute: ``rollout_engine_kwargs['mode']``."""
+        return {attribute: f"{name}[{key!r}]" for attribute, (name, key) in self.flat_names().items()}
+
+    def flattened(self, checked: Mapping[str, Any]) -> dict[str, Any]:
+        """Checked values with each settings dict's values under their attribute names (as the algorithm holds
+        them), the dicts themselves kept too."""
+        flat = dict(checked)
+        for attribute, (name, key) in self.flat_names().items():
+            if isinstance(checked.get(name), Mapping) and key in checked[name]:
+                flat[attribute] = checked[name][key]
+        return flat
+
+    def regrouped(self, values: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+        """``values`` with the flat names of earlier versions (``vllm_mode``, ``sft_steps``, ``competition``) moved
+        into their settings dicts: how a file saved by an earlier version, or TRL's names (``from_trl``), reach
+        today's constructor. A setting given both ways with two values is an error (``where`` names the source)."""
+        regrouped = dict(values)
+        for attribute, (name, key) in self.flat_names().items():
+            if attribute not in regrouped or attribute == name:
+                continue
+            value = regrouped.pop(attribute)
+            inner = dict(regrouped.get(name) or {})
+            if key in inner and inner[key] != value:
+                raise ArgumentError(
+                    f"{where}{attribute}={value!r:.40} and {name}[{key!r}]={inner[key]!r:.40} both given: keep one"
+                )
+            inner[key] = value
+            regrouped[name] = inner
+        return regrouped
+
+    def moved(self, name: str, value: Any) -> str | None:
+        """For a flat name of an earlier version, where it lives now (the message of the constructor's
+        ``TypeError``); ``None`` for another name."""
+        found = self.flat_names().get(name)
+        if found is None or found[0] == name:
+            return None
+        group, key = found
+        return f"{name} is now a setting of {group}: pass {group}={{{key!r}: {value!r:.60}}}"
 
     def signature(self) -> inspect.Signature:
         """``(self, policy, env, <the arguments, with their defaults>, _init_setup_model=True)``."""
@@ -224,7 +320,7 @@ class Arguments(Mapping[str, Argument]):
         ones at their defaults; ``inspect.signature`` (what ``help``, the presets' key check and ``from_trl`` read)
         shows the real parameters. A name it does not take raises a ``TypeError`` naming ours for a TRL name, or
         the close matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
-        signature = self.signature()
+        signature, arguments = self.signature(), self
 
         @functools.wraps(init)
         def bound(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -233,7 +329,18 @@ class Arguments(Mapping[str, Argument]):
             init(**call.arguments)
 
         bound.__signature__ = signature  # type: ignore[attr-defined]
-        return with_trl_hints(bound)
+        hinted = with_trl_hints(bound)
+
+        @functools.wraps(hinted)
+        def constructor(self: Any, *args: Any, **kwargs: Any) -> None:
+            for name, value in kwargs.items():  # a flat name of an earlier version: where it lives now (a TRL
+                moved = arguments.moved(name, value)  # name, vllm_mode, gets TRL's hint, which says the same)
+                if moved is not None and name not in TRL_NAMES:
+                    raise TypeError(f"{type(self).__name__}(): {moved}")
+            hinted(self, *args, **kwargs)
+
+        constructor.__signature__ = signature  # type: ignore[attr-defined]
+        return constructor
 
 
 def _on(value: Any) -> bool:
@@ -241,18 +348,19 @@ def _on(value: Any) -> bool:
 
 
 _VLLM = ("rollout_engine", lambda v: v == "vllm", "rollout_engine='vllm'")
+_LEARNABILITY = lambda v: v == "learnability"  # noqa: E731
 
 #: settings of an optional part, each with the switch that turns the part on: (the switch, whether its value turns
 #: the part on, the switch's setting to name). A setting away from its default while its part is off means nothing.
 DEPENDS_ON: dict[str, tuple[str, Callable[[Any], bool], str]] = {
-    **{name: _VLLM for name in ENGINE_ARGUMENTS if name.startswith("vllm_")},
-    "replay_buffer_kwargs": ("replay_ratio", lambda v: v > 0, "replay_ratio > 0"),
-    "max_replay_age": ("replay_ratio", lambda v: v > 0, "replay_ratio > 0"),
-    "prompt_pool_size": ("prompt_sampling", lambda v: v == "learnability", "prompt_sampling='learnability'"),
-    "fresh_prompt_fraction": ("prompt_sampling", lambda v: v == "learnability", "prompt_sampling='learnability'"),
+    **{name: _VLLM for name in ENGINE_ATTRIBUTES.values()},
+    "replay_buffer_kwargs": ("replay_ratio", lambda v: v > 0, "controls_kwargs['replay_ratio'] > 0"),
+    "max_replay_age": ("replay_ratio", lambda v: v > 0, "controls_kwargs['replay_ratio'] > 0"),
+    "prompt_pool_size": ("prompt_sampling", _LEARNABILITY, "controls_kwargs['prompt_sampling']='learnability'"),
+    "fresh_prompt_fraction": ("prompt_sampling", _LEARNABILITY, "controls_kwargs['prompt_sampling']='learnability'"),
     "max_resample_rounds": ("dynamic_sampling", _on, "dynamic_sampling=True"),
-    "competition_coef": ("competition", lambda v: v is not None, "competition='fixed' or 'adaptive'"),
-    "diversity_threshold": ("diversity_guard", _on, "diversity_guard=True"),
+    "competition_coef": ("competition", lambda v: v is not None, "controls_kwargs['competition']"),
+    "diversity_threshold": ("diversity_guard", _on, "controls_kwargs['diversity_guard']=True"),
     "sequence_clip_range": ("importance_level", lambda v: v == "sequence", "importance_level='sequence'"),
     "sequence_clip_range_high": ("importance_level", lambda v: v == "sequence", "importance_level='sequence'"),
     "sft_batch_size": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
@@ -261,19 +369,25 @@ DEPENDS_ON: dict[str, tuple[str, Callable[[Any], bool], str]] = {
 }
 
 
-def check_combinations(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> None:
+def check_combinations(
+    values: Mapping[str, Any], defaults: Mapping[str, Any], shown: Mapping[str, str] | None = None
+) -> None:
     """Warn, naming the switch and both fixes, about a setting of an optional part (:data:`DEPENDS_ON`) given away
     from its default while the part is off (``max_resample_rounds=5`` without ``dynamic_sampling``,
-    ``vllm_mode='server'`` with the built-in engine): the run ignores it. A warning, not an error: a preset holds a
-    part's settings and a run may switch the part off (``-params cold_start:False``, ``--rollout-engine builtin``)."""
+    ``rollout_engine_kwargs={'mode': 'server'}`` with the built-in engine): the run ignores it. A warning, not an
+    error: a preset holds a part's settings and a run may switch the part off (``-params cold_start:False``,
+    ``--rollout-engine builtin``). ``values`` and ``defaults`` by attribute name (:meth:`Arguments.flattened`),
+    ``shown``: how to name an attribute in the message."""
+    shown = shown or {}
     for name, (switch, turns_on, setting) in DEPENDS_ON.items():
         if name not in values or switch not in values or turns_on(values[switch]):
             continue
         value = values[name]
         if not _same(value, defaults[name]):
+            what, switched = shown.get(name, name), shown.get(switch, switch)
             warnings.warn(
-                f"{name}={value!r:.80} has no effect with {switch}={values[switch]!r:.40}: it is a setting of the "
-                f"part {setting} turns on; pass {setting} to use it, or leave {name} out to silence this",
+                f"{what}={value!r:.80} has no effect with {switched}={values[switch]!r:.40}: it is a setting of the "
+                f"part {setting} turns on; pass {setting} to use it, or leave {what} out to silence this",
                 UserWarning,
                 stacklevel=4,
             )
@@ -348,6 +462,9 @@ _SHARDING = (
     ':mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded'
 )
 
+#: the arguments that say how a run samples, not what it learns: ``--resume`` may change them
+ENGINE_ARGUMENTS = ("rollout_engine", "rollout_engine_kwargs")
+
 #: the arguments every :class:`~algorithms.common.base_class.LMBaseAlgorithm` takes; an algorithm inserts its own
 #: after ``group_size`` (:meth:`Arguments.extended`)
 LM_ARGUMENTS = Arguments(
@@ -395,27 +512,34 @@ LM_ARGUMENTS = Arguments(
             'each turn). ``"auto"``: when the env may play several turns (``max_turns > 1`` or ``tools``)',
             "bool | str",
         ),
-        **{name: Argument(*fields) for name, fields in ENGINE_ARGUMENTS.items()},
+        "rollout_engine": Argument(*ROLLOUT_ENGINE),
+        "rollout_engine_kwargs": settings_argument(
+            "the rollout engine", {key: Argument(*fields) for key, fields in ENGINE_SETTINGS.items()},
+            ENGINE_ATTRIBUTES, " (vLLM's: TRL's ``vllm_<key>``; ``--resume`` may change them)",
+        ),
         "cold_start": Argument(
             "auto", choice(True, False, "auto"),
             'run the SFT stage before the first iteration: ``"auto"`` (only for a freshly initialised built-in '
             "model), ``True`` or ``False``", "bool | str",
         ),
-        "sft_steps": Argument(
-            300, integer(low=0, high=MOST_STEPS), "SFT gradient steps (the seed preset: 5000)", "int"
-        ),
-        "sft_batch_size": Argument(
-            32, integer(low=1, high=MOST),
-            "examples per SFT step (the task's gold: that many model turns; with tools, whole episodes holding them)",
-            "int",
-        ),
-        "sft_learning_rate": Argument(
-            1e-3, number(low=0.0, low_open=True, high=MOST_RATE), "SFT learning rate", "float"
-        ),
-        "sft_data": Argument(
-            None, optional_path(existing_file="a JSONL file of prompt/response rows"),
-            'a JSONL file of ``{"prompt", "response"}`` rows to use instead of the task\'s gold solutions',
-            "str | None",
+        "cold_start_kwargs": settings_argument(
+            "the cold start",
+            {
+                "steps": Argument(300, integer(low=0, high=MOST_STEPS), "SFT gradient steps", "int"),
+                "batch_size": Argument(
+                    32, integer(low=1, high=MOST),
+                    "examples per SFT step (the task's gold: that many model turns; with tools, whole episodes "
+                    "holding them)", "int",
+                ),
+                "learning_rate": Argument(1e-3, number(low=0.0, low_open=True, high=MOST_RATE), "SFT learning rate"),
+                "data": Argument(
+                    None, optional_path(existing_file="a JSONL file of prompt/response rows"),
+                    'a JSONL file of ``{"prompt", "response"}`` rows to use instead of the task\'s gold solutions',
+                ),
+            },
+            {"steps": "sft_steps", "batch_size": "sft_batch_size", "learning_rate": "sft_learning_rate",
+             "data": "sft_data"},
+            " (its SFT stage on the task's gold solutions)",
         ),
         "curriculum": Argument(
             False, boolean(),

@@ -135,9 +135,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
             support_multi_env=True,
             seed=values["seed"],
         )
-        for name, value in values.items():
+        for name, value in type(self).arguments.flattened(values).items():
             if name not in SB3_ARGUMENTS:  # SB3's BaseAlgorithm stored those (stats_window_size as a private)
-                setattr(self, name, value)
+                setattr(self, name, value)  # a settings dict's values too, each under its attribute (vllm_mode)
         #: whole replicas (DDP) or FSDP2 shards: see :mod:`algorithms.common.runtime.parallel`
         self._parallel = parallelism(self.sharding, self._dist, self.device, self.gradient_compression)
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
@@ -333,8 +333,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     def _constructor_arguments(self) -> dict[str, Any]:
         """The constructor's arguments a file records, read back from the attributes they were stored in."""
-        names = [name for name, argument in type(self).arguments.items() if argument.saved]
-        arguments = {name: getattr(self, ATTRIBUTE_OF.get(name, name)) for name in names}
+        saved = {name: argument for name, argument in type(self).arguments.items() if argument.saved}
+        arguments = {
+            name: {key: getattr(self, attribute) for key, attribute in argument.attributes.items()}
+            if argument.attributes is not None
+            else getattr(self, ATTRIBUTE_OF.get(name, name))
+            for name, argument in saved.items()
+        }
         return {**arguments, "policy_kwargs": run_file.plain_policy_kwargs(arguments.get("policy_kwargs"))}
 
     def save(self, path: str | os.PathLike, exclude: None = None, include: None = None) -> None:
@@ -380,7 +385,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
             raise NonFiniteStateError(
                 f"{what}: {found}. A model in this state samples garbage and cannot recover; nothing was saved from "
                 "it (the checkpoints and the --save-path file written before are as they were). Lower "
-                "learning_rate (or sft_learning_rate, max_grad_norm), or resume from the last checkpoint"
+                "learning_rate (or cold_start_kwargs['learning_rate'], max_grad_norm), or resume from the last "
+                "checkpoint"
             )
 
     def _write_model_file(self, path: str | os.PathLike, parameters: dict[str, Any], sharded_weights=False) -> None:

@@ -227,7 +227,7 @@ def check_pretrained(policy: Any, env: Any, sft_steps: int, verbose: int = 0) ->
         warnings.warn(
             f"the model {policy.model_name!r} predicts the task's gold solutions like an untrained one ({nll:.2f} "
             f"nats per token; a uniform guess over its {policy.vocab_size} tokens is {uniform:.2f}), but a model from "
-            f"a folder or hub name is taken as pretrained: the cold start (sft_steps={sft_steps}) does not run under "
+            f"a folder or hub name is taken as pretrained: the cold start ({sft_steps} steps) does not run under "
             "cold_start='auto'. Pass cold_start=True to run it (-params cold_start:True on the command line), or "
             "cold_start=False to skip it without this check",
             UserWarning,
@@ -268,8 +268,8 @@ def _warn_stand_ins(env: Any, count: int, total: int) -> None:
         warnings.warn(
             f"{count} of {total} cold-start examples (task {task!r}) had no gold reasoning (no 'solution'): their "
             "targets use the stand-in '<think>The answer is X.</think><answer>X</answer>'; "
-            f"{named or 'give the rows a solution column'}, pass sft_data= (prompt/response rows with real "
-            "reasoning), or cold_start=False",
+            f"{named or 'give the rows a solution column'}, pass cold_start_kwargs={{'data': ...}} (prompt/response "
+            "rows with real reasoning), or cold_start=False",
             UserWarning,
             stacklevel=3,
         )

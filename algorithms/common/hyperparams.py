@@ -188,10 +188,17 @@ def check_run_keys(config: dict[str, Any], where: str) -> None:
         raise ValueError(f"{where}: save_path must be a file name such as model.zip, got {save_path!r:.60}")
 
 
+#: the dicts an override replaces whole, as rl-zoo3 does
+REPLACED = ("policy_kwargs", "env_kwargs")
+
+
 def load_hyperparams(
     path: str | Path, env_id: str, preset: str | None = None, overrides: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The hyperparameters of ``env_id``'s ``preset`` in ``path``, with ``overrides`` applied and schedules built."""
+    """The hyperparameters of ``env_id``'s ``preset`` in ``path``, with ``overrides`` applied and schedules built. An
+    override replaces the preset's value (rl-zoo3's ``-params``), but for a settings dict other than ``policy_kwargs``
+    and ``env_kwargs`` (``cold_start_kwargs``, ``rollout_engine_kwargs``, ``controls_kwargs``), whose keys go over
+    the preset's."""
     path = Path(path)
     document = read_config(path)
     key = preset_key(env_id, preset)
@@ -204,6 +211,17 @@ def load_hyperparams(
             f"got {type(document[key]).__name__} {document[key]!r:.60}"
         )
     config = {**document[key], **(overrides or {})}
+    for name, value in (
+        overrides or {}
+    ).items():  # a settings dict (cold_start_kwargs, ...): its keys over the preset's
+        preset_value = document[key].get(name)
+        if (
+            name.endswith("_kwargs")
+            and name not in REPLACED
+            and isinstance(value, dict)
+            and isinstance(preset_value, dict)
+        ):
+            config[name] = {**preset_value, **value}
     _check_floats(config)
     check_run_keys(config, f"{path} [{key}]")
     for name in ("policy_kwargs", "env_kwargs"):

@@ -17,6 +17,7 @@ from algorithms.common.arguments import (
     mapping,
     number,
     schedule,
+    settings_argument,
 )
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
@@ -29,6 +30,76 @@ REPLAY_BUFFER_KEYS = tuple(
     for name in inspect.signature(PrioritizedTrajectoryBuffer.__init__).parameters
     if name not in ("self", "pad_id", "seed")
 )
+
+#: the original design's controls and the learnability prompt pool: the settings of ``controls_kwargs`` (GRPO holds
+#: each as the attribute of its name)
+CONTROLS = {
+    "competition": Argument(
+        None, choice(None, "fixed", "adaptive"),
+        'competition between groups: ``None`` (off), ``"fixed"`` (the competition coefficient: the winning '
+        'group\'s advantages x ``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or '
+        '``"adaptive"`` (the coefficient follows the between-group reward variance, in [0.8, 1.5])', "str | None",
+    ),
+    "competition_coef": Argument(
+        controls.COMPETITION_COEF, number(low=0.0, low_open=True), "the winning group's competition coefficient (1.2)",
+        "float",
+    ),
+    "diversity_guard": Argument(
+        False, boolean(),
+        "the diversity guard: when the spread of per-group mean entropies exceeds ``diversity_threshold``, leave "
+        "out the groups whose rewards carry no signal (all equal); logged as ``diversity/*``", "bool",
+    ),
+    "diversity_threshold": Argument(
+        controls.DIVERSITY_SPREAD, number(low=0.0), "the diversity guard's entropy spread (0.15)", "float"
+    ),
+    "update_mode": Argument(
+        "joint", choice("joint", "sequential"),
+        '``"joint"`` (one step on all groups, as published) or ``"sequential"`` (one step per group, in turn)',
+        "str",
+    ),
+    "reward_ramp": Argument(
+        False, boolean(),
+        "the reward ramp: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000 timesteps "
+        "up to the env's configured weight", "bool",
+    ),
+    "protected_rollouts": Argument(
+        0, integer(low=0, high=MOST_STEPS),
+        "the protected rollouts: the first rollouts are sampled by the frozen cold-start policy (the original design's "
+        "\"first 3 groups\" read as the first 3 rollouts); the importance ratio corrects for it", "int",
+    ),
+    "diagnostics": Argument(
+        False, boolean(),
+        'per-group reward histograms, gradient norms and their spread, "group stability" and warnings; '
+        "the update is then accumulated group by group (the same gradient)", "bool",
+    ),
+    "replay_ratio": Argument(
+        0.0, number(low=0.0, high=1.0, high_open=True),
+        "fraction of each update's completions replayed from a prioritized trajectory buffer (high-reward ones 3x as "
+        "likely; "
+        ":mod:`~algorithms.grpo.replay`): their sampling log-probs, their group's advantage times an importance "
+        "weight; 0 (default) is published GRPO", "float",
+    ),
+    "max_replay_age": Argument(
+        10, integer(low=0, high=MOST_STEPS),
+        "completions collected more than this many iterations ago are evicted before sampling",
+        "int",
+    ),
+    "replay_buffer_kwargs": Argument(
+        None, mapping(REPLAY_BUFFER_KEYS), "arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)",
+        "dict[str, Any] | None",
+    ),
+    "prompt_sampling": Argument(
+        "uniform", choice("uniform", "learnability"),
+        '``"uniform"`` (the env\'s stream) or ``"learnability"``: ``fresh_prompt_fraction`` of each rollout\'s '
+        "problems fresh, the rest from a pool of recent ones with probability ``p (1 - p) + 0.01`` "
+        "(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`)", "str",
+    ),
+    "prompt_pool_size": Argument(256, integer(low=1, high=MOST), "the problems the learnability pool holds", "int"),
+    "fresh_prompt_fraction": Argument(
+        0.25, number(low=0.0, high=1.0),
+        'the share of each rollout\'s problems drawn fresh under ``"learnability"``', "float",
+    ),
+}  # fmt: skip
 
 GRPO_OWN = {
     "n_epochs": Argument(
@@ -102,40 +173,6 @@ GRPO_OWN = {
         "leave completions cut at ``max_new_tokens`` without EOS out of the loss (DAPO's overlong filtering); they "
         "still count in their group's advantages", "bool",
     ),
-    "prompt_sampling": Argument(
-        "uniform", choice("uniform", "learnability"),
-        '``"uniform"`` (the env\'s stream) or ``"learnability"``: ``fresh_prompt_fraction`` of each rollout\'s '
-        "problems fresh, the rest from a pool of recent ones with probability ``p (1 - p) + 0.01`` "
-        "(:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`)", "str",
-    ),
-    "prompt_pool_size": Argument(256, integer(low=1, high=MOST), "the problems the learnability pool holds", "int"),
-    "fresh_prompt_fraction": Argument(
-        0.25, number(low=0.0, high=1.0),
-        'the share of each rollout\'s problems drawn fresh under ``"learnability"``', "float",
-    ),
-    "competition": Argument(
-        None, choice(None, "fixed", "adaptive"),
-        'competition between groups: ``None`` (off), ``"fixed"`` (the competition coefficient: the winning '
-        'group\'s advantages x ``competition_coef``, see :func:`~algorithms.grpo.controls.winning_groups`) or '
-        '``"adaptive"`` (the coefficient follows the between-group reward variance, in [0.8, 1.5])', "str | None",
-    ),
-    "competition_coef": Argument(
-        controls.COMPETITION_COEF, number(low=0.0, low_open=True), "the winning group's competition coefficient (1.2)",
-        "float",
-    ),
-    "diversity_guard": Argument(
-        False, boolean(),
-        "the diversity guard: when the spread of per-group mean entropies exceeds ``diversity_threshold``, leave "
-        "out the groups whose rewards carry no signal (all equal); logged as ``diversity/*``", "bool",
-    ),
-    "diversity_threshold": Argument(
-        controls.DIVERSITY_SPREAD, number(low=0.0), "the diversity guard's entropy spread (0.15)", "float"
-    ),
-    "update_mode": Argument(
-        "joint", choice("joint", "sequential"),
-        '``"joint"`` (one step on all groups, as published) or ``"sequential"`` (one step per group, in turn)',
-        "str",
-    ),
     "advantage_baseline": Argument(
         "group", choice("group", "value", "leave_one_out"),
         '``"group"`` (the group\'s mean reward, GRPO), ``"value"`` (the value head\'s estimate for the prompt; '
@@ -150,36 +187,10 @@ GRPO_OWN = {
         "group's episode-level baseline and scale: :func:`~algorithms.grpo.advantages.turn_advantages`); the value "
         "head's target follows", "str",
     ),
-    "reward_ramp": Argument(
-        False, boolean(),
-        "the reward ramp: the reward-model (consistency) weight starts at 0 and rises by 0.05 every 1000 timesteps "
-        "up to the env's configured weight", "bool",
-    ),
-    "protected_rollouts": Argument(
-        0, integer(low=0, high=MOST_STEPS),
-        "the protected rollouts: the first rollouts are sampled by the frozen cold-start policy (the original design's "
-        "\"first 3 groups\" read as the first 3 rollouts); the importance ratio corrects for it", "int",
-    ),
-    "diagnostics": Argument(
-        False, boolean(),
-        'per-group reward histograms, gradient norms and their spread, "group stability" and warnings; '
-        "the update is then accumulated group by group (the same gradient)", "bool",
-    ),
-    "replay_ratio": Argument(
-        0.0, number(low=0.0, high=1.0, high_open=True),
-        "fraction of each update's completions replayed from a prioritized trajectory buffer (high-reward ones 3x as "
-        "likely; "
-        ":mod:`~algorithms.grpo.replay`): their sampling log-probs, their group's advantage times an importance "
-        "weight; 0 (default) is published GRPO", "float",
-    ),
-    "max_replay_age": Argument(
-        10, integer(low=0, high=MOST_STEPS),
-        "completions collected more than this many iterations ago are evicted before sampling",
-        "int",
-    ),
-    "replay_buffer_kwargs": Argument(
-        None, mapping(REPLAY_BUFFER_KEYS), "arguments of the buffer (``capacity``, ``max_tokens``, ``alpha``, ...)",
-        "dict[str, Any] | None",
+    "controls_kwargs": settings_argument(
+        "the original design's controls", CONTROLS, None,
+        " (each off by default; the ``seed`` preset turns them on together; the project's ablation finds none "
+        "helps at the budgets measured)",
     ),
 }  # fmt: skip
 

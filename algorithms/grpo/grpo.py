@@ -60,8 +60,8 @@ class GRPO(LMBaseAlgorithm):
         super().__init__(policy, env, **kwargs)  # every argument checked once, by its rule, and stored by name
         if self.diagnostics and self.sharding == "fsdp":  # backward_by_group reads whole per-group gradients
             raise ValueError(
-                "diagnostics=True measures each group's whole gradient: not with sharding='fsdp'; "
-                "pass diagnostics=False (or sharding=None)"
+                "controls_kwargs['diagnostics']=True measures each group's whole gradient: not with sharding='fsdp'; "
+                "leave diagnostics off (or pass sharding=None)"
             )
         self._between_variance = 0.0  # running between-group reward variance (the adaptive competition's reference)
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
@@ -127,7 +127,7 @@ class GRPO(LMBaseAlgorithm):
     def save_replay_buffer(self, path: str | os.PathLike) -> None:
         """Write the replay buffer to ``path`` (one ``.npz``), like SB3's off-policy ``save_replay_buffer``."""
         if self.replay_buffer is None:
-            raise ValueError("this model has no replay buffer (replay_ratio=0)")
+            raise ValueError("this model has no replay buffer (controls_kwargs['replay_ratio'] is 0)")
         self.replay_buffer.save(path)
 
     def load_replay_buffer(self, path: str | os.PathLike) -> None:

@@ -181,6 +181,8 @@ def translate(
         key, _, inner = str(entry.ours).partition(".")
         if entry.where == "policy" and inner:
             policy.setdefault(key, {})[inner] = ours
+        elif entry.where == "arg" and inner:  # a key of a settings dict (rollout_engine_kwargs)
+            algorithm.setdefault(key, {})[inner] = ours
         else:
             {"arg": algorithm, "env": env, "policy": policy}[entry.where][key] = ours
     algorithm.update(_batching(values, int(algorithm.get("group_size", 8))))
@@ -288,7 +290,7 @@ def from_trl(
     :param peft_config: a ``peft.LoraConfig`` (LoRA adapters are trained)
     :param answer: the column of reference answers (default: the first of :data:`ANSWER_COLUMNS` the rows have)
     :param env_kwargs: env arguments over what the port sets
-    :param kwargs: GRPO arguments over what ``args`` gives (``verbose``, ``seed``, ``sft_steps``, ...)
+    :param kwargs: GRPO arguments over what ``args`` gives (``verbose``, ``seed``, ``cold_start_kwargs``, ...)
     """
     from algorithms.common.model.tokenizer_check import model_tokenizer
     from grpo_gym.rewards.functions import named_reward_funcs
@@ -320,4 +322,7 @@ def from_trl(
     if peft_config is not None:
         policy_kwargs["lora"] = _lora(peft_config)
     policy_kwargs.update(kwargs.pop("policy_kwargs", None) or {})
+    for name, argument in cls.arguments.items():  # a settings dict given too: its keys over the port's
+        if argument.settings is not None and isinstance(kwargs.get(name), dict) and name in algorithm:
+            kwargs[name] = {**algorithm[name], **kwargs[name]}
     return cls("TransformerPolicy", env, **{**algorithm, **kwargs, "policy_kwargs": policy_kwargs})

@@ -182,7 +182,7 @@ class ReasoningGymTask(Task):
         if problem.metadata.get("answer") is None:
             raise ValueError(
                 f"reasoning-gym {self.dataset!r} gives no single gold answer, so it cannot make cold-start targets: "
-                "pass sft_data= (prompt/response rows) or cold_start=False"
+                "pass cold_start_kwargs={'data': ...} (prompt/response rows) or cold_start=False"
             )
         cot = _meta(problem)["metadata"].get("answer_cot")
         return (cot if isinstance(cot, str) else ""), problem.answer

@@ -141,7 +141,7 @@ class RolloutProducer:
             raise ValueError(
                 "max_staleness >= 1 samples protected rollouts from a frozen copy of the reference, and with LoRA "
                 "there is none (the reference is the policy with its adapters off): pass max_staleness=0 or "
-                "protected_rollouts=0"
+                "controls_kwargs={'protected_rollouts': 0}"
             )
         return reference
 

@@ -125,6 +125,10 @@ def check_saved_arguments(saved: Any, algorithm: Any, name: str) -> None:
     """Refuse, naming the file and the fix, recorded arguments ``algorithm`` (the class) does not take or whose
     values its rules refuse, and a policy class it does not know, in ``saved`` (a
     :class:`~algorithms.common.saving.run_file.SavedRun`): before anything is built from them."""
+    try:  # a file of an earlier version: its flat names (vllm_mode, sft_steps, ...) go into their settings dicts
+        saved.arguments = algorithm.arguments.regrouped(saved.arguments, f"{name}: ")
+    except ArgumentError as error:
+        raise ValueError(f"{error}; the file was edited: use another save") from None
     unknown = sorted(set(saved.arguments) - set(algorithm.arguments))
     fix = "the file was written by another version of grpo-gym, or edited: load it with the version that wrote it"
     if unknown:

@@ -1,5 +1,6 @@
-"""The rollout engine's constructor arguments, declared once: ``rollout_engine``, ``vllm_mode`` and the vLLM settings,
-each as ``(default, rule, doc, annotation)``, the fields of an :class:`~algorithms.common.arguments.Argument`;
+"""The rollout engine's constructor arguments, declared once: ``rollout_engine`` and the settings of
+``rollout_engine_kwargs`` (vLLM's: its mode, server, memory and weight pushes), each as ``(default, rule, doc,
+annotation)``, the fields of an :class:`~algorithms.common.arguments.Argument`;
 :data:`~algorithms.common.arguments.LM_ARGUMENTS` (GRPO's and LMPPO's table) holds them, and
 :class:`~.setup.EngineSpec` reads them back from the algorithm. They say how a run samples, not what it learns, so
 ``--resume`` may change them (a server that came back on another port). A rule takes the name and the value and
@@ -58,12 +59,11 @@ _ROLLOUT_ENGINE = (
 )
 _VLLM_MODE = (
     '``"colocate"`` (``vllm.LLM`` in the training process; under torchrun one per process) or ``"server"`` (a vLLM '
-    "server's client, e.g. of ``grpo-gym vllm-serve``, at ``vllm_server_base_url`` or ``vllm_server_host``:"
-    "``vllm_server_port``)"
+    "server's client, e.g. of ``grpo-gym vllm-serve``, at ``server_base_url`` or ``server_host``:``server_port``)"
 )
 _VLLM_KV = (
     "a colocated vLLM's KV cache in bytes (``None``: on a CPU the rollout's rows at full length, 16 MiB to "
-    "1 GiB; on a GPU from ``vllm_gpu_memory_utilization``)"
+    "1 GiB; on a GPU from ``gpu_memory_utilization``)"
 )
 _VLLM_LORA = (
     'a LoRA policy\'s pushes to vLLM: ``"merged"`` (the adapters merged into the weights, every push the whole '
@@ -74,40 +74,48 @@ _VLLM_SYNC_FOLDER = (
     "server must see it at the same path (the same machine, or a shared mount)"
 )
 
-#: name -> ``(default, rule, doc, annotation)``, in the signature's order
-ENGINE_ARGUMENTS: dict[str, tuple[Any, Any, str, str]] = {
-    "rollout_engine": ("builtin", _choice(*ENGINES), _ROLLOUT_ENGINE, "str"),
-    "vllm_mode": ("colocate", _choice(*VLLM_MODES), _VLLM_MODE, "str"),
-    "vllm_server_base_url": (
-        None, server_url, "the vLLM server's URL, e.g. ``'http://127.0.0.1:8000'`` (``None``: from the host and port)",
+#: ``rollout_engine``'s ``(default, rule, doc, annotation)``
+ROLLOUT_ENGINE: tuple[Any, Any, str, str] = ("builtin", _choice(*ENGINES), _ROLLOUT_ENGINE, "str")
+
+#: the settings of ``rollout_engine_kwargs`` (vLLM's; TRL's ``vllm_<name>``): key -> ``(default, rule, doc,
+#: annotation)``; the algorithm holds each as the attribute ``vllm_<key>`` (``llm_kwargs`` as ``vllm_kwargs``)
+ENGINE_SETTINGS: dict[str, tuple[Any, Any, str, str]] = {
+    "mode": ("colocate", _choice(*VLLM_MODES), _VLLM_MODE, "str"),
+    "server_base_url": (
+        None, server_url,
+        "the vLLM server's URL, e.g. ``'http://127.0.0.1:8000'`` (``None``: from ``server_host`` and ``server_port``)",
         "str | None",
     ),
-    "vllm_server_host": ("127.0.0.1", text, "the vLLM server's host (without a base URL)", "str"),
-    "vllm_server_port": (
+    "server_host": ("127.0.0.1", text, "the vLLM server's host (without a base URL)", "str"),
+    "server_port": (
         8000, lambda name, value: check_int(name, value, low=1, high=65535),
         "the vLLM server's port (without a base URL)", "int",
     ),
-    "vllm_server_timeout": (
+    "server_timeout": (
         240.0, _positive, "seconds to wait at setup for the vLLM server to answer (TRL's 240)", "float"
     ),
-    "vllm_request_timeout": (
+    "request_timeout": (
         300.0, _positive, "seconds one vLLM request (a completion, a weight push) may take", "float"
     ),
-    "vllm_gpu_memory_utilization": (
+    "gpu_memory_utilization": (
         0.3, lambda name, value: check_float(name, value, low=0.0, high=1.0, low_open=True),
         "the GPU memory share a colocated vLLM takes (TRL's 0.3)", "float",
     ),
-    "vllm_kv_cache_memory_bytes": (
+    "kv_cache_memory_bytes": (
         None, lambda name, value: check_int(name, value, low=1 << 20, allow_none=True), _VLLM_KV, "int | None"
     ),
-    "vllm_lora_sync": ("merged", _choice(*LORA_SYNCS), _VLLM_LORA, "str"),
-    "vllm_enable_sleep_mode": (
+    "lora_sync": ("merged", _choice(*LORA_SYNCS), _VLLM_LORA, "str"),
+    "enable_sleep_mode": (
         False, lambda name, value: check_bool(name, value),
         "a colocated vLLM on a GPU frees its memory while the trainer runs (vLLM's sleep mode)", "bool",
     ),
-    "vllm_sync_folder": (None, _folder, _VLLM_SYNC_FOLDER, "str | None"),
-    "vllm_kwargs": (
+    "sync_folder": (None, _folder, _VLLM_SYNC_FOLDER, "str | None"),
+    "llm_kwargs": (
         None, keyword_dict, "more ``vllm.LLM`` arguments for a colocated vLLM (``tensor_parallel_size``, ...)",
         "dict[str, Any] | None",
     ),
 }  # fmt: skip
+
+#: the attribute the algorithm holds each engine setting in (TRL's name: ``vllm_<key>``; ``llm_kwargs`` as
+#: ``vllm_kwargs``)
+ENGINE_ATTRIBUTES = {key: "vllm_kwargs" if key == "llm_kwargs" else f"vllm_{key}" for key in ENGINE_SETTINGS}

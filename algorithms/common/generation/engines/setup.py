@@ -10,11 +10,11 @@ process exits (``atexit``), so no run leaves a vLLM engine behind.
 
 - ``"builtin"``: no engine object (the policy's own sampler, exactly as without the seam);
 - ``"hf"``: :class:`~.hf.HFGenerateEngine` on the policy's live model (a push is free: it is the same model);
-- ``"vllm"`` with ``vllm_mode="colocate"``: :class:`~.vllm_colocate.VLLMColocateEngine` in this process (under
-  ``torchrun`` each rank its own, see :func:`colocate_options`);
-- ``"vllm"`` with ``vllm_mode="server"``: :class:`~.vllm_server.VLLMServerEngine`, a client of the vLLM server at
-  ``vllm_server_base_url`` (or ``http://<vllm_server_host>:<vllm_server_port>``), e.g. one ``grpo-gym vllm-serve``
-  started.
+- ``"vllm"`` with ``rollout_engine_kwargs={"mode": "colocate"}``: :class:`~.vllm_colocate.VLLMColocateEngine` in
+  this process (under ``torchrun`` each rank its own, see :func:`colocate_options`);
+- ``"vllm"`` with ``rollout_engine_kwargs={"mode": "server"}``: :class:`~.vllm_server.VLLMServerEngine`, a client of
+  the vLLM server at ``server_base_url`` (or ``http://<server_host>:<server_port>``), e.g. one ``grpo-gym
+  vllm-serve`` started.
 """
 
 from __future__ import annotations
@@ -110,8 +110,9 @@ def check_spec(spec: EngineSpec, sharding: str | None, device: torch.device, wor
         return
     if spec.engine == "vllm" and spec.vllm_mode == "server" and world_size > 1:
         raise ValueError(
-            f"vllm_mode='server' with {world_size} processes: every rank would push its weights to the one server; "
-            "not supported yet. Use vllm_mode='colocate' (each rank its own vLLM), or one process"
+            f"rollout_engine_kwargs={{'mode': 'server'}} with {world_size} processes: every rank would push its "
+            "weights to the one server; not supported yet. Use rollout_engine_kwargs={'mode': 'colocate'} (each rank "
+            "its own vLLM), or one process"
         )
     if sharding == "fsdp":
         raise ValueError(
@@ -120,8 +121,8 @@ def check_spec(spec: EngineSpec, sharding: str | None, device: torch.device, wor
         )
     if spec.engine == "vllm" and spec.sleep_mode and device.type != "cuda":
         raise ValueError(
-            "vllm_enable_sleep_mode frees a GPU's memory while the trainer runs: it needs a CUDA device; leave it "
-            "False on a CPU"
+            "rollout_engine_kwargs['enable_sleep_mode'] frees a GPU's memory while the trainer runs: it needs a CUDA "
+            "device; leave it False on a CPU"
         )
 
 

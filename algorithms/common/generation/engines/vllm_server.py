@@ -41,7 +41,7 @@ from algorithms.common.generation.engines.vllm_folder import WeightFormat, adapt
 
 START_HINT = (
     "start one with `grpo-gym vllm-serve <model zip or folder> --port <port>`, or fix the "
-    "address (vllm_server_base_url, or vllm_server_host and vllm_server_port)"
+    "address (rollout_engine_kwargs server_base_url, or server_host and server_port)"
 )
 SAME_MODEL = "the server must run this run's model (architecture and sizes): start it with `grpo-gym vllm-serve`"
 #: the config fields that must agree between the server's folder and the trainer's model
@@ -73,7 +73,7 @@ def _raise_unreachable(base_url: str, error: Exception, what: str) -> None:
     if isinstance(error, TimeoutError) or "timed out" in str(error):
         raise EngineError(
             f"the vLLM server at {base_url} did not answer {what} in time ({error}): check that it "
-            "runs and is not overloaded, or raise vllm_request_timeout"
+            "runs and is not overloaded, or raise rollout_engine_kwargs['request_timeout']"
         ) from error
     raise EngineError(
         f"no vLLM server answers at {base_url} ({what}: {error}): {START_HINT}; the run's last "
@@ -108,7 +108,8 @@ def wait_for_server(base_url: str, timeout: float) -> dict[str, Any]:
                 continue
             if isinstance(error, (urllib.error.HTTPError, KeyError, IndexError, TypeError)):
                 raise EngineError(f"the vLLM server at {base_url} is not healthy: {error}; {START_HINT}") from error
-            _raise_unreachable(base_url, error, f"the health check, waited {timeout:.0f} s (vllm_server_timeout)")
+            waited = f"the health check, waited {timeout:.0f} s (rollout_engine_kwargs['server_timeout'])"
+            _raise_unreachable(base_url, error, waited)
             raise
 
 
