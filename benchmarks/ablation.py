@@ -46,11 +46,16 @@ ARMS: dict[str, dict] = {
     "value baseline": {"advantage_baseline": "value", "value_head": True},
     "reward-model ramp": {"controls_kwargs": {"reward_ramp": True}},
     "protected rollouts": {"controls_kwargs": {"protected_rollouts": 3}},
-    "curriculum": {"curriculum": True},
+    "curriculum": {"controls_kwargs": {"curriculum": True}},
     "replay 0.25": {"controls_kwargs": {"replay_ratio": 0.25}},
 }
-ARMS["all"] = {k: v for arm in list(ARMS.values())[1:] for k, v in arm.items()} | {
-    "controls_kwargs": {"competition": "adaptive"}
+ARMS["all"] = {  # every arm's settings together (the controls merged), adaptive competition of the two
+    "advantage_baseline": "value",
+    "value_head": True,
+    "controls_kwargs": {
+        key: value for arm in list(ARMS.values())[1:] for key, value in arm.get("controls_kwargs", {}).items()
+    }
+    | {"competition": "adaptive"},
 }
 
 

@@ -52,7 +52,8 @@ def worker(args: argparse.Namespace) -> None:
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(template="compact", max_new_tokens=64, difficulty=0.3))])
     compression = None if args.compression == "none" else args.compression
     model = GRPO("TransformerPolicy", env, n_groups=4, group_size=8, beta=0.04, ent_coef=0.0, cold_start=False,
-                 policy_kwargs={"model": args.model}, seed=0, gradient_compression=compression)  # fmt: skip
+                 policy_kwargs={"model": args.model}, seed=0,
+                 distributed_kwargs={"gradient_compression": compression})  # fmt: skip
     marks: list[float] = []
     train_seconds: list[float] = []
     train = model.train

@@ -4,7 +4,8 @@
 the tiny test model on K=2 groups x G=4 for 2 iterations and writes each rank's final parameters to
 ``OUT/params_<rank>.pt`` (rank 0 also saves ``OUT/model.zip`` and logs to ``OUT/tb``). ``MODE``: ``train``,
 ``die`` (rank 1 exits at the second rollout) or ``hang`` (rank 1 stops answering at the second rollout).
-Further ``key=value`` arguments are GRPO arguments (``gradient_compression=powersgd``, ``mixed_precision=bf16``).
+Further ``key=value`` arguments are GRPO arguments (``mixed_precision=bf16``; ``gradient_compression=powersgd`` goes
+into ``distributed_kwargs``).
 The precision is pinned to float32 unless one is given: the tests compare the weights with float32 tolerances.
 """
 
@@ -56,8 +57,8 @@ def literal(text: str) -> object:
 def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
     torch.set_num_threads(1)
     settings = {"n_groups": 2, "group_size": 4, "beta": 0.04, "learning_rate": 1e-3, "cold_start": False,
-                "seed": 0, "policy_kwargs": TINY, "tensorboard_log": str(out / "tb"), "dist_timeout": 10.0,
-                "mixed_precision": "no"}  # fmt: skip
+                "seed": 0, "policy_kwargs": TINY, "tensorboard_log": str(out / "tb"),
+                "distributed_kwargs": {"timeout": 10.0}, "mixed_precision": "no"}  # fmt: skip
     model = GRPO("TransformerPolicy", make_env(), **{**settings, **kwargs})
     model.learn(8 * iterations, callback=Fail(mode))
     torch.save(model.policy.state_dict(), out / f"params_{model._dist.rank}.pt")
@@ -68,8 +69,9 @@ def run(out: Path, mode: str = "train", iterations: int = 2, **kwargs) -> GRPO:
 if __name__ == "__main__":
     out, mode = Path(sys.argv[1]), sys.argv[2]
     extra: dict = {key: literal(value) for key, value in (argument.split("=", 1) for argument in sys.argv[3:])}
-    if "gradient_compression" in extra:
-        extra["iterations"] = 4  # PowerSGD from step 3
+    if "gradient_compression" in extra:  # a setting of distributed_kwargs; PowerSGD from step 3
+        compression = extra.pop("gradient_compression")
+        extra.update(iterations=4, distributed_kwargs={"timeout": 10.0, "gradient_compression": compression})
     run(out, mode, **extra)
     if torch.distributed.is_initialized():  # join gloo's threads before exit (a rank aborted at exit without it)
         torch.distributed.destroy_process_group()

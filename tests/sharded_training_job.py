@@ -45,7 +45,7 @@ SETTINGS = {
     "controls_kwargs": {"protected_rollouts": 1},
     "seed": 0,
     "policy_kwargs": TINY,
-    "dist_timeout": 60.0,
+    "distributed_kwargs": {"timeout": 60.0},
     "mixed_precision": "no",
     "sharding": "fsdp",
 }

@@ -108,7 +108,7 @@ def test_a_model_file_of_an_earlier_version_loads_with_its_flat_names(tmp_path) 
 def test_every_keyword_is_in_the_signature() -> None:
     """What IDEs, ``help`` and ``inspect`` show: every argument by name (71 flat ones before the settings dicts)."""
     assert list(inspect.signature(GRPO).parameters) == ["policy", "env", *GRPO.arguments, "_init_setup_model"]
-    assert len(GRPO.arguments) <= 44, len(GRPO.arguments)
+    assert len(GRPO.arguments) <= 40, len(GRPO.arguments)
 
 
 def test_integral_floats_and_numpy_numbers_are_read_as_their_values() -> None:

@@ -108,7 +108,7 @@ def feedback_env(n_envs: int) -> DummyVecEnv:
 
 def rollout(turn_cache: bool, n_envs: int) -> Any:
     model = GRPO("TransformerPolicy", feedback_env(n_envs), n_groups=2, group_size=4, cold_start=False,
-                 policy_kwargs=TINY, seed=3, mixed_precision="no", turn_cache=turn_cache)  # fmt: skip
+                 policy_kwargs=TINY, seed=3, mixed_precision="no", turn_kwargs={"cache": turn_cache})  # fmt: skip
     rows_seen, ratios = [], []
     build = model._build_batch
 

@@ -83,7 +83,7 @@ def _scalars(tmp_path: Path) -> dict[str, list[float]]:
         ({"controls_kwargs": {"competition": "adaptive"}}, "train/competition_coef"),
         ({"controls_kwargs": {"diversity_guard": True}}, "diversity/entropy_spread"),
         ({"controls_kwargs": {"reward_ramp": True}}, "train/reward_model_weight"),
-        ({"curriculum": True}, "curriculum/difficulty"),
+        ({"controls_kwargs": {"curriculum": True}}, "curriculum/difficulty"),
         ({"controls_kwargs": {"diagnostics": True}}, "groups/stability"),
         ({"controls_kwargs": {"replay_ratio": 0.25}}, "replay/fraction"),
         ({"controls_kwargs": {"update_mode": "sequential"}}, "train/optimizer_steps"),
@@ -115,7 +115,7 @@ def test_reward_ramp_sets_the_env_weight():
 
 
 def test_curriculum_moves_the_difficulty(tmp_path: Path):
-    model = make_model(curriculum=True, tensorboard_log=str(tmp_path))
+    model = make_model(controls_kwargs={"curriculum": True}, tensorboard_log=str(tmp_path))
     model.learn(8 * 3)
     levels = _scalars(tmp_path)["curriculum/difficulty"]
     assert levels[0] == pytest.approx(0.3) or levels[0] == pytest.approx(0.27)  # from the curriculum's start

@@ -176,7 +176,7 @@ def test_lmppo_with_sharding_trains_the_weights_of_ddp(trained: Path):
 
 def test_sharding_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="gradient_compression"):
-        job.grpo(gradient_compression="fp16")
+        job.grpo(distributed_kwargs={"gradient_compression": "fp16"})
     with pytest.raises(ValueError, match="leave diagnostics off"):
         job.grpo(controls_kwargs={"diagnostics": True})
     with pytest.raises(ValueError, match="sharding"):

@@ -235,7 +235,7 @@ def test_a_failing_producer_ends_learn_naming_it_with_the_checkpoint_intact(
 ) -> None:
     release = threading.Event()
     failing_producer(monkeypatch, 4, release.wait if fault == "hang" else fault)
-    model = make_model(max_staleness=1, dist_timeout=1.0)
+    model = make_model(max_staleness=1, distributed_kwargs={"timeout": 1.0})
     started = time.perf_counter()
     with pytest.raises(RolloutProducerError, match=message):
         model.learn(80, callback=IterationCheckpoint(tmp_path, every=1, run={}))

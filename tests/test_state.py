@@ -198,7 +198,7 @@ def resumed(tmp_path: Path, n: int, replay: bool = False, **kwargs) -> tuple[GRP
     [
         {},
         {"controls_kwargs": {"replay_ratio": 0.25}},
-        {"curriculum": True},
+        {"controls_kwargs": {"curriculum": True}},
         {
             "beta": 0.04,
             "ent_coef": 0.01,
@@ -234,8 +234,7 @@ def test_resume_is_bit_identical_with_refills_gspo_and_the_prompt_pool(tmp_path:
         "importance_level": "sequence",
         "dynamic_sampling": True,
         "mask_truncated": True,
-        "controls_kwargs": {"prompt_sampling": "learnability", "prompt_pool_size": 4},
-        "curriculum": True,
+        "controls_kwargs": {"prompt_sampling": "learnability", "prompt_pool_size": 4, "curriculum": True},
     }
     whole = make_model(**settings)
     whole.learn(32)
@@ -398,7 +397,7 @@ def test_a_save_mid_episode_with_the_turn_cache_resumes_exactly(tmp_path: Path) 
     """Multi-turn episodes (up to three answers) whose later turns are sampled from the KV cache of the turn before:
     a save inside a later turn of the second rollout resumes to the uninterrupted run (the cache is a rollout's own,
     never saved: the resumed run plays that rollout again from its start)."""
-    settings = {"cold_start": False, "turn_cache": True, "n_groups": 1}
+    settings = {"cold_start": False, "turn_kwargs": {"cache": True}, "n_groups": 1}
     whole = make_model(feedback_env(), **settings)
     whole.learn(20)  # 4 episodes of up to 3 turns a rollout: two rollouts
     first = make_model(feedback_env(), **settings)

@@ -149,7 +149,7 @@ def call_bonus(prompts, completions, tool_calls, **kwargs) -> list[float]:
 def test_grpo_trains_each_turn_on_the_credit_chosen_and_logs_the_turns(credit: str) -> None:
     vec = make_env(n_envs=4, reward_funcs={"call_bonus": call_bonus})
     model = GRPO("TransformerPolicy", vec, n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY, seed=0,
-                 gamma=0.9, turn_credit=credit)  # fmt: skip
+                 gamma=0.9, turn_kwargs={"credit": credit})  # fmt: skip
     env = vec.envs[0].unwrapped
     problems = remember_problems(model)
     model.rollouts.sample = scripted(model, env, problems)
@@ -187,5 +187,12 @@ def test_grpo_trains_each_turn_on_the_credit_chosen_and_logs_the_turns(credit: s
 
 
 def test_turn_credit_is_checked() -> None:
-    with pytest.raises(ValueError, match="turn_credit"):
-        GRPO("TransformerPolicy", make_env(), n_groups=1, group_size=2, policy_kwargs=TINY, turn_credit="per_turn")
+    with pytest.raises(ValueError, match=r"turn_kwargs\['credit'\] must be one of"):
+        GRPO(
+            "TransformerPolicy",
+            make_env(),
+            n_groups=1,
+            group_size=2,
+            policy_kwargs=TINY,
+            turn_kwargs={"credit": "per_turn"},
+        )

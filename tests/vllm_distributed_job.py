@@ -28,7 +28,7 @@ SETTINGS = {
     "cold_start": False,
     "seed": 0,
     "policy_kwargs": {"model": "tiny", "model_kwargs": ENGINE_KWARGS},
-    "dist_timeout": 120.0,
+    "distributed_kwargs": {"timeout": 120.0},
     "mixed_precision": "no",
     "rollout_engine": "vllm",
     "rollout_engine_kwargs": {"kv_cache_memory_bytes": 32 << 20},
@@ -47,7 +47,7 @@ def run(out: Path, iterations: int = 2) -> dict[str, torch.Tensor]:
 def resume(out: Path) -> None:
     """``out/model.zip`` trained one iteration more; this rank's weights to ``out/resumed_<rank>.pt``."""
     torch.set_num_threads(1)
-    with GRPO.load(out / "model.zip", env=make_env(), dist_timeout=120.0) as model:
+    with GRPO.load(out / "model.zip", env=make_env(), distributed_kwargs={"timeout": 120.0}) as model:
         model.learn(8, reset_num_timesteps=False)
         torch.save(model.policy.state_dict(), out / f"resumed_{os.environ.get('RANK', '0')}.pt")
 

@@ -443,7 +443,7 @@ _MAX_STALENESS = (
     "reproducible, resumed exactly) while the update runs on rollout ``i - 1``, each side on half of torch's threads "
     "(:mod:`~algorithms.common.rollout.staleness`); ``sampler_correction`` corrects the staleness, logged as "
     "``rollout/staleness`` and ``rollout/staleness_max``. A producer that fails or gives no answer within "
-    "``dist_timeout`` seconds ends ``learn()`` with an error naming it"
+    "``distributed_kwargs['timeout']`` seconds ends ``learn()`` with an error naming it"
 )
 _COLLAPSE_GUARD = (
     'watch the run\'s success and step back when it falls (:mod:`~algorithms.common.collapse_guard`): ``"auto"`` '
@@ -461,6 +461,22 @@ _SHARDING = (
     "gradients, optimizer state and reference sharded over the processes; the same weights trained, see "
     ':mod:`~algorithms.common.runtime.parallel`); on one process ``"fsdp"`` trains unsharded'
 )
+
+#: whether later turns run from the KV cache of the turn before (a setting of ``turn_kwargs``)
+TURN_CACHE = Argument(
+    "auto", choice(True, False, "auto"),
+    "keep each turn's KV cache for the next turn of multi-turn episodes (tool calls, feedback): a later turn then "
+    "runs only the tokens the env added, and a row whose window dropped old tokens is prefilled afresh "
+    "(:mod:`~algorithms.common.generation.continuation`; the builtin sampler only: other engines prefill each "
+    'turn). ``"auto"``: when the env may play several turns (``max_turns > 1`` or ``tools``)',
+)  # fmt: skip
+
+#: the dynamic curriculum (LMPPO's argument, a setting of GRPO's ``controls_kwargs``)
+CURRICULUM = Argument(
+    False, boolean(),
+    "the dynamic curriculum: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of every "
+    "env from the rolling success rate (``curriculum/difficulty``)", "bool",
+)  # fmt: skip
 
 #: the arguments that say how a run samples, not what it learns: ``--resume`` may change them
 ENGINE_ARGUMENTS = ("rollout_engine", "rollout_engine_kwargs")
@@ -485,16 +501,23 @@ LM_ARGUMENTS = Arguments(
             "dialogue)",
             "float",
         ),
-        "gradient_compression": Argument(
-            None, choice(*COMPRESSIONS),
-            'with several processes (:mod:`~algorithms.common.runtime.distributed`): ``None``, ``"fp16"``, '
-            '``"bf16"`` or ``"powersgd"`` (PyTorch\'s DDP communication hooks)', "str | None",
-        ),
         "sharding": Argument(None, choice(*SHARDINGS), _SHARDING, "str | None"),
-        "dist_timeout": Argument(
-            300.0, number(low=0.0, low_open=True),
-            "seconds a rank waits for the others (and, with ``max_staleness``, the update for the rollout producer) "
-            "before the job fails: a hung rank or producer ends the job", "float",
+        "distributed_kwargs": settings_argument(
+            "several processes",
+            {
+                "gradient_compression": Argument(
+                    None, choice(*COMPRESSIONS),
+                    '(:mod:`~algorithms.common.runtime.distributed`) ``None``, ``"fp16"``, ``"bf16"`` or '
+                    '``"powersgd"`` (PyTorch\'s DDP communication hooks)',
+                ),
+                "timeout": Argument(
+                    300.0, number(low=0.0, low_open=True),
+                    "seconds a rank waits for the others (and, with ``max_staleness``, the update for the rollout "
+                    "producer) before the job fails: a hung rank or producer ends the job",
+                ),
+            },
+            {"gradient_compression": "gradient_compression", "timeout": "dist_timeout"},
+            " (``torchrun``; one process ignores them)",
         ),
         "mixed_precision": Argument("auto", check_precision, _MIXED_PRECISION, "str | dict[str, str]"),
         "sampler_correction": Argument("auto", choice(*SAMPLER_CORRECTIONS), _SAMPLER_CORRECTION, "str | None"),
@@ -504,14 +527,7 @@ LM_ARGUMENTS = Arguments(
             "sequence ratio", "float",
         ),
         "max_staleness": Argument(0, integer(low=0, high=MOST_VERSIONS), _MAX_STALENESS, "int"),
-        "turn_cache": Argument(
-            "auto", choice(True, False, "auto"),
-            "keep each turn's KV cache for the next turn of multi-turn episodes (tool calls, feedback): a later turn "
-            "then runs only the tokens the env added, and a row whose window dropped old tokens is prefilled afresh "
-            "(:mod:`~algorithms.common.generation.continuation`; the builtin sampler only: other engines prefill "
-            'each turn). ``"auto"``: when the env may play several turns (``max_turns > 1`` or ``tools``)',
-            "bool | str",
-        ),
+        "turn_kwargs": settings_argument("multi-turn episodes", {"cache": TURN_CACHE}, {"cache": "turn_cache"}),
         "rollout_engine": Argument(*ROLLOUT_ENGINE),
         "rollout_engine_kwargs": settings_argument(
             "the rollout engine", {key: Argument(*fields) for key, fields in ENGINE_SETTINGS.items()},
@@ -540,11 +556,6 @@ LM_ARGUMENTS = Arguments(
             {"steps": "sft_steps", "batch_size": "sft_batch_size", "learning_rate": "sft_learning_rate",
              "data": "sft_data"},
             " (its SFT stage on the task's gold solutions)",
-        ),
-        "curriculum": Argument(
-            False, boolean(),
-            "the dynamic curriculum: a :class:`~algorithms.common.callbacks.CurriculumCallback` sets the difficulty of "
-            "every env from the rolling success rate (``curriculum/difficulty``)", "bool",
         ),
         "collapse_guard": Argument("auto", check_collapse_guard, _COLLAPSE_GUARD, "str | bool | dict[str, Any] | None"),
         "stats_window_size": Argument(

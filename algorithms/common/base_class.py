@@ -119,7 +119,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **arguments: Any) -> None:
         values = type(self).arguments.check(arguments)  # each argument by its one rule, in its canonical type
-        self._dist = Distributed(timeout=values["dist_timeout"])
+        self._dist = Distributed(timeout=values["distributed_kwargs"]["timeout"])
         if isinstance(env, str):  # SB3 would ask for render_mode="rgb_array": see make_env_for_model
             env = make_env_for_model(env, values["policy_kwargs"].get("model"))
         main = self._dist.is_main  # several processes: only rank 0 logs and prints

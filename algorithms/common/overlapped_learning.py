@@ -10,7 +10,7 @@ One turn of the loop, for rollout ``i`` (``pending``: rollout ``i - 1``, collect
     producer.submit(first turns)  ----> the producer samples rollout i's first turns
     train (rollout i - 1), keep         meanwhile: the update, its weights kept as version i
     on_rollout_start                    callbacks (a checkpoint) see the state after the update, before rollout i
-    producer.result                     waits at most dist_timeout seconds; a failure is raised, naming it
+    producer.result                     waits at most distributed_kwargs timeout seconds; a failure is raised, naming it
     rollouts.finish, end_rollout        scoring, env steps, later turns and refills (the copy samples), the batch
 """
 

@@ -165,7 +165,7 @@ GRPO_CONFIG: dict[str, TrlName] = {
         note=_INFRA,
     ),
     "ddp_backend": _always("nccl on GPUs, gloo on CPUs"),
-    "ddp_timeout": _arg("dist_timeout", "seconds"),
+    "ddp_timeout": _arg("distributed_kwargs.timeout", "seconds"),
     **_none("fsdp fsdp_config deepspeed debug skip_memory_metrics", note=_INFRA),
     **_none("do_train do_eval do_predict", note=_INFRA),
     "resume_from_checkpoint": _call("GRPO.load(path) + learn(reset_num_timesteps=False)", "or --resume"),

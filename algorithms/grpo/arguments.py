@@ -4,12 +4,15 @@ signature and the ``:param:`` lines of its docstring are made from :data:`GRPO_A
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 from algorithms.common.arguments import (
+    CURRICULUM,
     LM_ARGUMENTS,
     MOST,
     MOST_STEPS,
+    TURN_CACHE,
     Argument,
     boolean,
     choice,
@@ -31,9 +34,27 @@ REPLAY_BUFFER_KEYS = tuple(
     if name not in ("self", "pad_id", "seed")
 )
 
+#: what each model turn of a multi-turn episode trains on (a setting of GRPO's ``turn_kwargs``)
+TURN_CREDIT = Argument(
+    "episode", choice(*advantages.TURN_CREDITS),
+    "what each model turn of a multi-turn episode trains on (tool calls, feedback; one-turn episodes are the "
+    'same either way): ``"episode"`` (every turn gets its episode\'s advantage, from the discounted return '
+    '``G_{i,0} = sum_t gamma^t r_{i,t}``) or ``"reward_to_go"`` (turn ``t`` gets '
+    "``A_{i,t} = (G_{i,t} - mean_g G_{j,0}) / s_g``, its own discounted reward-to-go ``G_{i,t}`` against its "
+    "group's episode-level baseline and scale: :func:`~algorithms.grpo.advantages.turn_advantages`); the value "
+    "head's target follows", "str",
+)  # fmt: skip
+
 #: the original design's controls and the learnability prompt pool: the settings of ``controls_kwargs`` (GRPO holds
 #: each as the attribute of its name)
 CONTROLS = {
+    "curriculum": CURRICULUM,
+    "vf_coef": Argument(
+        0.5, number(low=0.0),
+        "the value baseline's (``advantage_baseline='value'``) weight of the value head's MSE to the episode "
+        "return, when the policy has one "
+        '(``policy_kwargs={"value_head": True}``, the FP32 value-network baseline)', "float",
+    ),
     "competition": Argument(
         None, choice(None, "fixed", "adaptive"),
         'competition between groups: ``None`` (off), ``"fixed"`` (the competition coefficient: the winning '
@@ -129,11 +150,6 @@ GRPO_OWN = {
         "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default, the original design's: "
         "0.01 decaying to 0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
     ),
-    "vf_coef": Argument(
-        0.5, number(low=0.0),
-        "weight of the value head's MSE to the episode return, when the policy has one "
-        '(``policy_kwargs={"value_head": True}``, the FP32 value-network baseline)', "float",
-    ),
     "advantage_scale": Argument(
         "group", choice(*advantages.ADVANTAGE_SCALES),
         '``"group"`` (divide by the group std: GRPO), ``"batch"`` (by the rollout std) or ``"none"`` (Dr. GRPO)',
@@ -178,21 +194,18 @@ GRPO_OWN = {
         '``"group"`` (the group\'s mean reward, GRPO), ``"value"`` (the value head\'s estimate for the prompt; '
         'needs ``policy_kwargs={"value_head": True}``) or ``"leave_one_out"`` (RLOO)', "str",
     ),
-    "turn_credit": Argument(
-        "episode", choice(*advantages.TURN_CREDITS),
-        "what each model turn of a multi-turn episode trains on (tool calls, feedback; one-turn episodes are the "
-        'same either way): ``"episode"`` (every turn gets its episode\'s advantage, from the discounted return '
-        '``G_{i,0} = sum_t gamma^t r_{i,t}``) or ``"reward_to_go"`` (turn ``t`` gets '
-        "``A_{i,t} = (G_{i,t} - mean_g G_{j,0}) / s_g``, its own discounted reward-to-go ``G_{i,t}`` against its "
-        "group's episode-level baseline and scale: :func:`~algorithms.grpo.advantages.turn_advantages`); the value "
-        "head's target follows", "str",
-    ),
     "controls_kwargs": settings_argument(
         "the original design's controls", CONTROLS, None,
         " (each off by default; the ``seed`` preset turns them on together; the project's ablation finds none "
         "helps at the budgets measured)",
     ),
 }  # fmt: skip
+
+
+def _fields(argument: Argument) -> dict:
+    """An argument's fields, to replace a shared one's (:meth:`Arguments.extended`)."""
+    return {field.name: getattr(argument, field.name) for field in dataclasses.fields(argument)}
+
 
 #: GRPO's constructor arguments, in the signature's order
 GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
@@ -204,4 +217,11 @@ GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
         "doc": "G, completions per problem (8; at least 2: a group of one has no group-relative advantage)",
     },
     tensorboard_log={"doc": "the TensorBoard folder (runs go to ``<folder>/GRPO_<n>``)"},
+    turn_kwargs=_fields(
+        settings_argument(
+            "multi-turn episodes",
+            {"cache": TURN_CACHE, "credit": TURN_CREDIT},
+            {"cache": "turn_cache", "credit": "turn_credit"},
+        )
+    ),
 )

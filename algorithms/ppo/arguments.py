@@ -5,12 +5,13 @@ declared once. ``LMPPO``'s signature and the ``:param:`` lines of its docstring 
 
 from __future__ import annotations
 
-from algorithms.common.arguments import LM_ARGUMENTS, Argument, boolean, choice, integer, number, schedule
+from algorithms.common.arguments import CURRICULUM, LM_ARGUMENTS, Argument, boolean, choice, integer, number, schedule
 
 #: where the KL to the reference goes: a per-token reward penalty (InstructGPT) or a k3 term in the loss (GRPO's)
 KL_PLACEMENTS = ("reward", "loss")
 
 LMPPO_OWN = {
+    "curriculum": CURRICULUM,
     "n_epochs": Argument(4, integer(low=1), "passes over each rollout (TRL's ``ppo_epochs``: 4)", "int"),
     "batch_size": Argument(
         None, integer(low=1, allow_none=True),

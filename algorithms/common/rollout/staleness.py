@@ -183,7 +183,7 @@ class RolloutProducer:
             if time.perf_counter() > deadline:
                 raise RolloutProducerError(
                     f"the {self.NAME} gave no answer within {self.timeout:g} s while {what}: it hangs (raise "
-                    "dist_timeout if sampling a rollout takes longer)"
+                    "distributed_kwargs['timeout'] if sampling a rollout takes longer)"
                 )
         assert self._answer is not None
         ok, value, seconds = self._answer

@@ -60,8 +60,9 @@ def parallelism(sharding: str | None, dist: Distributed, device: torch.device, c
         raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}")
     if sharding == "fsdp" and compression is not None:
         raise ValueError(
-            f"gradient_compression={compression!r} compresses DDP's all-reduce; with sharding='fsdp' the gradients "
-            "are reduce-scattered by FSDP2: leave gradient_compression at None (or sharding at None)"
+            f"distributed_kwargs gradient_compression={compression!r} compresses DDP's all-reduce; with "
+            "sharding='fsdp' the gradients "
+            "are reduce-scattered by FSDP2: leave it at None (or sharding at None)"
         )
     return Sharded(dist, device) if sharding == "fsdp" and dist.enabled else Replicated(dist, compression)
 
