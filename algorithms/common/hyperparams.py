@@ -211,16 +211,10 @@ def load_hyperparams(
             f"got {type(document[key]).__name__} {document[key]!r:.60}"
         )
     config = {**document[key], **(overrides or {})}
-    for name, value in (
-        overrides or {}
-    ).items():  # a settings dict (cold_start_kwargs, ...): its keys over the preset's
+    for name, value in (overrides or {}).items():  # a settings dict's keys over the preset's (cold_start_kwargs)
         preset_value = document[key].get(name)
-        if (
-            name.endswith("_kwargs")
-            and name not in REPLACED
-            and isinstance(value, dict)
-            and isinstance(preset_value, dict)
-        ):
+        merged = name.endswith("_kwargs") and name not in REPLACED
+        if merged and isinstance(value, dict) and isinstance(preset_value, dict):
             config[name] = {**preset_value, **value}
     _check_floats(config)
     check_run_keys(config, f"{path} [{key}]")
