@@ -242,28 +242,36 @@ class Arguments(Mapping[str, Argument]):
         """Every argument's value by its one rule (an argument without a value gets its default); a warning for the
         settings that mean nothing together (:func:`check_combinations`)."""
         checked = {name: argument.rule(name, values.get(name, argument.default)) for name, argument in self.items()}
-        defaults = self.check({}) if values else checked
-        check_combinations(self.flattened(checked), self.flattened(defaults), self.shown_names())
+        check_combinations(self.flattened(checked), self._flat_defaults, self.shown_names())
         return checked
 
-    def flat_names(self) -> dict[str, tuple[str, str]]:
-        """Each setting of a settings dict by its attribute name (the flat argument name of earlier versions,
-        ``vllm_mode``): ``(the settings dict, its key)``."""
+    @functools.cached_property
+    def _flat_defaults(self) -> dict[str, Any]:
+        """Every default in its canonical type, settings under their attributes (what :meth:`check` compares with)."""
+        return self.flattened({name: argument.rule(name, argument.default) for name, argument in self.items()})
+
+    @functools.cached_property
+    def _flat_names(self) -> dict[str, tuple[str, str]]:
         return {
             attribute: (name, key)
             for name, argument in self.items()
             for key, attribute in (argument.attributes or {}).items()
         }
 
+    def flat_names(self) -> dict[str, tuple[str, str]]:
+        """Each setting of a settings dict by its attribute name (the flat argument name of earlier versions,
+        ``vllm_mode``): ``(the settings dict, its key)``."""
+        return dict(self._flat_names)
+
     def shown_names(self) -> dict[str, str]:
         """How a message names each setting of a settings dict, by its attribute: ``rollout_engine_kwargs['mode']``."""
-        return {attribute: f"{name}[{key!r}]" for attribute, (name, key) in self.flat_names().items()}
+        return {attribute: f"{name}[{key!r}]" for attribute, (name, key) in self._flat_names.items()}
 
     def flattened(self, checked: Mapping[str, Any]) -> dict[str, Any]:
         """Checked values with each settings dict's values under their attribute names (as the algorithm holds
         them), the dicts themselves kept too."""
         flat = dict(checked)
-        for attribute, (name, key) in self.flat_names().items():
+        for attribute, (name, key) in self._flat_names.items():
             if isinstance(checked.get(name), Mapping) and key in checked[name]:
                 flat[attribute] = checked[name][key]
         return flat
@@ -273,7 +281,7 @@ class Arguments(Mapping[str, Argument]):
         into their settings dicts: how a file saved by an earlier version, or TRL's names (``from_trl``), reach
         today's constructor. A setting given both ways with two values is an error (``where`` names the source)."""
         regrouped = dict(values)
-        for attribute, (name, key) in self.flat_names().items():
+        for attribute, (name, key) in self._flat_names.items():
             if attribute not in regrouped or attribute == name:
                 continue
             value = regrouped.pop(attribute)
@@ -289,7 +297,7 @@ class Arguments(Mapping[str, Argument]):
     def moved(self, name: str, value: Any) -> str | None:
         """For a flat name of an earlier version, where it lives now (the message of the constructor's
         ``TypeError``); ``None`` for another name."""
-        found = self.flat_names().get(name)
+        found = self._flat_names.get(name)
         if found is None or found[0] == name:
             return None
         group, key = found
