@@ -69,7 +69,7 @@ def start_model(settings: Run) -> dict[str, Any]:
 
     torch.set_num_threads(settings.threads)
     model = GRPO("TransformerPolicy", make_env(settings, tokenizer=None), policy_kwargs={"model": settings.size},
-                 seed=settings.seed, device="cpu", **settings.sft)  # fmt: skip
+                 seed=settings.seed, device="cpu", cold_start_kwargs=settings.sft)  # fmt: skip
     start = time.perf_counter()
     model.run_cold_start()
     seconds = time.perf_counter() - start
@@ -139,8 +139,8 @@ def parse_args() -> argparse.Namespace:
         parser.error("--staleness must include 0: the synchronous run every ratio is taken against")
     demo = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", "demo")
     args.env_kwargs = demo.get("env_kwargs", {})
-    args.sft = {key: demo[key] for key in ("sft_batch_size", "sft_learning_rate") if key in demo}
-    args.sft["sft_steps"] = demo["sft_steps"] if args.sft_steps is None else args.sft_steps
+    cold = demo["cold_start_kwargs"]  # the constructor's cold_start_kwargs, --sft-steps over its steps
+    args.sft = {**cold, "steps": cold["steps"] if args.sft_steps is None else args.sft_steps}
     args.ours = parse_overrides(args.ours)
     return args
 

@@ -17,8 +17,9 @@ process), ``vllm-server`` (a vLLM OpenAI server on 127.0.0.1 and its client). Th
 
 **GRPO iterations** (the same run, a second table): one GRPO iteration (rollout of K=8 x G=8 completions of up to
 ``--new-tokens`` tokens on ``R1Zero-v0``, the update, the weight push) with each engine as ``rollout_engine`` (and
-``vllm_mode="server"`` for ``vllm-server``), float32, beta 0, no cold start: the median seconds of ``--iterations``
-iterations after a warm-up one, and the median push seconds, each engine and model in its own process.
+``rollout_engine_kwargs={"mode": "server"}`` for ``vllm-server``), float32, beta 0, no cold start: the median
+seconds of ``--iterations`` iterations after a warm-up one, and the median push seconds, each engine and model in
+its own process.
 
 Commands (what ``benchmarks/RESULTS.md`` records; run on a quiet machine)::
 

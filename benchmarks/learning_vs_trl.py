@@ -2,7 +2,7 @@
 judged on held-out problems.
 
 - **Start model**: the built-in tiny model (``--seed``) after the cold start of the demo preset
-  (``R1Zero-v0-demo`` in ``zoo_configs/grpo.yml``: its ``sft_steps``, ``sft_batch_size``, ``sft_learning_rate``;
+  (``R1Zero-v0-demo`` in ``zoo_configs/grpo.yml``: its ``cold_start_kwargs``;
   ``--sft-steps`` overrides), saved with the built-in character tokenizer as a Hugging Face folder that both
   frameworks load.
 - **Task and reward**: the demo preset's env (its ``env_kwargs``: task, template, ``max_new_tokens``,
@@ -165,7 +165,7 @@ def start_model(settings: Settings) -> dict[str, Any]:
     torch.set_num_threads(settings.threads)
     env = make_env(settings, tokenizer=None)  # the built-in character tokenizer
     model = GRPO("TransformerPolicy", env, policy_kwargs={"model": "tiny"}, seed=settings.seed, device="cpu",
-                 **settings.sft)  # fmt: skip
+                 cold_start_kwargs=settings.sft)  # fmt: skip
     start = time.perf_counter()
     model.run_cold_start()
     seconds = time.perf_counter() - start
@@ -395,9 +395,9 @@ def parse_args() -> argparse.Namespace:
         return args
     demo = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", "demo")
     args.env_kwargs = demo.get("env_kwargs", {})
-    args.sft_steps = demo["sft_steps"] if args.sft_steps is None else args.sft_steps
-    args.sft = {key: demo[key] for key in ("sft_batch_size", "sft_learning_rate") if key in demo}
-    args.sft["sft_steps"] = args.sft_steps
+    cold = demo["cold_start_kwargs"]
+    args.sft_steps = cold["steps"] if args.sft_steps is None else args.sft_steps
+    args.sft = {**cold, "steps": args.sft_steps}  # the constructor's cold_start_kwargs
     args.ours, args.trl = parse_overrides(args.ours), parse_overrides(args.trl)
     if args.plot is None and args.results is not None:
         args.plot = args.results.parent / "learning_vs_trl.png"

@@ -26,7 +26,8 @@ trainers x ~25 minutes, then the evaluation)::
 
 Smoke run (a few minutes: the preset cut down with ``--params``)::
 
-    python benchmarks/real_model.py --seeds 0 --params n_timesteps:64 sft_steps:2 eval_problems:8 --eval-every 1
+    python benchmarks/real_model.py --seeds 0 --eval-every 1 \\
+        --params n_timesteps:64 'cold_start_kwargs:{"steps": 2}' eval_problems:8
 
 Needs the ``bench`` extra (``trl``, ``datasets``, ``matplotlib``), ``gguf`` and the model file. Nothing is downloaded.
 """
@@ -306,11 +307,12 @@ def main() -> None:
     config = args.config
     env_kwargs = {key: value for key, value in config["env_kwargs"].items() if key != "tokenizer"}
     policy = config.get("policy_kwargs") or {}
+    cold = config["cold_start_kwargs"]
     runs = []
     with tempfile.TemporaryDirectory(prefix="real_model_") as tmp:
         base = Settings(
             folder=os.path.join(tmp, "trl_model"), out=tmp, threads=args.threads, env_kwargs=env_kwargs,
-            sft={"gguf": args.gguf, **{k: config[k] for k in ("sft_steps", "sft_batch_size", "sft_learning_rate")}},
+            sft={"gguf": args.gguf, **{f"sft_{k}": cold[k] for k in ("steps", "batch_size", "learning_rate")}},
             ours={"n_groups": config["n_groups"], "group_size": config["group_size"],
                   "learning_rate": config["learning_rate"], "policy_kwargs": policy},
             trl={"beta": config.get("beta", 0.0)}, held_out=args.held_out,

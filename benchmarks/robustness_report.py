@@ -16,7 +16,7 @@ from learning_report import MODES
 START_NAMES = {
     "a": "start a: built-in tiny after its cold start on arithmetic",
     "b": "start b: pretrained Llama (own character tokenizer) tuned on scratchpad addition",
-    "c": "start c: issue 30's pretrained Llama (word-level character tokenizer) tuned 300 steps on carry addition",
+    "c": "start c: a pretrained Llama (word-level character tokenizer) tuned 300 steps on carry addition",
 }
 
 
@@ -117,7 +117,10 @@ def report(
         start_scores = scores[start]["start"]
         built = starts[start]
         a = start == "a"
-        steps, spent = (built["sft"]["sft_steps"], built["sft_s"]) if a else (built["steps"], built["seconds"])
+        if a:
+            steps, spent = built["sft"]["cold_start_kwargs"]["steps"], built["sft_s"]
+        else:
+            steps, spent = built["steps"], built["seconds"]
         how = f"{steps} tuning steps in {spent:.0f} s, {built['parameters'] / 1e6:.2f}M parameters"
         lines += [
             "",

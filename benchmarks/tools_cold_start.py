@@ -1,7 +1,7 @@
 """The `tools` preset's cold start, step by step: how soon the built-in tiny model copies the expression into the
 calculator call and the tool's result into its answer.
 
-The preset's own cold start (``sft_steps``, ``sft_batch_size``, ``sft_learning_rate`` of ``R1Zero-v0-tools`` in
+The preset's own cold start (``cold_start_kwargs`` of ``R1Zero-v0-tools`` in
 ``zoo_configs/grpo.yml``, overridable) runs through :func:`~algorithms.common.cold_start.supervised_finetune`; every
 ``--every`` steps, on 128 held-out problems at difficulty 0.5, it reports the share whose gold episode (the call, the
 tool's result, the answer) greedy decoding reproduces exactly: every model token of the episode is the argmax given
@@ -88,9 +88,10 @@ class CurveLogger:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     preset = yaml.safe_load((ROOT / "zoo_configs" / "grpo.yml").read_text())["R1Zero-v0-tools"]
-    parser.add_argument("--steps", type=int, default=preset["sft_steps"])
-    parser.add_argument("--batch-size", type=int, default=preset["sft_batch_size"])
-    parser.add_argument("--learning-rate", type=float, default=preset["sft_learning_rate"])
+    cold = preset["cold_start_kwargs"]
+    parser.add_argument("--steps", type=int, default=cold["steps"])
+    parser.add_argument("--batch-size", type=int, default=cold["batch_size"])
+    parser.add_argument("--learning-rate", type=float, default=cold["learning_rate"])
     parser.add_argument("--every", type=int, default=250, help="steps between measurements")
     parser.add_argument("--held-out", type=int, default=128, help="held-out problems at difficulty 0.5")
     parser.add_argument("--threads", type=int, default=2)

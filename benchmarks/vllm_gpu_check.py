@@ -7,9 +7,10 @@ in ``--out``:
 1. ``colocated``: ``rollout_engine="vllm"`` colocated, the built-in ``--model`` in bf16 (``mixed_precision="auto"``),
    ``--iterations`` iterations: seconds per iteration, the weight push's seconds, ``train/sampler_kl`` (bf16 vLLM
    against the bf16 update: small, not 0), and the engine's log-probs against the update's after training;
-2. ``sleep``: the same with ``vllm_enable_sleep_mode=True``: the GPU memory vLLM frees while the trainer runs
-   (``torch.cuda.mem_get_info`` after the rollout against during it);
-3. ``lora``: LoRA adapters pushed as LoRA requests (``vllm_lora_sync="adapters"``), two iterations;
+2. ``sleep``: the same with ``rollout_engine_kwargs={"enable_sleep_mode": True}``: the GPU memory vLLM frees
+   while the trainer runs (``torch.cuda.mem_get_info`` after the rollout against during it);
+3. ``lora``: LoRA adapters pushed as LoRA requests (``rollout_engine_kwargs={"lora_sync": "adapters"}``), two
+   iterations;
 4. ``served``: a vLLM server on 127.0.0.1 sharing the GPU (``gpu_memory_utilization`` 0.3), two iterations.
 
     python benchmarks/vllm_gpu_check.py --out gpu_check.md [--model base] [--iterations 3]
