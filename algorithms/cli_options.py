@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from algorithms.common.hyperparams import parse_overrides
+from algorithms.common.hyperparams import merged_over, parse_overrides
 
 
 def checkpoint_dir(args: argparse.Namespace) -> Path:
@@ -118,6 +118,14 @@ def next_step(directory: Path, argv: list[str]) -> str:
     return f"no checkpoint was written yet; start again with: {shlex.join(['grpo-gym', *without_resume(argv)])}"
 
 
+def differs(name: str, value: Any, saved: Any) -> bool:
+    """Whether ``-params name:value`` changes the saved ``saved``: for a settings dict (merged key by key over the
+    preset's), whether any key it gives has another value; for anything else, whether it is another value."""
+    if merged_over(name, value, saved):
+        return any(saved.get(key) != item for key, item in value.items())
+    return saved != value
+
+
 def without_resume(argv: list[str]) -> list[str]:
     return [arg for arg in argv if arg != "--resume"]
 
@@ -141,7 +149,9 @@ def resumed_params(
     taken = sorted(key for key in given if key in runtime)
     env_params = given.pop("env_kwargs", None)
     env_given = {**(env_params if isinstance(env_params, dict) else {}), **(flags or {})}
-    changed = {key: value for key, value in given.items() if key not in taken and recorded.get(key) != value}
+    changed = {
+        key: value for key, value in given.items() if key not in taken and differs(key, value, recorded.get(key))
+    }
     if env_params is not None and not isinstance(env_params, dict):
         changed["env_kwargs"] = env_params
     if env_given and env_record is None:

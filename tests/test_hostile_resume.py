@@ -187,3 +187,17 @@ def test_a_changed_env_setting_on_resume_is_refused_naming_it(started_with_env_p
     _, argv = started_with_env_params
     argv = [arg for arg in argv if not arg.startswith("env_kwargs:")] + change
     assert re.search(words, one_line_error(argv, capsys))
+
+
+def test_resume_takes_the_settings_dict_the_run_was_started_with() -> None:
+    """-params cold_start_kwargs:{'steps': 50} was compared with the whole saved dict (the preset's keys merged in)
+    and the same command line was refused on resume (found by examples/resume_after_crash.py); a key given with
+    another value is still refused, naming it."""
+    from algorithms.cli_options import resumed_params
+
+    saved = {"cold_start_kwargs": {"steps": 50, "batch_size": 32, "learning_rate": 1e-3, "data": None}, "n_groups": 4}
+    assert resumed_params(["cold_start_kwargs:{'steps': 50}", "n_groups:4"], saved, {"total_timesteps": 64}) == []
+    with pytest.raises(ValueError, match=r"cold_start_kwargs:\{'steps': 60\} \(saved: \{'steps': 50"):
+        resumed_params(["cold_start_kwargs:{'steps': 60}"], saved, {"total_timesteps": 64})
+    with pytest.raises(ValueError, match=r"n_groups:8 \(saved: 4\)"):
+        resumed_params(["n_groups:8"], saved, {"total_timesteps": 64})

@@ -192,6 +192,12 @@ def check_run_keys(config: dict[str, Any], where: str) -> None:
 REPLACED = ("policy_kwargs", "env_kwargs")
 
 
+def merged_over(name: str, value: Any, base: Any) -> bool:
+    """Whether an override ``value`` of ``name`` goes key by key over ``base`` (a settings dict such as
+    ``cold_start_kwargs``: both dicts, the name not in :data:`REPLACED`) rather than replacing it."""
+    return name.endswith("_kwargs") and name not in REPLACED and isinstance(value, dict) and isinstance(base, dict)
+
+
 def load_hyperparams(
     path: str | Path, env_id: str, preset: str | None = None, overrides: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -213,8 +219,7 @@ def load_hyperparams(
     config = {**document[key], **(overrides or {})}
     for name, value in (overrides or {}).items():  # a settings dict's keys over the preset's (cold_start_kwargs)
         preset_value = document[key].get(name)
-        merged = name.endswith("_kwargs") and name not in REPLACED
-        if merged and isinstance(value, dict) and isinstance(preset_value, dict):
+        if merged_over(name, value, preset_value):
             config[name] = {**preset_value, **value}
     _check_floats(config)
     check_run_keys(config, f"{path} [{key}]")
