@@ -66,6 +66,17 @@ BATCHING = (
     "generation_batch_size",
 )
 BUILTIN_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
+#: TRL 1.16's defaults where ours differ, with how to read ours from the built model: what ``from_trl`` names when
+#: ``args`` leaves the field out (a dict of the fields you set), so a port never changes a value silently
+TRL_DEFAULTS: dict[str, tuple[Any, Any]] = {
+    "learning_rate": (1e-6, lambda m: m.learning_rate),
+    "beta": (0.0, lambda m: m.beta),
+    "max_completion_length": (512, lambda m: m.env.get_attr("max_new_tokens", indices=[0])[0]),
+    "top_p": (1.0, lambda m: m.policy.top_p),
+    "loss_type": ("dapo", lambda m: m.loss_aggregation),
+    "max_grad_norm": (1.0, lambda m: m.max_grad_norm),
+    "weight_decay": (0.0, lambda m: m.policy.optimizer.param_groups[0].get("weight_decay", 0.0)),
+}
 
 
 def config_values(args: Any) -> tuple[dict[str, Any], set[str]]:
@@ -325,4 +336,30 @@ def from_trl(
     for name, argument in cls.arguments.items():  # a settings dict given too: its keys over the port's
         if argument.settings is not None and isinstance(kwargs.get(name), dict) and name in algorithm:
             kwargs[name] = {**algorithm[name], **kwargs[name]}
-    return cls("TransformerPolicy", env, **{**algorithm, **kwargs, "policy_kwargs": policy_kwargs})
+    built = cls("TransformerPolicy", env, **{**algorithm, **kwargs, "policy_kwargs": policy_kwargs})
+    changed_defaults = defaults_not_trl(built, set(config_values(args)[0]), set(kwargs) | set(algorithm))
+    if changed_defaults:
+        warnings.warn(
+            "from_trl: these differ from TRL's defaults (args did not set them): " + "; ".join(changed_defaults)
+            + ". Give them in args (or as GRPO arguments) to choose",
+            UserWarning,
+            stacklevel=3,
+        )  # fmt: skip
+    return built
+
+
+def defaults_not_trl(model: LMBaseAlgorithm, given: set[str], kwargs: set[str]) -> list[str]:
+    """Each value of ``model`` that TRL's default would set otherwise, for the fields ``args`` did not give (and
+    the port or ``kwargs`` did not set): ``"learning_rate=1e-05 (TRL 1e-06)"``; ours' default entropy bonus too,
+    which TRL lacks."""
+    said = []
+    for name, (trl_default, ours) in TRL_DEFAULTS.items():
+        if name in given:
+            continue
+        value = ours(model)
+        if value != trl_default:
+            said.append(f"{name}={value!r} (TRL {trl_default!r})")
+    bonus = type(model).arguments["ent_coef"].default
+    if "ent_coef" not in kwargs and bonus not in (0, 0.0):
+        said.append(f"an entropy bonus TRL does not have, ent_coef={bonus!r} (pass ent_coef=0.0 for none)")
+    return said
