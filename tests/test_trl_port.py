@@ -225,3 +225,23 @@ def test_wandb_syncs_the_tensorboard_run_offline(tmp_path: Path, monkeypatch: py
     tags = EventAccumulator(str(folder)).Reload().Tags()["scalars"]
     for tag in ("rollout/ep_rew_mean", "rollout/reward/task", "train/loss", "sft/loss"):
         assert tag in tags, tag
+
+
+def test_a_port_names_each_value_that_differs_from_trls_default() -> None:
+    """A dict of the fields you set leaves the others at ours: each that differs from TRL's default is named once,
+    with TRL's value; a field given in args or as a GRPO argument is yours and is not named."""
+    data = Dataset.from_list(ROWS)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPO.from_trl("tiny", accuracy, {"num_generations": 2, "learning_rate": 1e-6}, data, **SMALL)
+    said = [str(w.message) for w in caught if "differ from TRL's defaults" in str(w.message)]
+    assert len(said) == 1
+    for named in ("max_completion_length=64 (TRL 512)", "top_p=0.92 (TRL 1.0)", "beta=0.04 (TRL 0.0)",
+                  "loss_type='sequence' (TRL 'dapo')", "max_grad_norm=0.5 (TRL 1.0)", "entropy bonus"):  # fmt: skip
+        assert named in said[0]
+    assert "learning_rate" not in said[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        GRPO.from_trl("tiny", accuracy, {"num_generations": 2}, data, beta=0.0, ent_coef=0.0, **SMALL)
+    said = [str(w.message) for w in caught if "differ from TRL's defaults" in str(w.message)]
+    assert "beta" not in said[0] and "entropy" not in said[0] and "learning_rate=1e-05 (TRL 1e-06)" in said[0]
