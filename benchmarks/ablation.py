@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_name, update_results
 
-SECTION = "## Ablation of the training controls (issue: the seed's training controls)"
+SECTION = "## Ablation of the original design's training controls"
 WEIGHTS = {"syntax": 0.2, "consistency": 0.2, "task": 0.6}
 ARMS: dict[str, dict] = {
     "vanilla": {},

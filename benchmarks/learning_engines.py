@@ -48,7 +48,7 @@ from common import cpu_flags, cpu_name, update_results
 from learning_robustness import SHARED_OURS, build_start, score, train
 from robustness_report import changes
 
-SECTION = "## Learning on vLLM: rollout_engine='vllm' (colocated) vs our sampler (issue 33)"
+SECTION = "## Learning on vLLM: rollout_engine='vllm' (colocated) vs our sampler"
 ARMS = {"builtin": {"rollout_engine": "builtin"}, "vllm": {"rollout_engine": "vllm"}}
 TOLERANCE = 2.0  # points: the issue's "within 2 points"
 

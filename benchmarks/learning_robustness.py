@@ -63,7 +63,7 @@ from common import run_worker, update_results
 from learning_vs_trl import Settings, evaluate, run_ours, run_trl, start_model
 from robustness_report import plot, report
 
-SECTION = "## Learning a user can trust: GRPO vs TRL across seeds and learning rates (issues 23, 30)"
+SECTION = "## Learning a user can trust: GRPO vs TRL across seeds and learning rates"
 #: what both trainers are given besides K, G, the learning rate and the sampling settings (TRL's names)
 SHARED_TRL = {"beta": 0.0, "max_grad_norm": 0.5, "epsilon": 0.2}
 SHARED_OURS = {"beta": 0.0, "max_grad_norm": 0.5, "clip_range": 0.2}

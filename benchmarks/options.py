@@ -40,7 +40,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_flags, cpu_name, others_share, update_results, usage
 
-SECTION = "## Algorithm options: GSPO, dynamic sampling, learnability-prioritised prompts (issue 16)"
+SECTION = "## Algorithm options: GSPO, dynamic sampling, learnability-prioritised prompts"
 ENV = {"template": "compact", "max_new_tokens": 32, "difficulty": 0.1,
        "reward_weights": {"syntax": 0.2, "consistency": 0.0, "task": 0.8}}  # fmt: skip
 TASKS = {"arithmetic (embedded default)": {}, "countdown": {"task": "countdown"}}

@@ -57,8 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: ben
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import busy_cpu_seconds, cpu_flags, cpu_name, memory_mib, others_share, update_results
 
-SECTION = "## Sharding: per-rank memory and time of a training step, DDP vs FSDP2 (issue 26)"
-GRPO_SECTION = "## Sharding: per-rank memory and time of a GRPO iteration, DDP vs FSDP2 (issue 26)"
+SECTION = "## Sharding: per-rank memory and time of a training step, DDP vs FSDP2"
+GRPO_SECTION = "## Sharding: per-rank memory and time of a GRPO iteration, DDP vs FSDP2"
 MiB = 2**20
 
 

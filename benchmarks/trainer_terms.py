@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: ben
 import torch
 from common import cpu_flags, cpu_name, update_results
 
-SECTION = "## Term by term: ours vs TRL GRPOTrainer on one rollout (issue 23)"
+SECTION = "## Term by term: ours vs TRL GRPOTrainer on one rollout"
 STAGES_MIXED = {"sampling": None, "update": torch.bfloat16, "sft": None}  # what a bf16 CPU's "auto" may pick
 
 

@@ -37,7 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: benchmarks/ is not a package
 from common import cpu_flags, cpu_name, update_results
 
-SECTION = "## A TRL script ported with GRPO.from_trl (issue 27)"
+SECTION = "## A TRL script ported with GRPO.from_trl"
 SYSTEM = "Think in <think> </think>, then answer in <answer> </answer>."
 ANSWER = re.compile(r"<answer>(.*?)</answer>\s*$", re.DOTALL)
 FORMAT = re.compile(r"^<think>.*?</think><answer>.*?</answer>$", re.DOTALL)
