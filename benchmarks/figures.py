@@ -3,7 +3,8 @@
 A page quotes a figure with a tag right after it, invisible once rendered: ``66.5%<!--fig:demo.after-->``. Each
 tag's name is a row of :data:`FIGURES`: the RESULTS.md section that holds the measurement and a pattern whose one
 group is the figure, as that section writes it. ``tests/test_figures.py`` fails, naming the page and line, when a
-quoted figure is not the one RESULTS.md holds now; after a benchmark writes a new section, one command brings every
+quoted figure is not the one RESULTS.md holds now, and when any other percentage or ratio in a page's prose is
+written nowhere in RESULTS.md; after a benchmark writes a new section, one command brings the tagged figures of every
 page in line::
 
     python benchmarks/figures.py            # every quoted figure: where, and whether it is the current one
@@ -21,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 #: a quoted figure and its name: ``+38.5<!--fig:real.rise-->``
 TAG = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?[%x]?)<!--fig:([\w.-]+)-->")
+#: any other share or ratio a page writes in its prose (``35.2%``, ``0.53x``): the record must hold it
+SHARE = re.compile(r"(?<![\w.])[-+]?(\d[\d,]*(?:\.\d+)?(?:%|x\b))(?!<!--fig)")
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,21 @@ def mismatches(figures: dict[str, str], paths: list[Path]) -> list[str]:
     return wrong
 
 
+def unrecorded(results: str, paths: list[Path]) -> list[str]:
+    """One line per untagged share or ratio (``35.2%``, ``0.53x``, outside code) that RESULTS.md does not write
+    anywhere, naming the page and line: a page cannot quote a percentage the record does not hold. (A tagged figure
+    is checked exactly by :func:`mismatches`; this broader check catches a number changed in, or never written to,
+    the record.)"""
+    wrong = []
+    for path in paths:
+        text = CODE.sub(lambda m: "\n" * m[0].count("\n"), path.read_text(encoding="utf-8"))
+        for match in SHARE.finditer(text):
+            if match[1] not in results:
+                line = text.count("\n", 0, match.start()) + 1
+                wrong.append(f"{path.relative_to(ROOT).as_posix()}:{line}: {match[0]} is in no section of RESULTS.md")
+    return wrong
+
+
 def rewrite(figures: dict[str, str], path: Path) -> bool:
     """Put the current figures in place of the quoted ones on one page; whether anything changed."""
     text = path.read_text(encoding="utf-8")
@@ -148,8 +167,8 @@ def main() -> None:
         for path in pages():
             if rewrite(figures, path):
                 print(f"rewrote {path.relative_to(ROOT).as_posix()}")
-    wrong = mismatches(figures, pages())
-    print("\n".join(wrong) if wrong else "every quoted figure is the current one")
+    wrong = mismatches(figures, pages()) + unrecorded(RESULTS.read_text(encoding="utf-8"), pages())
+    print("\n".join(wrong) if wrong else "every quoted figure is the current one, every share and ratio in the record")
     raise SystemExit(1 if wrong else 0)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.figures import FIGURES, RESULTS, current, mismatches, pages, quoted, rewrite
+from benchmarks.figures import FIGURES, RESULTS, current, mismatches, pages, quoted, rewrite, unrecorded
 
 
 def test_every_quoted_figure_is_the_current_one() -> None:
@@ -47,3 +47,12 @@ def test_an_unknown_figure_name_is_named(tmp_path: Path, monkeypatch) -> None:
     page.write_text("0.5x<!--fig:no.such-->\n")
     monkeypatch.setattr(figures_module, "ROOT", tmp_path)
     assert mismatches({}, [page]) == ["page.md:1: quotes 'no.such', which is no figure of benchmarks/figures.py"]
+
+
+def test_every_share_and_ratio_a_page_writes_is_in_the_record() -> None:
+    """Beyond the tagged figures: a percentage or an 'Nx' ratio in a page's prose that RESULTS.md does not hold (a
+    figure measured by hand and never recorded, or changed in the record since) is named with its page and line."""
+    results = RESULTS.read_text(encoding="utf-8")
+    assert unrecorded(results, pages()) == []
+    named = [line for line in unrecorded(results.replace("35.2%", "36.0%"), pages()) if "35.2%" in line]
+    assert named and all(line.startswith("docs/benchmarks.md:") and "in no section" in line for line in named)
