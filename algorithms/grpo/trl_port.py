@@ -66,16 +66,18 @@ BATCHING = (
     "generation_batch_size",
 )
 BUILTIN_OFF = {"syntax": 0.0, "consistency": 0.0, "task": 0.0, "length": 0.0}
-#: TRL 1.16's defaults where ours differ, with how to read ours from the built model: what ``from_trl`` names when
-#: ``args`` leaves the field out (a dict of the fields you set), so a port never changes a value silently
-TRL_DEFAULTS: dict[str, tuple[Any, Any]] = {
-    "learning_rate": (1e-6, lambda m: m.learning_rate),
-    "beta": (0.0, lambda m: m.beta),
-    "max_completion_length": (512, lambda m: m.env.get_attr("max_new_tokens", indices=[0])[0]),
-    "top_p": (1.0, lambda m: m.policy.top_p),
-    "loss_type": ("dapo", lambda m: m.loss_aggregation),
-    "max_grad_norm": (1.0, lambda m: m.max_grad_norm),
-    "weight_decay": (0.0, lambda m: m.policy.optimizer.param_groups[0].get("weight_decay", 0.0)),
+#: TRL 1.16's defaults where ours differ: (TRL's value, our argument that sets it, how to read ours from the built
+#: model). ``from_trl`` names each when ``args`` leaves the field out and you did not set ours, so a port never
+#: changes a value silently
+TRL_DEFAULTS: dict[str, tuple[Any, str, Any]] = {
+    "learning_rate": (1e-6, "learning_rate", lambda m: m.learning_rate),
+    "beta": (0.0, "beta", lambda m: m.beta),
+    "max_completion_length": (512, "env_kwargs", lambda m: m.env.get_attr("max_new_tokens", indices=[0])[0]),
+    "top_p": (1.0, "policy_kwargs", lambda m: m.policy.top_p),
+    "loss_type": ("dapo", "loss_aggregation", lambda m: m.loss_aggregation),
+    "max_grad_norm": (1.0, "max_grad_norm", lambda m: m.max_grad_norm),
+    "weight_decay": (0.0, "policy_kwargs", lambda m: m.policy.optimizer.param_groups[0].get("weight_decay", 0.0)),
+    "entropy_coef": (0.0, "ent_coef", lambda m: m.ent_coef),  # ours: a small bonus, decaying
 }
 
 
@@ -337,7 +339,8 @@ def from_trl(
         if argument.settings is not None and isinstance(kwargs.get(name), dict) and name in algorithm:
             kwargs[name] = {**algorithm[name], **kwargs[name]}
     built = cls("TransformerPolicy", env, **{**algorithm, **kwargs, "policy_kwargs": policy_kwargs})
-    changed_defaults = defaults_not_trl(built, set(config_values(args)[0]), set(kwargs) | set(algorithm))
+    yours = set(kwargs) | ({"env_kwargs"} if env_kwargs else set())
+    changed_defaults = defaults_not_trl(built, set(config_values(args)[0]), yours)
     if changed_defaults:
         warnings.warn(
             "from_trl: these differ from TRL's defaults (args did not set them): " + "; ".join(changed_defaults)
@@ -348,18 +351,14 @@ def from_trl(
     return built
 
 
-def defaults_not_trl(model: LMBaseAlgorithm, given: set[str], kwargs: set[str]) -> list[str]:
-    """Each value of ``model`` that TRL's default would set otherwise, for the fields ``args`` did not give (and
-    the port or ``kwargs`` did not set): ``"learning_rate=1e-05 (TRL 1e-06)"``; ours' default entropy bonus too,
-    which TRL lacks."""
+def defaults_not_trl(model: LMBaseAlgorithm, given: set[str], yours: set[str]) -> list[str]:
+    """Each value of ``model`` that TRL's default would set otherwise (:data:`TRL_DEFAULTS`), for the fields
+    ``args`` did not give and whose argument you did not pass (``yours``): ``"learning_rate=1e-05 (TRL 1e-06)"``."""
     said = []
-    for name, (trl_default, ours) in TRL_DEFAULTS.items():
-        if name in given:
+    for name, (trl_default, argument, ours) in TRL_DEFAULTS.items():
+        if name in given or argument in yours:
             continue
         value = ours(model)
         if value != trl_default:
             said.append(f"{name}={value!r} (TRL {trl_default!r})")
-    bonus = type(model).arguments["ent_coef"].default
-    if "ent_coef" not in kwargs and bonus not in (0, 0.0):
-        said.append(f"an entropy bonus TRL does not have, ent_coef={bonus!r} (pass ent_coef=0.0 for none)")
     return said
