@@ -4,7 +4,8 @@ built in (a safe arithmetic evaluator, never ``eval``).
 
 Here one episode is played by hand, then the built-in tiny model learns to use the calculator with the ``tools``
 preset's settings (``grpo-gym train --preset tools``): a cold start on gold tool episodes (1500 steps: the model
-copies the call from about step 750), then GRPO; about 6 minutes on 2 CPU cores::
+copies the call from about step 750), then GRPO (18 minutes on 2 CPU cores here, with the test suite running
+beside it; 100% of 50 held-out problems at difficulty 0.5 after it)::
 
     python examples/tools.py
 """
