@@ -3,9 +3,9 @@
 A page quotes a figure with a tag right after it, invisible once rendered: ``66.5%<!--fig:demo.after-->``. Each
 tag's name is a row of :data:`FIGURES`: the RESULTS.md section that holds the measurement and a pattern whose one
 group is the figure, as that section writes it. ``tests/test_figures.py`` fails, naming the page and line, when a
-quoted figure is not the one RESULTS.md holds now, and when any other percentage or ratio in a page's prose is
-written nowhere in RESULTS.md; after a benchmark writes a new section, one command brings the tagged figures of every
-page in line::
+quoted figure is not the one RESULTS.md holds now, and when any other figure with a unit in a page's prose (a
+percentage, a ratio, seconds, minutes, points, MiB, a rate) is written nowhere in RESULTS.md; after a benchmark
+writes a new section, one command brings the tagged figures of every page in line::
 
     python benchmarks/figures.py            # every quoted figure: where, and whether it is the current one
     python benchmarks/figures.py --write    # rewrite the quoted figures from RESULTS.md
@@ -22,8 +22,10 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 #: a quoted figure and its name: ``+38.5<!--fig:real.rise-->``
 TAG = re.compile(r"([-+]?\d[\d,]*(?:\.\d+)?[%x]?)<!--fig:([\w.-]+)-->")
-#: any other share or ratio a page writes in its prose (``35.2%``, ``0.53x``): the record must hold it
-SHARE = re.compile(r"(?<![\w.])[-+]?(\d[\d,]*(?:\.\d+)?(?:%|x\b))(?!<!--fig)")
+#: any other measured figure a page writes in its prose, a number with its unit (``35.2%``, ``0.53x``, ``8.3
+#: minutes``, ``+27.0 points``, ``948 MiB``, ``174 tokens/s``): the record must hold the number as written
+UNITS = r"%|x\b|\s?(?:points?|s|ms|min|minutes|seconds|MiB|GiB|GB|MB|tokens/s|episodes/s|completions/s)\b"
+FIGURE = re.compile(rf"(?<![\w.])[-+]?(\d[\d,]*(?:\.\d+)?)(?P<unit>{UNITS})(?!<!--fig)")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 
 
@@ -135,15 +137,16 @@ def mismatches(figures: dict[str, str], paths: list[Path]) -> list[str]:
 
 
 def unrecorded(results: str, paths: list[Path]) -> list[str]:
-    """One line per untagged share or ratio (``35.2%``, ``0.53x``, outside code) that RESULTS.md does not write
-    anywhere, naming the page and line: a page cannot quote a percentage the record does not hold. (A tagged figure
-    is checked exactly by :func:`mismatches`; this broader check catches a number changed in, or never written to,
-    the record.)"""
+    """One line per untagged figure with a unit (:data:`FIGURE`, outside code) whose number RESULTS.md does not
+    write anywhere, naming the page and line: a page cannot quote a measurement the record does not hold. (A tagged
+    figure is checked exactly, against its own section, by :func:`mismatches`; this broader check catches a number
+    changed in, or never written to, the record. Numbers without a unit are settings: problems, iterations, K, G.)"""
     wrong = []
     for path in paths:
         text = CODE.sub(lambda m: "\n" * m[0].count("\n"), path.read_text(encoding="utf-8"))
-        for match in SHARE.finditer(text):
-            if match[1] not in results:
+        for match in FIGURE.finditer(text):
+            number = match[1] + ("%" if match["unit"] == "%" else "x" if match["unit"] == "x" else "")
+            if number not in results:
                 line = text.count("\n", 0, match.start()) + 1
                 wrong.append(f"{path.relative_to(ROOT).as_posix()}:{line}: {match[0]} is in no section of RESULTS.md")
     return wrong
@@ -168,7 +171,7 @@ def main() -> None:
             if rewrite(figures, path):
                 print(f"rewrote {path.relative_to(ROOT).as_posix()}")
     wrong = mismatches(figures, pages()) + unrecorded(RESULTS.read_text(encoding="utf-8"), pages())
-    print("\n".join(wrong) if wrong else "every quoted figure is the current one, every share and ratio in the record")
+    print("\n".join(wrong) if wrong else "every quoted figure is the current one; every other figure is in the record")
     raise SystemExit(1 if wrong else 0)
 
 

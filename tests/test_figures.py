@@ -49,10 +49,20 @@ def test_an_unknown_figure_name_is_named(tmp_path: Path, monkeypatch) -> None:
     assert mismatches({}, [page]) == ["page.md:1: quotes 'no.such', which is no figure of benchmarks/figures.py"]
 
 
-def test_every_share_and_ratio_a_page_writes_is_in_the_record() -> None:
-    """Beyond the tagged figures: a percentage or an 'Nx' ratio in a page's prose that RESULTS.md does not hold (a
-    figure measured by hand and never recorded, or changed in the record since) is named with its page and line."""
+def test_every_figure_a_page_writes_is_in_the_record() -> None:
+    """Beyond the tagged figures: a number with a unit in a page's prose (35.2%, 0.53x, 8.3 minutes, 948 MiB) that
+    RESULTS.md does not hold (measured by hand and never recorded, or changed in the record since) is named with its
+    page and line."""
     results = RESULTS.read_text(encoding="utf-8")
     assert unrecorded(results, pages()) == []
     named = [line for line in unrecorded(results.replace("35.2%", "36.0%"), pages()) if "35.2%" in line]
     assert named and all(line.startswith("docs/benchmarks.md:") and "in no section" in line for line in named)
+
+
+def test_the_figure_pattern_reads_numbers_with_their_units() -> None:
+    from benchmarks.figures import FIGURE
+
+    text = "at 35.2% and 0.53x, in 8.3 minutes, +27.0 points, 948 MiB, 174 tokens/s; 200 problems, K=4, 3e-5"
+    assert [m[0] for m in FIGURE.finditer(text)] == [
+        "35.2%", "0.53x", "8.3 minutes", "+27.0 points", "948 MiB", "174 tokens/s"
+    ]  # fmt: skip
