@@ -224,14 +224,16 @@ class Arguments(Mapping[str, Argument]):
     def __len__(self) -> int:
         return len(self._arguments)
 
-    def extended(self, after: str, own: Mapping[str, Argument], **changes: Mapping[str, Any]) -> Arguments:
+    def extended(self, after: str, own: Mapping[str, Argument], **changes: Mapping[str, Any] | Argument) -> Arguments:
         """These arguments with an algorithm's ``own`` inserted after the argument ``after``, and ``changes`` to
-        shared ones (``group_size={"default": 1, "rule": ..., "doc": ...}``: the algorithm's default, rule or doc)."""
+        shared ones (``group_size={"default": 1, "rule": ..., "doc": ...}``: the algorithm's default, rule or doc;
+        an :class:`Argument` replaces the shared one whole)."""
         if set(own) & set(self._arguments):
             raise ValueError(f"declared twice: {sorted(set(own) & set(self._arguments))}")
         arguments: dict[str, Argument] = {}
         for name, argument in self._arguments.items():
-            arguments[name] = dataclasses.replace(argument, **changes.pop(name, {}))
+            change = changes.pop(name, {})
+            arguments[name] = change if isinstance(change, Argument) else dataclasses.replace(argument, **change)
             if name == after:
                 arguments.update(own)
         if changes:

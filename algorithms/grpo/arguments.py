@@ -4,7 +4,6 @@ signature and the ``:param:`` lines of its docstring are made from :data:`GRPO_A
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 from algorithms.common.arguments import (
@@ -202,11 +201,6 @@ GRPO_OWN = {
 }  # fmt: skip
 
 
-def _fields(argument: Argument) -> dict:
-    """An argument's fields, to replace a shared one's (:meth:`Arguments.extended`)."""
-    return {field.name: getattr(argument, field.name) for field in dataclasses.fields(argument)}
-
-
 #: GRPO's constructor arguments, in the signature's order
 GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
     "group_size",
@@ -217,11 +211,9 @@ GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
         "doc": "G, completions per problem (8; at least 2: a group of one has no group-relative advantage)",
     },
     tensorboard_log={"doc": "the TensorBoard folder (runs go to ``<folder>/GRPO_<n>``)"},
-    turn_kwargs=_fields(
-        settings_argument(
-            "multi-turn episodes",
-            {"cache": TURN_CACHE, "credit": TURN_CREDIT},
-            {"cache": "turn_cache", "credit": "turn_credit"},
-        )
+    turn_kwargs=settings_argument(
+        "multi-turn episodes",
+        {"cache": TURN_CACHE, "credit": TURN_CREDIT},
+        {"cache": "turn_cache", "credit": "turn_credit"},
     ),
 )

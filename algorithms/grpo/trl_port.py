@@ -322,7 +322,8 @@ def from_trl(
             "from_trl: reward_funcs is empty; TRL scores completions with your reward functions alone (the "
             "built-in components are off), so every completion would score 0: pass at least one function"
         )
-    algorithm, env_args, left = translate(*config_values(args), list(funcs))
+    values, changed = config_values(args)
+    algorithm, env_args, left = translate(values, changed, list(funcs))
     if left:
         warnings.warn(
             "from_trl: these GRPOConfig fields were set but are not ported; do it by hand: " + "; ".join(left),
@@ -340,7 +341,7 @@ def from_trl(
             kwargs[name] = {**algorithm[name], **kwargs[name]}
     built = cls("TransformerPolicy", env, **{**algorithm, **kwargs, "policy_kwargs": policy_kwargs})
     yours = set(kwargs) | ({"env_kwargs"} if env_kwargs else set())
-    changed_defaults = defaults_not_trl(built, set(config_values(args)[0]), yours)
+    changed_defaults = defaults_not_trl(built, set(values), yours)
     if changed_defaults:
         warnings.warn(
             "from_trl: these differ from TRL's defaults (args did not set them): " + "; ".join(changed_defaults)

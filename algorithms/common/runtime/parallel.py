@@ -61,8 +61,7 @@ def parallelism(sharding: str | None, dist: Distributed, device: torch.device, c
     if sharding == "fsdp" and compression is not None:
         raise ValueError(
             f"distributed_kwargs gradient_compression={compression!r} compresses DDP's all-reduce; with "
-            "sharding='fsdp' the gradients "
-            "are reduce-scattered by FSDP2: leave it at None (or sharding at None)"
+            "sharding='fsdp' the gradients are reduce-scattered by FSDP2: leave it at None (or sharding at None)"
         )
     return Sharded(dist, device) if sharding == "fsdp" and dist.enabled else Replicated(dist, compression)
 
