@@ -28,7 +28,6 @@ from algorithms.cli_options import (
     where_it_goes,
 )
 from algorithms.cli_types import COUNT, DIFFICULTY, SEED, SOURCE, VERBOSITY, Integer
-from algorithms.common.arguments import ENGINE_ARGUMENTS
 from algorithms.common.env_util import make_env
 from algorithms.common.finite_state import NonFiniteStateError
 from algorithms.common.generation.engines.base import EngineError
@@ -41,6 +40,7 @@ from algorithms.common.hyperparams import (
     parse_overrides,
     preset_key,
 )
+from algorithms.common.lm_arguments import ENGINE_ARGUMENTS
 from algorithms.deploy.commands import add_deploy_commands
 from algorithms.engine_commands import (
     add_engine_commands,

@@ -141,7 +141,7 @@ def resumed_params(
     ``env_kwargs`` (and the env's flags, ``flags``) are taken when each value is the one the checkpoint's env records
     (``env_record``: the command that started the run, given again); a change to anything else is refused, naming it
     (a resumed run continues with the settings it was saved with)."""
-    from algorithms.common.arguments import ENGINE_ARGUMENTS
+    from algorithms.common.lm_arguments import ENGINE_ARGUMENTS
 
     given = parse_overrides(hyperparams or [])
     recorded = {**saved, "n_timesteps": run.get("total_timesteps")}

@@ -165,7 +165,7 @@ def test_every_argument_is_declared_once_with_a_rule_and_a_docstring_entry() -> 
     import inspect
 
     from algorithms import LMPPO
-    from algorithms.common.arguments import LM_ARGUMENTS
+    from algorithms.common.lm_arguments import LM_ARGUMENTS
     from algorithms.grpo.arguments import GRPO_ARGUMENTS, GRPO_OWN
     from algorithms.ppo.arguments import LMPPO_ARGUMENTS, LMPPO_OWN
 

@@ -65,13 +65,14 @@ from stable_baselines3.common.utils import configure_logger, get_system_info, sa
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
-from algorithms.common.arguments import LM_ARGUMENTS, Arguments
+from algorithms.common.arguments import Arguments
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guards_by_default
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
+from algorithms.common.lm_arguments import LM_ARGUMENTS
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer

@@ -1,4 +1,4 @@
-"""GRPO's constructor arguments: the shared ones (:data:`~algorithms.common.arguments.LM_ARGUMENTS`) with GRPO's own
+"""GRPO's constructor arguments: the shared ones (:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS`) with GRPO's own
 inserted after ``group_size``, each declared once (default, rule, ``:param:`` text, annotation). ``GRPO``'s
 signature and the ``:param:`` lines of its docstring are made from :data:`GRPO_ARGUMENTS`."""
 
@@ -7,11 +7,8 @@ from __future__ import annotations
 import inspect
 
 from algorithms.common.arguments import (
-    CURRICULUM,
-    LM_ARGUMENTS,
     MOST,
     MOST_STEPS,
-    TURN_CACHE,
     Argument,
     boolean,
     choice,
@@ -21,6 +18,7 @@ from algorithms.common.arguments import (
     schedule,
     settings_argument,
 )
+from algorithms.common.lm_arguments import CURRICULUM, LM_ARGUMENTS, TURN_CACHE
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.schedules import UpdateDecay

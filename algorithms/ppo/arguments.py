@@ -1,11 +1,12 @@
-"""LMPPO's constructor arguments: the shared ones (:data:`~algorithms.common.arguments.LM_ARGUMENTS`) with LMPPO's
+"""LMPPO's constructor arguments: the shared ones (:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS`) with LMPPO's
 own inserted after ``group_size`` and its defaults for the shared ``n_groups``, ``group_size`` and ``gamma``, each
 declared once. ``LMPPO``'s signature and the ``:param:`` lines of its docstring are made from
 :data:`LMPPO_ARGUMENTS`."""
 
 from __future__ import annotations
 
-from algorithms.common.arguments import CURRICULUM, LM_ARGUMENTS, Argument, boolean, choice, integer, number, schedule
+from algorithms.common.arguments import Argument, boolean, choice, integer, number, schedule
+from algorithms.common.lm_arguments import CURRICULUM, LM_ARGUMENTS
 
 #: where the KL to the reference goes: a per-token reward penalty (InstructGPT) or a k3 term in the loss (GRPO's)
 KL_PLACEMENTS = ("reward", "loss")

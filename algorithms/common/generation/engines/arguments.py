@@ -1,7 +1,7 @@
 """The rollout engine's constructor arguments, declared once: ``rollout_engine`` and the settings of
 ``rollout_engine_kwargs`` (vLLM's: its mode, server, memory and weight pushes), each as ``(default, rule, doc,
 annotation)``, the fields of an :class:`~algorithms.common.arguments.Argument`;
-:data:`~algorithms.common.arguments.LM_ARGUMENTS` (GRPO's and LMPPO's table) holds them, and
+:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS` (GRPO's and LMPPO's table) holds them, and
 :class:`~.setup.EngineSpec` reads them back from the algorithm. They say how a run samples, not what it learns, so
 ``--resume`` may change them (a server that came back on another port). A rule takes the name and the value and
 returns the value in its canonical type or raises :class:`~grpo_gym.validation.ArgumentError` naming the fix."""
