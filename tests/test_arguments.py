@@ -176,10 +176,22 @@ def test_every_argument_is_declared_once_with_a_rule_and_a_docstring_entry() -> 
         undocumented = [name for name in names if f":param {name}:" not in (algorithm.__doc__ or "")]
         assert not undocumented
         defaults = {name: p.default for name, p in inspect.signature(algorithm.__init__).parameters.items()}
-        assert all(defaults[name] is argument.default for name, argument in table.items())
+        assert all(defaults[name] == argument.default for name, argument in table.items())
     assert GRPO_ARGUMENTS["group_size"].rule("group_size", 2) == 2 and LMPPO_ARGUMENTS["group_size"].default == 1
     with pytest.raises(ValueError, match=r"group_size must be an integer in \[2, 1000000\]"):
         GRPO_ARGUMENTS["group_size"].rule("group_size", 1)
+
+
+def test_a_written_signature_that_drifts_from_its_table_is_refused_at_import() -> None:
+    """The constructors' signatures are written out in full (what readers, IDEs and static tools see); the
+    table's decorator refuses one whose defaults or names differ from the table, naming the argument."""
+    from algorithms.grpo.arguments import GRPO_ARGUMENTS
+
+    def __init__(self, policy, env, learning_rate=1e-05, n_groups=5, _init_setup_model=True):
+        pass
+
+    with pytest.raises(TypeError, match=r"signature differs from its argument table: .*n_groups: written n_groups=5, "):
+        GRPO_ARGUMENTS.constructor(__init__)
 
 
 def test_positional_arguments_bind_as_the_signature_says() -> None:

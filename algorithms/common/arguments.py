@@ -3,8 +3,9 @@ here (:class:`Argument`), and an algorithm's table (:class:`Arguments`) is the s
 (:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS`) with its own added (``algorithms/grpo/arguments.py``,
 ``algorithms/ppo/arguments.py``).
 
-The table makes the constructor's signature (:meth:`Arguments.constructor`: SB3's flat keyword API, real
-parameters with defaults for ``inspect`` and ``help``), its docstring's ``:param:`` lines (:meth:`Arguments.docstring`)
+The table is what the constructor's signature must be (SB3's flat keyword API: each constructor writes its
+parameters out in full, for readers, ``inspect``, ``help`` and static tools, and :meth:`Arguments.constructor` refuses
+one that differs from its table), its docstring's ``:param:`` lines (:meth:`Arguments.docstring`)
 and its checks (:meth:`Arguments.check`: each value by its rule, once, in its canonical type), and
 :meth:`~algorithms.common.base_class.LMBaseAlgorithm.save` records the arguments it lists.
 
@@ -320,21 +321,21 @@ class Arguments(Mapping[str, Argument]):
         return f"\n{indent}".join(lines)
 
     def constructor(self, init: Callable[..., None]) -> Callable[..., None]:
-        """Give ``init`` (``def __init__(self, policy, env, _init_setup_model=True, **arguments)``) the table's
-        signature: it is called with every argument by name, positional ones bound as the signature says, missing
-        ones at their defaults; ``inspect.signature`` (what ``help``, the presets' key check and ``from_trl`` read)
-        shows the real parameters. A name it does not take raises a ``TypeError`` naming ours for a TRL name, or
-        the close matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
+        """Check that ``init``'s own signature (written out in full, SB3's way, for readers, IDEs and static tools)
+        is the table's (:meth:`signature`: the same names, order, defaults and annotations), and wrap it: a name it
+        does not take raises a ``TypeError`` naming ours for a TRL name, where a flat name of an earlier version
+        lives now, or the close matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
         signature, arguments = self.signature(), self
+        written = inspect.signature(init)
+        if written != signature:
+            differ = [
+                f"{name}: written {written.parameters.get(name)}, declared {signature.parameters.get(name)}"
+                for name in dict.fromkeys([*written.parameters, *signature.parameters])
+                if written.parameters.get(name) != signature.parameters.get(name)
+            ]
+            raise TypeError(f"{init.__qualname__}'s signature differs from its argument table: " + "; ".join(differ))
 
-        @functools.wraps(init)
-        def bound(self: Any, *args: Any, **kwargs: Any) -> None:
-            call = signature.bind(self, *args, **kwargs)
-            call.apply_defaults()
-            init(**call.arguments)
-
-        bound.__signature__ = signature  # type: ignore[attr-defined]
-        hinted = with_trl_hints(bound)
+        hinted = with_trl_hints(init)
 
         @functools.wraps(hinted)
         def constructor(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -344,8 +345,11 @@ class Arguments(Mapping[str, Argument]):
                     raise TypeError(f"{type(self).__name__}(): {moved}")
             hinted(self, *args, **kwargs)
 
-        constructor.__signature__ = signature  # type: ignore[attr-defined]
         return constructor
+
+    def values_in(self, names: Mapping[str, Any]) -> dict[str, Any]:
+        """The table's arguments as ``names`` holds them: a constructor passes its ``locals()`` on whole."""
+        return {name: names[name] for name in self}
 
 
 def _on(value: Any) -> bool:

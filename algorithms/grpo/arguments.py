@@ -24,6 +24,9 @@ from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuff
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls
 
+#: ``ent_coef``'s default, the original design's: 0.01 decaying to 0.001 over 10,000 updates
+ENT_COEF_DECAY = UpdateDecay(0.01, 0.001, 10_000)
+
 #: the keys ``replay_buffer_kwargs`` may hold (``PrioritizedTrajectoryBuffer``'s arguments but those GRPO sets)
 REPLAY_BUFFER_KEYS = tuple(
     name
@@ -143,7 +146,7 @@ GRPO_OWN = {
         "after the cold start, built only when ``beta > 0``; with LoRA the base model (adapters disabled)", "float",
     ),
     "ent_coef": Argument(
-        UpdateDecay(0.01, 0.001, 10_000), schedule(updates=True),
+        ENT_COEF_DECAY, schedule(updates=True),
         "entropy bonus weight: a float, an SB3 schedule, or an :class:`UpdateDecay` (default, the original design's: "
         "0.01 decaying to 0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
     ),

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 import torch as th
-from stable_baselines3.common.type_aliases import GymEnv
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
@@ -27,7 +27,7 @@ from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log
 from algorithms.common.rollout.turns import turn_returns
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls, replay, trl_port, update
-from algorithms.grpo.arguments import GRPO_ARGUMENTS
+from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling, truncated_rows
 
 
@@ -53,11 +53,55 @@ class GRPO(LMBaseAlgorithm):
 
     arguments = GRPO_ARGUMENTS
 
-    @GRPO_ARGUMENTS.constructor  # the signature: policy, env, GRPO_ARGUMENTS; num_generations=... names ours
+    @GRPO_ARGUMENTS.constructor  # checks this signature is the table's; num_generations=... names ours
     def __init__(
-        self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, _init_setup_model: bool = True, **kwargs
+        self,
+        policy: str | type[TransformerPolicy],
+        env: GymEnv | str | None,
+        learning_rate: float | Schedule = 1e-05,
+        n_groups: int = 4,
+        group_size: int = 8,
+        n_epochs: int = 1,
+        batch_size: int | None = None,
+        clip_range: float | Schedule = 0.2,
+        clip_range_high: float | Schedule | None = None,
+        beta: float = 0.04,
+        ent_coef: float | Schedule | UpdateDecay = ENT_COEF_DECAY,
+        advantage_scale: str = "group",
+        loss_aggregation: str = "sequence",
+        drop_uniform_groups: bool = False,
+        importance_level: str = "token",
+        sequence_clip_range: float = 0.0003,
+        sequence_clip_range_high: float = 0.0004,
+        dynamic_sampling: bool = False,
+        max_resample_rounds: int = 3,
+        mask_truncated: bool = False,
+        advantage_baseline: str = "group",
+        controls_kwargs: dict[str, Any] | None = None,
+        max_grad_norm: float = 0.5,
+        gamma: float = 0.99,
+        sharding: str | None = None,
+        distributed_kwargs: dict[str, Any] | None = None,
+        mixed_precision: str | dict[str, str] = "auto",
+        sampler_correction: str | None = "auto",
+        sampler_correction_cap: float = 2.0,
+        max_staleness: int = 0,
+        turn_kwargs: dict[str, Any] | None = None,
+        rollout_engine: str = "builtin",
+        rollout_engine_kwargs: dict[str, Any] | None = None,
+        cold_start: bool | str = "auto",
+        cold_start_kwargs: dict[str, Any] | None = None,
+        collapse_guard: str | bool | dict[str, Any] | None = "auto",
+        stats_window_size: int = 100,
+        tensorboard_log: str | None = None,
+        policy_kwargs: dict[str, Any] | None = None,
+        verbose: int = 0,
+        seed: int | None = None,
+        device: th.device | str = "auto",
+        _init_setup_model: bool = True,
     ) -> None:
-        super().__init__(policy, env, **kwargs)  # every argument checked once, by its rule, and stored by name
+        # every argument checked once, by its rule, and stored by name
+        super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
         if self.diagnostics and self.sharding == "fsdp":  # backward_by_group reads whole per-group gradients
             raise ValueError(
                 "controls_kwargs['diagnostics']=True measures each group's whole gradient: not with sharding='fsdp'; "
