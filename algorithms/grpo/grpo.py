@@ -1,8 +1,9 @@
 """GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API.
 
 The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
-them: rollouts in :mod:`algorithms.common.rollout_collection` / :mod:`algorithms.common.rollout.rows`, dynamic sampling
-in :mod:`algorithms.grpo.sampling`, advantages in :mod:`algorithms.grpo.advantages`, the original design's controls in
+them: rollouts in :mod:`algorithms.common.rollout_collection` / :mod:`algorithms.common.rollout.rows`, dynamic
+sampling in :mod:`algorithms.grpo.sampling`, the advantages step in :mod:`algorithms.grpo.scoring` (a part GRPO
+owns; the formulas: :mod:`algorithms.grpo.advantages`), the original design's controls in
 :mod:`algorithms.grpo.controls`, the update in :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`),
 replay in :mod:`algorithms.grpo.replay`.
 """
@@ -21,14 +22,14 @@ from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
-from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
+from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
-from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout
-from algorithms.common.rollout.turns import turn_returns
+from algorithms.common.rollout.rows import Rows
 from algorithms.common.schedules import UpdateDecay
-from algorithms.grpo import advantages, controls, replay, trl_port, update
+from algorithms.grpo import replay, trl_port, update
 from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
-from algorithms.grpo.sampling import GRPOSampling, truncated_rows
+from algorithms.grpo.sampling import GRPOSampling
+from algorithms.grpo.scoring import GroupScoring
 
 
 class GRPO(LMBaseAlgorithm):
@@ -102,19 +103,33 @@ class GRPO(LMBaseAlgorithm):
     ) -> None:
         # every argument checked once, by its rule, and stored by name
         super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
+        group_size = self.group_size  # as its rule read it (8.0 is 8)
+        #: the advantages step, rows to the batch the update trains on: see :mod:`algorithms.grpo.scoring`
+        self.scoring = GroupScoring(
+            group_size=group_size,
+            n_groups=self.n_groups,
+            dist=self._dist,
+            gamma=self.gamma,
+            advantage_scale=self.advantage_scale,
+            advantage_baseline=self.advantage_baseline,
+            drop_uniform=self.drop_uniform_groups or self.dynamic_sampling,
+            mask_truncated=self.mask_truncated,
+            turn_credit=self.turn_credit,
+            competition=self.competition,
+            competition_coef=self.competition_coef,
+            diversity_guard=self.diversity_guard,
+            diversity_threshold=self.diversity_threshold,
+            diagnostics=self.diagnostics,
+        )
         if self.diagnostics and self.sharding == "fsdp":  # backward_by_group reads whole per-group gradients
             raise ValueError(
                 "controls_kwargs['diagnostics']=True measures each group's whole gradient: not with sharding='fsdp'; "
                 "leave diagnostics off (or pass sharding=None)"
             )
-        self._between_variance = 0.0  # running between-group reward variance (the adaptive competition's reference)
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
         self._prompt_pool: LearnabilityPool | None = None
-        self._groups_seen = 0
         if _init_setup_model:
             self._setup_model()
-
-    state_attributes = (*LMBaseAlgorithm.state_attributes, "_between_variance", "_groups_seen")
 
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:
@@ -146,15 +161,19 @@ class GRPO(LMBaseAlgorithm):
         return self.beta > 0 or self.protected_rollouts > 0
 
     def get_run_state(self) -> tuple[dict[str, Any], dict[str, th.Tensor]]:
-        """:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`, with the reward ramp's target and
-        the prompt pool (plain data)."""
+        """:meth:`~algorithms.common.base_class.LMBaseAlgorithm.get_run_state`, with the advantages step's state, the
+        reward ramp's target and the prompt pool (plain data)."""
         state, rng = super().get_run_state()
+        state["_between_variance"] = float(self.scoring.between_variance)
+        state["_groups_seen"] = int(self.scoring.groups_seen)
         state["_reward_model_target"] = self._sampling.reward_model_target
         state["_prompt_pool_state"] = None if self._prompt_pool is None else self._prompt_pool.get_state()
         return state, rng
 
     def set_run_state(self, state: dict[str, Any], rng: dict[str, th.Tensor]) -> None:
         super().set_run_state(state, rng)
+        self.scoring.between_variance = state.get("_between_variance", self.scoring.between_variance)
+        self.scoring.groups_seen = state.get("_groups_seen", self.scoring.groups_seen)
         self._sampling.reward_model_target = state.get("_reward_model_target")
         if state.get("_prompt_pool_state") is not None and self._prompt_pool is not None:
             self._prompt_pool.set_state(state["_prompt_pool_state"])
@@ -180,83 +199,10 @@ class GRPO(LMBaseAlgorithm):
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
-        """Advantages from the episodes' discounted returns, grouped by problem; one row per kept completion.
-
-        Statistics that cross groups (batch-scaled advantages, competition, the diversity guard, the logs) are
-        computed on every rank's groups (all-gathered, K of them); this process keeps the rows of its own."""
-        local, group = self._local_groups, self.group_size
-        returns = episode_returns(rows, local * group, self.gamma).view(local, group)  # (K_local, G)
-        returns = self._dist.gather(returns)  # (K, G): every rank's groups, in rank order
-        mine = slice(self._dist.rank * local, (self._dist.rank + 1) * local)
-        scores, weights = self._advantages(rows, returns)  # (K, G), (K,)
-        uniform = advantages.uniform_group_mask(returns)  # (K,)
-        left_out = self._left_out_groups(rows, returns, uniform)[mine].tolist()
-        cut = truncated_rows(rows, [self.policy.eos_token_id]) if self.mask_truncated else [False] * len(rows.infos)
-        keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // group] and not cut[i]]
-        self._placeholder = not keep  # this rank's groups all left out: one row with no weight keeps ranks in step
-        keep = keep or [0]
-        log_rollout(self.logger, self._dist, returns, [rows.masks[i] for i in keep], rows.infos, generation_seconds)
-        self.logger.record("rollout/frac_uniform_groups", uniform.float().mean().item())
-        if self.mask_truncated:
-            self.logger.record("rollout/truncated_fraction", self._dist.sum(sum(cut)) / self._dist.sum(len(cut)))
-        if self.diagnostics:  # the diagnostics: one reward histogram per group
-            for k, group_returns in enumerate(returns.cpu().numpy()):
-                self.logger.record(f"groups/rewards_{k}", group_returns, exclude=TEXT_ONLY)
-        first_group = self._groups_seen + self._dist.rank * local  # group ids across rollouts and ranks
-        self._groups_seen += self.n_groups
-        groups = first_group + th.arange(local * group) // group  # (K_local*G,)
-        episode_scores, episode_targets = scores[mine].flatten(), returns[mine].flatten()  # (E,) each
-        per_turn = {}
-        if self.turn_credit == "reward_to_go":  # each turn's own return (the formula: advantages.turn_advantages)
-            per_turn = self._turn_credit(rows, episode_scores, weights[mine].repeat_interleave(group))
-        return rows_to_batch(
-            rows, keep, episode_scores, episode_targets, groups, self.policy.pad_token_id, self.device, **per_turn
-        )
-
-    def _turn_credit(self, rows: Rows, episode_scores: th.Tensor, weights: th.Tensor) -> dict[str, th.Tensor]:
-        """Each row's advantage and return under ``turn_credit="reward_to_go"``
-        (:func:`~algorithms.grpo.advantages.turn_advantages`; ``weights``: ``(E,)`` each episode's group weight)."""
-        to_go = turn_returns(rows, len(episode_scores), self.gamma)  # (N,)
-        row_episodes = th.as_tensor(rows.episodes, dtype=th.long)
-        first = th.zeros(len(episode_scores)).index_copy_(
-            0, row_episodes[rows.first_turns()], to_go[rows.first_turns()]
-        )
-        row_scores = advantages.turn_advantages(episode_scores, first, to_go, row_episodes, weights)  # (N,)
-        return {"row_advantages": row_scores, "row_returns": to_go}
-
-    def _advantages(self, rows: Rows, returns: th.Tensor) -> tuple[th.Tensor, th.Tensor]:
-        """``(K, G)`` advantages of the ``(K, G)`` returns: relative to the group (or the value baseline, or RLOO's
-        leave-one-out mean), then the competition between groups (fixed or adaptive); and ``(K,)`` each group's
-        weight of a return difference (:func:`~algorithms.grpo.advantages.turn_weights` times the competition's
-        coefficient), which per-turn credit uses (:func:`~algorithms.grpo.advantages.turn_advantages`)."""
-        baseline = None
-        if self.advantage_baseline == "value":  # the value baseline: the value head's estimate of each group's prompt
-            baseline = self._dist.gather(advantages.value_baseline(self.policy, rows, self.group_size))  # (K, G)
-            self.logger.record("train/value_baseline", baseline.mean().item())
-        loo = self.advantage_baseline == "leave_one_out"  # RLOO
-        scores = advantages.relative_advantages(returns, self.advantage_scale, baseline, loo)  # (K, G)
-        weights = advantages.turn_weights(returns, self.advantage_scale, relative=baseline is None and not loo)  # (K,)
-        if self.competition is None:
-            return scores, weights
-        result = controls.competition(returns, self.competition, self.competition_coef, self._between_variance)
-        self._between_variance = result.between_variance
-        self.logger.record("train/competition_coef", result.coef)
-        self.logger.record("train/winning_groups", int((result.scale != 1).sum()))
-        return scores * result.scale[:, None], weights * result.scale  # (K, G), (K,)
-
-    def _left_out_groups(self, rows: Rows, returns: th.Tensor, uniform: th.Tensor) -> th.Tensor:
-        """``(K,)`` the groups the update leaves out: uniform ones (``drop_uniform_groups``, and what dynamic
-        sampling could not fix) and the diversity guard's."""
-        dropped = None
-        if self.diversity_guard:
-            entropies = controls.first_turn_entropies(rows, self.group_size, self._local_groups)  # (K_local,)
-            entropies = self._dist.gather(entropies)  # (K,)
-            dropped, spread = controls.diversity_left_out(entropies, returns, self.diversity_threshold)
-            self.logger.record("diversity/entropy_spread", spread)
-            self.logger.record("diversity/triggered", float(spread > self.diversity_threshold))
-            self.logger.record("diversity/dropped_groups", int(dropped.sum()))
-        drop_uniform = self.drop_uniform_groups or self.dynamic_sampling
-        return advantages.left_out_groups(uniform, drop_uniform, dropped)
+        """The rollout's rows as the batch the update trains on: :meth:`GroupScoring.batch
+        <algorithms.grpo.scoring.GroupScoring.batch>` (returns, advantages relative to each group, the kept rows)."""
+        batch, self._placeholder = self.scoring.batch(rows, generation_seconds, self.policy, self.logger, self.device)
+        return batch
 
     # ------------------------------------------------------------------ update
     def train(self) -> None:
