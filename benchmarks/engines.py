@@ -87,14 +87,35 @@ def kv_bytes(model, rows: int, columns: int) -> int:
     return int(1.5 * rows * (columns + 64) * per_token) + (16 << 20)
 
 
+class OwnSampler:
+    """``rollout_engine="builtin"``: no engine object, the policy's own sampler
+    (:func:`~algorithms.common.generation.sampler.sample`) on the live model, behind the engines' calls."""
+
+    def __init__(self, model, sampling) -> None:
+        self.model, self.sampling = model, sampling
+
+    def generate(self, ids, mask, max_new_tokens: int, generator=None):
+        from algorithms.common.generation.sampler import sample
+
+        s = self.sampling
+        return sample(self.model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=s.eos_token_id,
+                      pad_token_id=s.pad_token_id, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                      vocab_size=s.vocab_size, generator=generator)  # fmt: skip
+
+    def update_weights(self, model) -> float:
+        return 0.0  # it samples with the live weights
+
+    def close(self) -> None:
+        pass
+
+
 def build_engine(name: str, model, sampling, columns: int, rows: int, dtype: str = "float32"):
     """The engine ``name`` on ``model``, and what to call once it is closed (None, or stopping the server);
     ``dtype``: vLLM's."""
-    from algorithms.common.generation.engines.builtin import BuiltinEngine
     from algorithms.common.generation.engines.hf import HFGenerateEngine
 
     if name == "builtin":
-        return BuiltinEngine(model, sampling), None
+        return OwnSampler(model, sampling), None
     if name == "hf":
         return HFGenerateEngine(model, sampling), None
     options = {"kv_cache_memory_bytes": kv_bytes(model, rows, columns), "max_model_len": columns + 16, "dtype": dtype}

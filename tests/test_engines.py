@@ -1,8 +1,7 @@
-"""The engine seam (algorithms.common.generation.engines) without vLLM: the builtin engine is the sampler exactly, the
-hf engine's log-probs are the update's, weights pushed in are used, the vLLM folder's weight format gives the
-sampler's log-probs, and the served client's faults (no server, a server that dies or hangs, one without the
-developer endpoints) are errors that name the fix, within their timeouts. The real vLLM engines:
-tests/test_vllm_engine.py."""
+"""The engine seam (algorithms.common.generation.engines) without vLLM: the hf engine's log-probs are the update's,
+weights pushed in are used, the vLLM folder's weight format gives the sampler's log-probs, and the served client's
+faults (no server, a server that dies or hangs, one without the developer endpoints) are errors that name the fix,
+within their timeouts. The real vLLM engines: tests/test_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from algorithms.common.generation.engines.base import (
     padded_prompts,
     prompt_lists,
 )
-from algorithms.common.generation.engines.builtin import BuiltinEngine
 from algorithms.common.generation.engines.hf import HFGenerateEngine
 from algorithms.common.generation.engines.vllm_folder import WeightFormat
 from algorithms.common.generation.engines.vllm_server import VLLMServerEngine
@@ -41,23 +39,9 @@ def draw(engine, seed=0, max_new_tokens=10, **kwargs):
     return engine.generate(ids, mask, max_new_tokens=max_new_tokens, generator=generator, **kwargs)
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS)
-def test_builtin_engine_is_the_sampler(sampling):
-    """The builtin engine draws exactly the sampler's tokens and log-probs from the same generator, noise split too."""
+def test_an_engine_takes_lists_of_ids():
     model, (ids, mask) = tiny_model(), prompts()
-    s = sampling
-    for extra in ({}, {"noise_offset": 2, "noise_rows": 8}, {"greedy": True}):
-        direct = sample(model, ids, mask, max_new_tokens=10, eos_token_id=EOS, pad_token_id=PAD,
-                        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, vocab_size=s.vocab_size,
-                        generator=torch.Generator().manual_seed(3), **extra)  # fmt: skip
-        out = draw(BuiltinEngine(model, s), seed=3, **extra)
-        for name in ("tokens", "log_probs", "mask", "lengths"):
-            assert torch.equal(getattr(out, name), getattr(direct, name)), (extra, name)
-
-
-def test_builtin_engine_takes_lists_of_ids():
-    model, (ids, mask) = tiny_model(), prompts()
-    engine = BuiltinEngine(model, settings())
+    engine = HFGenerateEngine(model, settings())
     rows = prompt_lists(ids, mask)
     assert rows[0] == [5, 6, 7, 8] and rows[3] == [40, 41]
     from_lists = engine.generate(rows, max_new_tokens=6, generator=torch.Generator().manual_seed(1))
@@ -66,16 +50,23 @@ def test_builtin_engine_takes_lists_of_ids():
 
 
 def test_policy_samples_on_its_engine():
-    """The policy's hook: with a builtin engine set, ``generate`` gives what it gives without one."""
+    """The policy's hook: with an engine set, ``generate`` gives the engine's completions; without one, the
+    sampler's."""
     obs = spaces.Dict({"input_ids": spaces.Box(0, 358, (16,), dtype="int64"),
                        "attention_mask": spaces.Box(0, 1, (16,), dtype="int64")})  # fmt: skip
     policy = TransformerPolicy(obs, spaces.MultiDiscrete([359] * 8), lambda _: 1e-3, model="tiny",
                                model_kwargs=ENGINE_KWARGS, seed=0, eos_token_id=EOS, pad_token_id=PAD)  # fmt: skip
     ids, mask = prompts()
     plain = policy.generate(ids, mask, generator=torch.Generator().manual_seed(0))
-    policy.rollout_engine = BuiltinEngine(policy.model, SamplingSettings.of_policy(policy))
+    direct = sample(policy.model, ids, mask, max_new_tokens=policy.max_new_tokens, eos_token_id=EOS,
+                    pad_token_id=PAD, top_p=policy.top_p, vocab_size=policy.vocab_size,
+                    generator=torch.Generator().manual_seed(0))  # fmt: skip
+    assert torch.equal(plain.tokens, direct.tokens) and torch.equal(plain.log_probs, direct.log_probs)
+    engine = HFGenerateEngine(policy.model, SamplingSettings.of_policy(policy))
+    policy.rollout_engine = engine
     engined = policy.generate(ids, mask, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(engined.tokens, plain.tokens) and torch.equal(engined.log_probs, plain.log_probs)
+    expected = draw(engine, max_new_tokens=policy.max_new_tokens)
+    assert torch.equal(engined.tokens, expected.tokens) and torch.equal(engined.log_probs, expected.log_probs)
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)
@@ -109,10 +100,9 @@ def test_hf_engine_stops_at_the_eos():
     assert_ends_at_eos(out, eos)
 
 
-@pytest.mark.parametrize("kind", [BuiltinEngine, HFGenerateEngine])
-def test_update_weights_copies_another_models_weights(kind):
+def test_update_weights_copies_another_models_weights():
     model, other = tiny_model(seed=0), tiny_model(seed=1)
-    engine = kind(model, settings())
+    engine = HFGenerateEngine(model, settings())
     assert engine.update_weights(model) >= 0.0  # its own model: nothing to copy
     engine.update_weights(other.state_dict())
     ids, mask = prompts()
@@ -132,7 +122,10 @@ def test_vllm_weight_format_gives_the_samplers_log_probs(temperature, vocab):
     assert "lm_head.weight" in converted  # pushed even when tied: vLLM's in-place reload keeps a stale head otherwise
     served = tiny_model(vocab_size=fmt.vocab_size or 359, tie_word_embeddings=fmt.tied)
     served.load_state_dict(converted, strict=False)
-    out = draw(BuiltinEngine(model, sampling))
+    ids, mask = prompts()
+    out = sample(model, ids, mask, max_new_tokens=10, eos_token_id=EOS, pad_token_id=PAD, temperature=temperature,
+                 top_p=sampling.top_p, top_k=sampling.top_k, vocab_size=vocab,
+                 generator=torch.Generator().manual_seed(0))  # fmt: skip
     raw = settings(temperature=1.0, vocab_size=None)
     ids, mask = prompts()
     from tests.engine_models import update_log_probs

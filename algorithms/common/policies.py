@@ -300,8 +300,7 @@ class TransformerPolicy(BasePolicy):
         :attr:`rollout_engine` set, the policy's own sampling (no ``model``, ``temperature`` or ``top_p`` given) runs
         on that engine. ``keep_cache``, ``cache`` and ``cache_rows``: the KV cache kept across the turns of
         multi-turn episodes (:mod:`~algorithms.common.generation.continuation`), by the builtin sampler; an engine
-        that keeps none (vLLM has its own prefix cache) ignores them and returns no cache."""
-        turns = {"keep_cache": keep_cache, "cache": cache, "cache_rows": cache_rows}
+        keeps none (it prefills every turn; vLLM's own prefix cache reuses what it can) and returns no cache."""
         with th.no_grad(), self.autocast("sampling"):
             engine = self.rollout_engine
             if engine is not None and model is None and temperature is None and top_p is None:
@@ -313,7 +312,6 @@ class TransformerPolicy(BasePolicy):
                     greedy=greedy,
                     noise_offset=noise_offset,
                     noise_rows=noise_rows,
-                    **(turns if engine.keeps_turn_cache else {}),
                 )
             return sample(
                 model if model is not None else self.model,
@@ -330,7 +328,9 @@ class TransformerPolicy(BasePolicy):
                 greedy=greedy,
                 noise_offset=noise_offset,
                 noise_rows=noise_rows,
-                **turns,
+                keep_cache=keep_cache,
+                cache=cache,
+                cache_rows=cache_rows,
             )
 
     def log_probs(

@@ -110,10 +110,6 @@ class RolloutEngine(ABC):
 
     #: the engine's name, as ``rollout_engine=`` spells it
     name: ClassVar[str] = ""
-    #: whether :meth:`generate` takes ``keep_cache``, ``cache`` and ``cache_rows``: the KV cache kept across the
-    #: turns of multi-turn episodes (:mod:`~algorithms.common.generation.continuation`); the others prefill every
-    #: turn (vLLM's own prefix cache reuses what it can)
-    keeps_turn_cache: ClassVar[bool] = False
 
     def __init__(self, settings: SamplingSettings) -> None:
         self.settings = settings

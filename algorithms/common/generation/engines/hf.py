@@ -12,9 +12,18 @@ draw then depends on the whole batch, unlike the built-in sampler's).
 from __future__ import annotations
 
 import torch
+from torch import nn
 
-from algorithms.common.generation.engines.base import Draw, SamplingSettings, row_seeds
-from algorithms.common.generation.engines.builtin import ModelEngine
+from algorithms.common.generation.engines.base import (
+    Draw,
+    Prompts,
+    RolloutEngine,
+    SamplingSettings,
+    Weights,
+    named_weights,
+    padded_prompts,
+    row_seeds,
+)
 from algorithms.common.generation.sampler import Completions
 
 
@@ -40,15 +49,40 @@ def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, settings: Sampli
     return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
-class HFGenerateEngine(ModelEngine):
+def load_into(model: nn.Module, weights: Weights) -> None:
+    """Copy ``weights`` into ``model`` (nothing to do when they are ``model`` itself); every tensor must exist there."""
+    if weights is model:
+        return
+    own = dict(model.state_dict())
+    with torch.no_grad():
+        for name, tensor in named_weights(weights):
+            if name not in own:
+                raise KeyError(f"update_weights: the engine's model has no weight {name!r}")
+            own[name].copy_(tensor)
+
+
+class HFGenerateEngine(RolloutEngine):
     """Samples with the model's own ``generate`` (``noise_offset`` and ``noise_rows`` are not used: see the module
-    doc).
+    doc), on the model object in this process: the prompts left-padded on its device, new weights copied in (free
+    when they are that model's own: it always samples with the live weights).
 
     :param model: a Hugging Face causal LM (or a peft model), usually the policy's own, in eval mode
     :param settings: how it samples
     """
 
     name = "hf"
+
+    def __init__(self, model: nn.Module, settings: SamplingSettings) -> None:
+        super().__init__(settings)
+        self.model = model
+
+    def _generate(self, prompts: Prompts, attention_mask: torch.Tensor | None, draw: Draw) -> Completions:
+        device = next(self.model.parameters()).device
+        ids, mask = padded_prompts(prompts, attention_mask, self.settings.pad_token_id)
+        return self._sample(ids.to(device), mask.to(device), draw)
+
+    def _load_weights(self, weights: Weights) -> None:
+        load_into(self.model, weights)
 
     def _config(self, max_new_tokens: int, greedy: bool):
         from transformers import GenerationConfig
@@ -69,6 +103,7 @@ class HFGenerateEngine(ModelEngine):
         )
 
     def _sample(self, ids: torch.Tensor, mask: torch.Tensor, draw: Draw) -> Completions:
+        """Completions of the left-padded prompts ``ids`` ``(B, T)`` (``mask``: 1 for tokens), on their device."""
         from transformers import LogitsProcessorList
 
         s, max_new_tokens, device = self.settings, draw.max_new_tokens, ids.device
