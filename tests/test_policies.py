@@ -310,14 +310,14 @@ def test_memory_longer_than_the_model_positions_is_caught(tmp_path: Path) -> Non
     assert env.action_space.contains(action.astype(np.int64))
 
 
-def test_log_probs_and_values_read_one_forward_per_token() -> None:
+def test_log_probs_with_values_read_one_forward_per_token() -> None:
     env = make_raw_env()
     policy = make_policy(env, value_head=True)
     obs = as_tensors(stack(observations(env, [0, 1, 2])))
     prompt_ids, prompt_mask = policy.prompt_from_obs(obs)
     out = policy.generate(prompt_ids, prompt_mask, generator=th.Generator().manual_seed(0))
     args = (prompt_ids, prompt_mask, out.tokens, out.mask)
-    log_probs, entropy, values = policy.log_probs_and_values(*args, with_entropy=True)
+    log_probs, entropy, values = policy.log_probs(*args, with_entropy=True, with_values=True)
     expected, expected_entropy = policy.log_probs(*args, with_entropy=True)
     th.testing.assert_close(log_probs, expected)
     th.testing.assert_close(entropy, expected_entropy)
@@ -326,4 +326,4 @@ def test_log_probs_and_values_read_one_forward_per_token() -> None:
     values.sum().backward()
     assert policy.value_net.weight.grad is not None and policy.value_net.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="value_head"):
-        make_policy(env).log_probs_and_values(*args)
+        make_policy(env).log_probs(*args, with_values=True)

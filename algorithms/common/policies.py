@@ -342,14 +342,20 @@ class TransformerPolicy(BasePolicy):
         with_entropy: bool = False,
         model: nn.Module | None = None,
         stage: str = "update",
-        with_hidden: bool = False,
+        with_values: bool = False,
     ) -> tuple[th.Tensor, ...]:
-        """Per-token log-probs ``(B, C)`` (and entropies) of given completions under the current weights, or under
-        ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s precision (the cold
-        start passes ``"sft"``); ``with_hidden``: also the ``(B, C, H)`` last hidden states (see
-        :func:`~algorithms.common.generation.sampler.completion_log_probs`)."""
+        """Per-token log-probs ``(B, C)`` and entropies (None unless ``with_entropy``) of given completions under the
+        current weights, or under ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s
+        precision (the cold start passes ``"sft"``;
+        :func:`~algorithms.common.generation.sampler.completion_log_probs`).
+
+        ``with_values``: a third item from the same forward pass, the value head's per-token estimates ``(B, C)``: the
+        value of each state ``prompt + completion[:t]``, read (in float32) from the last hidden state at the position
+        that predicts token ``t``; 0 where the mask is False (needs ``value_head=True``)."""
+        if with_values and self.value_net is None:
+            raise ValueError("this policy has no value head; pass policy_kwargs={'value_head': True}")
         with self.autocast(stage):
-            return completion_log_probs(
+            out = completion_log_probs(
                 model if model is not None else self.model,
                 prompt_ids,
                 prompt_mask,
@@ -359,24 +365,11 @@ class TransformerPolicy(BasePolicy):
                 vocab_size=self.vocab_size,
                 with_entropy=with_entropy,
                 pad_id=self.pad_token_id,
-                with_hidden=with_hidden,
+                with_hidden=with_values,
             )
-
-    def log_probs_and_values(
-        self,
-        prompt_ids: th.Tensor,
-        prompt_mask: th.Tensor,
-        completion_ids: th.Tensor,
-        completion_mask: th.Tensor,
-        with_entropy: bool = False,
-    ) -> tuple[th.Tensor, th.Tensor | None, th.Tensor]:
-        """:meth:`log_probs` and, from the same forward pass, the value head's per-token estimates ``(B, C)``: the
-        value of each state ``prompt + completion[:t]``, read (in float32) from the last hidden state at the position
-        that predicts token ``t``; 0 where the mask is False (needs ``value_head=True``)."""
-        if self.value_net is None:
-            raise ValueError("this policy has no value head; pass policy_kwargs={'value_head': True}")
-        args = (prompt_ids, prompt_mask, completion_ids, completion_mask)
-        log_probs, entropy, hidden = self.log_probs(*args, with_entropy=with_entropy, with_hidden=True)
+        if not with_values:
+            return out
+        log_probs, entropy, hidden = out
         with float32_region(self.device):
             values = self.value_net(hidden.float()).squeeze(-1)  # (B, C)
         return log_probs, entropy, th.where(completion_mask.bool(), values, 0.0)

@@ -63,19 +63,12 @@ class GroupScoring:
         diagnostics: bool,
     ) -> None:
         self.group_size = group_size
-        self.n_groups = n_groups
-        self.local_groups = n_groups // dist.world_size
-        self.dist = dist
-        self.gamma = gamma
-        self.advantage_scale = advantage_scale
-        self.advantage_baseline = advantage_baseline
-        self.drop_uniform = drop_uniform
-        self.mask_truncated = mask_truncated
-        self.turn_credit = turn_credit
-        self.competition = competition
-        self.competition_coef = competition_coef
-        self.diversity_guard = diversity_guard
-        self.diversity_threshold = diversity_threshold
+        self.n_groups, self.local_groups = n_groups, n_groups // dist.world_size
+        self.dist, self.gamma = dist, gamma
+        self.advantage_scale, self.advantage_baseline = advantage_scale, advantage_baseline
+        self.drop_uniform, self.mask_truncated, self.turn_credit = drop_uniform, mask_truncated, turn_credit
+        self.competition, self.competition_coef = competition, competition_coef
+        self.diversity_guard, self.diversity_threshold = diversity_guard, diversity_threshold
         self.diagnostics = diagnostics
         #: the running between-group reward variance (the adaptive competition's reference; run state)
         self.between_variance = 0.0

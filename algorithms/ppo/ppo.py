@@ -134,7 +134,7 @@ class LMPPO(LMBaseAlgorithm):
         mask = batch.completion_mask
         with th.no_grad():
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)
-            update_log_probs, _, batch.values = self.policy.log_probs_and_values(*args)  # (N, C) each
+            update_log_probs, _, batch.values = self.policy.log_probs(*args, with_values=True)  # (N, C) each
             ref_log_probs = self._reference_log_probs(batch) if self.kl_coef > 0 else None  # (N, C)
         self._sampler_kl = float(correction.sampler_kl(update_log_probs, batch.old_log_probs, mask))
         if self._sampler_correction is not None:  # the ratio against the update's own log-probs, tokens weighted
@@ -200,7 +200,7 @@ class LMPPO(LMBaseAlgorithm):
     def _loss(self, minibatch: RolloutBatch, clip_range: float, clip_range_vf: float | None, ent_coef: float):
         """The minibatch's loss and stats under the current weights (one forward: log-probs and values)."""
         args = (minibatch.prompt_ids, minibatch.prompt_mask, minibatch.completion_ids, minibatch.completion_mask)
-        log_probs, entropy, values = self.policy.log_probs_and_values(*args, with_entropy=ent_coef != 0)
+        log_probs, entropy, values = self.policy.log_probs(*args, with_entropy=ent_coef != 0, with_values=True)
         assert minibatch.values is not None
         loss, stats = objective.ppo_loss(
             log_probs,

@@ -26,6 +26,15 @@ from grpo_gym.validation import check_int
 __all__ = ["PrioritizedTrajectoryBuffer", "PrioritySampler", "RingBuffer", "TrajectoryBatch"]
 
 
+#: the batch's fields after ``indices`` and ``weights``, each read from the ring's array of the name it maps to
+BATCH_FIELDS = {
+    "prompt_ids": "prompt_ids", "prompt_mask": "prompt_mask", "completion_ids": "completion_ids",
+    "completion_mask": "completion_mask", "old_log_probs": "log_probs", "rewards": "reward",
+    "raw_rewards": "raw_reward", "advantages": "advantage", "group_ids": "group_id", "iterations": "iteration",
+    "timestamps": "timestamp", "high": "high",
+}  # fmt: skip
+
+
 @dataclass
 class TrajectoryBatch:
     """Trajectories read from a :class:`PrioritizedTrajectoryBuffer`; every array has first dimension ``B``.
@@ -410,19 +419,4 @@ class PrioritizedTrajectoryBuffer:
 
     def _batch(self, indices: np.ndarray, weights: np.ndarray) -> TrajectoryBatch:
         data = self.ring.get(indices)
-        return TrajectoryBatch(
-            indices=indices,
-            weights=weights,
-            prompt_ids=data["prompt_ids"],
-            prompt_mask=data["prompt_mask"],
-            completion_ids=data["completion_ids"],
-            completion_mask=data["completion_mask"],
-            old_log_probs=data["log_probs"],
-            rewards=data["reward"],
-            raw_rewards=data["raw_reward"],
-            advantages=data["advantage"],
-            group_ids=data["group_id"],
-            iterations=data["iteration"],
-            timestamps=data["timestamp"],
-            high=data["high"],
-        )
+        return TrajectoryBatch(indices, weights, **{field: data[key] for field, key in BATCH_FIELDS.items()})
