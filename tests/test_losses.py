@@ -11,10 +11,10 @@ import torch
 from algorithms.common.losses import (
     aggregate,
     clipped_surrogate,
-    discounted_returns,
     entropy_from_logits,
     gspo_token_log_ratio,
     kl_k3,
+    returns_to_go,
     sequence_log_ratio,
     token_log_probs,
 )
@@ -22,7 +22,7 @@ from algorithms.common.losses import (
 F64 = torch.float64
 
 # ---------------------------------------------------------------------------------------------------------
-# discounted_returns
+# returns_to_go
 # ---------------------------------------------------------------------------------------------------------
 
 
@@ -34,17 +34,17 @@ F64 = torch.float64
         (0.0, [1.0, 5.0]),  # gamma^0 = 1 for turn 0, nothing after it
     ],
 )
-def test_discounted_returns_by_hand(gamma, expected):
+def test_episode_returns_by_hand(gamma, expected):
     rewards = torch.tensor([[1.0, 2.0, 3.0], [5.0, float("nan"), float("inf")]], dtype=F64)
     mask = torch.tensor([[True, True, True], [True, False, False]])
-    torch.testing.assert_close(discounted_returns(rewards, gamma, mask), torch.tensor(expected, dtype=F64))
+    torch.testing.assert_close(returns_to_go(rewards, gamma, mask)[:, 0], torch.tensor(expected, dtype=F64))
 
 
-def test_discounted_returns_rejects_bad_input():
+def test_returns_to_go_rejects_bad_input():
     with pytest.raises(ValueError, match=r"gamma must be in \[0, 1\]"):
-        discounted_returns(torch.ones(1, 2), 1.5, torch.ones(1, 2, dtype=torch.bool))
+        returns_to_go(torch.ones(1, 2), 1.5, torch.ones(1, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="mask has shape"):
-        discounted_returns(torch.ones(1, 2), 0.9, torch.ones(1, 3, dtype=torch.bool))
+        returns_to_go(torch.ones(1, 2), 0.9, torch.ones(1, 3, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------------------------------------

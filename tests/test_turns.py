@@ -13,8 +13,8 @@ import torch as th
 import grpo_gym
 from algorithms import GRPO
 from algorithms.common.generation.sampler import Completions
-from algorithms.common.rollout.rows import Rows
-from algorithms.common.rollout.turns import turn_returns, turn_statistics
+from algorithms.common.rollout.rows import Rows, turn_returns
+from algorithms.common.rollout.turns import turn_statistics
 from algorithms.grpo.advantages import group_advantages, turn_advantages, turn_weights
 from grpo_gym import per_turn
 from grpo_gym.gold import answer_text, tool_call_text
@@ -85,7 +85,7 @@ def rows_of(rewards: list[list[float]]) -> Rows:
 def test_reward_to_go_advantages_follow_the_formula() -> None:
     rewards = [[0.5, 1.0], [0.0, 1.0], [0.5, 0.0], [0.0], [0.2, 0.0, 1.0], [0.0, 0.0]]  # two groups of three
     rows, gamma = rows_of(rewards), 0.9
-    to_go = turn_returns(rows, len(rewards), gamma)
+    to_go = turn_returns(rows, len(rewards), gamma)[rows.episodes, rows.turns]  # (N,)
     expected = [sum(gamma**k * r for k, r in enumerate(turns[t:])) for turns in rewards for t in range(len(turns))]
     assert th.allclose(to_go, th.tensor(expected))
     first = th.tensor([sum(gamma**k * r for k, r in enumerate(turns)) for turns in rewards])  # G_{i,0}
@@ -98,7 +98,7 @@ def test_reward_to_go_advantages_follow_the_formula() -> None:
     group = row_episodes // 3
     assert th.allclose(got, (to_go - mean[group]) / std[group], atol=1e-6)  # (G_{i,t} - mean_g G_{j,0}) / s_g
     final_only = rows_of([[0.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0]])  # one reward at the end, gamma = 1
-    ones = turn_returns(final_only, 3, 1.0)
+    ones = turn_returns(final_only, 3, 1.0)[final_only.episodes, final_only.turns]
     episode = th.tensor([1.0, 0.0, 1.0])
     scores = group_advantages(episode[None]).flatten()
     same = turn_advantages(scores, episode, ones, th.tensor(final_only.episodes), turn_weights(episode[None]).expand(3))

@@ -30,23 +30,29 @@ def check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}.")
 
 
-def discounted_returns(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
-    """Return from the first turn of a multi-turn episode: ``sum_t gamma^t r_t`` over valid turns.
+def returns_to_go(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
+    """Each turn's discounted return to the end of its episode, ``G_t = sum_{u >= t} gamma^(u - t) r_u`` over the
+    turns that happened; column 0 is the episode's return ``sum_t gamma^t r_t`` (turn 0 undiscounted).
 
-    ``t`` is the turn's position (turn 0 is undiscounted). Reduces an episode to one score per
-    completion chain (the original design's gamma: 0.95 for dialogues, 0.99 for generation).
+    The one discounted-return formula: GRPO scores an episode by ``G_0`` (per-turn credit: each turn by its own
+    ``G_t``), the PPO baseline each turn by its ``G_t`` (the original design's gamma: 0.95 for dialogues, 0.99 for
+    generation).
 
-    :param rewards: per-turn rewards, shape ``(N, T_turns)``
+    :param rewards: per-turn rewards, shape ``(E, U)``
     :param gamma: discount factor in ``[0, 1]``
-    :param mask: ``True`` on the turns that happened, shape ``(N, T_turns)``
-    :return: returns, shape ``(N,)``
+    :param mask: ``True`` on the turns that happened, shape ``(E, U)``
+    :return: shape ``(E, U)``, 0 on turns that did not happen
     """
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
     check_shape("mask", mask, rewards.shape)
-    discounts = gamma ** torch.arange(rewards.shape[-1], dtype=rewards.dtype, device=rewards.device)  # (T,)
-    discounted = torch.where(mask.bool(), rewards * discounts, 0.0)  # (N, T)
-    return discounted.sum(dim=-1)  # (N,)
+    rewards = torch.where(mask.bool(), rewards, 0.0)  # (E, U)
+    result = torch.zeros_like(rewards)
+    running = rewards.new_zeros(rewards.shape[0])  # (E,)
+    for turn in reversed(range(rewards.shape[1])):  # one step per turn (a handful), vectorised over the episodes
+        running = rewards[:, turn] + gamma * running
+        result[:, turn] = running
+    return torch.where(mask.bool(), result, 0.0)
 
 
 def clipped_surrogate(

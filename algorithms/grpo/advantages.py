@@ -143,7 +143,7 @@ def turn_advantages(
 
         A_{i,t} = (G_{i,t} - mean_{j in g} G_{j,0}) / s_g
 
-    ``G_{i,t}`` the discounted reward-to-go from turn ``t`` (:func:`~algorithms.common.rollout.turns.turn_returns`),
+    ``G_{i,t}`` the discounted reward-to-go from turn ``t`` (:func:`~algorithms.common.rollout.rows.turn_returns`),
     ``mean_g`` and ``s_g`` the baseline and scale of the episode's group computed on the episode returns
     ``G_{j,0}`` exactly as for ``turn_credit="episode"`` (RLOO: the others' mean, no scale; the value baseline: the
     value head's estimate), and ``w_i`` the weight of the episode's group (:func:`turn_weights`: ``1 / s_g``, 0 for

@@ -27,7 +27,7 @@ from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
-from algorithms.common.rollout.rows import Rows, episode_returns
+from algorithms.common.rollout.rows import Rows, turn_returns
 from algorithms.common.rollout.sampling import PlayRefill, RolloutSampling
 from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.runtime.distributed import Distributed
@@ -86,7 +86,7 @@ def truncated_rows(rows: Rows, eos_ids: Sequence[int]) -> list[bool]:
 def group_outcomes(rows: Rows, n_groups: int, group_size: int, gamma: float) -> tuple[th.Tensor, th.Tensor]:
     """``(n_groups,)`` whether each group's returns are all equal, and ``(n_groups,)`` its success rate (an episode
     succeeds when one of its turns did)."""
-    returns = episode_returns(rows, n_groups * group_size, gamma).view(n_groups, group_size)  # (K, G)
+    returns = turn_returns(rows, n_groups * group_size, gamma)[:, 0].view(n_groups, group_size)  # (K, G)
     success = th.zeros(n_groups * group_size)
     for episode, info in zip(rows.episodes, rows.infos, strict=True):
         success[episode] = max(float(success[episode]), float(bool(info.get("is_success"))))

@@ -18,8 +18,7 @@ from stable_baselines3.common.logger import Logger
 
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
-from algorithms.common.rollout.rows import TEXT_ONLY, Rows, episode_returns, log_rollout
-from algorithms.common.rollout.turns import turn_returns
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, log_rollout, turn_returns
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.grpo import advantages, controls
 from algorithms.grpo.sampling import truncated_rows
@@ -81,7 +80,8 @@ class GroupScoring:
         """The rows this process trains on, with their advantages and returns; and whether they are a placeholder
         (this process's groups were all left out: one row with no weight keeps the processes in step)."""
         local, group, dist = self.local_groups, self.group_size, self.dist
-        returns = episode_returns(rows, local * group, self.gamma).view(local, group)  # (K_local, G)
+        to_go = turn_returns(rows, local * group, self.gamma)  # (E, U): once per rollout
+        returns = to_go[:, 0].view(local, group)  # (K_local, G) the episodes' returns
         returns = dist.gather(returns)  # (K, G): every rank's groups, in rank order
         mine = slice(dist.rank * local, (dist.rank + 1) * local)
         scores, weights = self.advantages(rows, returns, policy, logger)  # (K, G), (K,)
@@ -104,7 +104,7 @@ class GroupScoring:
         episode_scores, episode_targets = scores[mine].flatten(), returns[mine].flatten()  # (E,) each
         per_turn = {}
         if self.turn_credit == "reward_to_go":  # each turn's own return (the formula: advantages.turn_advantages)
-            per_turn = self.turn_credit_of(rows, episode_scores, weights[mine].repeat_interleave(group))
+            per_turn = self.turn_credit_of(rows, to_go, episode_scores, weights[mine].repeat_interleave(group))
         batch = rows_to_batch(
             rows, keep, episode_scores, episode_targets, groups, policy.pad_token_id, device, **per_turn
         )
@@ -144,13 +144,15 @@ class GroupScoring:
             logger.record("diversity/dropped_groups", int(dropped.sum()))
         return advantages.left_out_groups(uniform, self.drop_uniform, dropped)
 
-    def turn_credit_of(self, rows: Rows, episode_scores: th.Tensor, weights: th.Tensor) -> dict[str, th.Tensor]:
+    @staticmethod
+    def turn_credit_of(
+        rows: Rows, to_go: th.Tensor, episode_scores: th.Tensor, weights: th.Tensor
+    ) -> dict[str, th.Tensor]:
         """Each row's advantage and return under ``turn_credit="reward_to_go"``
-        (:func:`~algorithms.grpo.advantages.turn_advantages`; ``weights``: ``(E,)`` each episode's group weight)."""
-        to_go = turn_returns(rows, len(episode_scores), self.gamma)  # (N,)
+        (:func:`~algorithms.grpo.advantages.turn_advantages`; ``to_go``: ``(E, U)`` the turns' returns,
+        ``weights``: ``(E,)`` each episode's group weight)."""
         row_episodes = th.as_tensor(rows.episodes, dtype=th.long)
-        first = th.zeros(len(episode_scores)).index_copy_(
-            0, row_episodes[rows.first_turns()], to_go[rows.first_turns()]
-        )
-        row_scores = advantages.turn_advantages(episode_scores, first, to_go, row_episodes, weights)  # (N,)
-        return {"row_advantages": row_scores, "row_returns": to_go}
+        row_returns = to_go[row_episodes, th.as_tensor(rows.turns, dtype=th.long)]  # (N,)
+        first = to_go[:, 0]  # (E,) the episodes' returns
+        row_scores = advantages.turn_advantages(episode_scores, first, row_returns, row_episodes, weights)  # (N,)
+        return {"row_advantages": row_scores, "row_returns": row_returns}

@@ -21,26 +21,6 @@ from torch import Tensor
 from algorithms.common.losses import aggregate, check_shape, clipped_surrogate, kl_k3
 
 
-def returns_to_go(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
-    """Each turn's return to the end of its episode, ``R_t = sum_{u >= t} gamma^(u - t) r_u`` over valid turns.
-
-    A multi-turn episode's turn ``t`` is scored with what follows it (one turn: its own reward).
-
-    :param rewards: per-turn rewards, shape ``(E, U)``
-    :param gamma: discount in ``[0, 1]``
-    :param mask: ``True`` on the turns that happened, shape ``(E, U)``
-    :return: shape ``(E, U)``, 0 on turns that did not happen
-    """
-    check_shape("mask", mask, rewards.shape)
-    rewards = torch.where(mask.bool(), rewards, 0.0)  # (E, U)
-    result = torch.zeros_like(rewards)
-    running = rewards.new_zeros(rewards.shape[0])  # (E,)
-    for turn in reversed(range(rewards.shape[1])):
-        running = rewards[:, turn] + gamma * running
-        result[:, turn] = running
-    return torch.where(mask.bool(), result, 0.0)
-
-
 def token_rewards(scores: Tensor, mask: Tensor, kl: Tensor | None = None, kl_coef: float = 0.0) -> Tensor:
     """Per-token rewards: ``-kl_coef * kl_t`` at every valid token, plus the completion's score at its last one.
 

@@ -19,7 +19,7 @@ from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
-from algorithms.common.rollout.rows import Rows, episode_returns, log_rollout
+from algorithms.common.rollout.rows import Rows, log_rollout, turn_returns
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
@@ -124,7 +124,8 @@ class LMPPO(LMBaseAlgorithm):
         Each row's score is its turn's return to the end of the episode (one turn: the env's reward); the per-token
         KL penalty and the score make the token rewards (:func:`objective.token_rewards`)."""
         n_episodes = self._local_groups * self.group_size
-        episodes = episode_returns(rows, n_episodes, self.gamma)  # (E,) for the logs
+        to_go = turn_returns(rows, n_episodes, self.gamma)  # (E, U): each turn's return to the end of its episode
+        episodes = to_go[:, 0]  # (E,) for the logs
         log_rollout(self.logger, self._dist, self._dist.gather(episodes).view(-1, self.group_size), rows.masks,
                     rows.infos, generation_seconds)  # fmt: skip
         zeros = th.zeros(n_episodes)
@@ -146,7 +147,9 @@ class LMPPO(LMBaseAlgorithm):
                 self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(batch))
         kl = None if ref_log_probs is None else th.where(mask, batch.old_log_probs - ref_log_probs, 0.0)  # (N, C) k1
         in_reward = self.kl_placement == "reward"
-        rewards = objective.token_rewards(self._row_scores(rows), mask, kl, self.kl_coef if in_reward else 0.0)
+        rewards = objective.token_rewards(
+            to_go[rows.episodes, rows.turns].to(self.device), mask, kl, self.kl_coef if in_reward else 0.0
+        )
         advantages, batch.returns = objective.gae(rewards, batch.values, mask, self.gamma, self.gae_lambda)
         batch.advantages = objective.whiten(advantages, mask) if self.normalize_advantage else advantages
         batch.ref_log_probs = None if in_reward else ref_log_probs
@@ -156,16 +159,6 @@ class LMPPO(LMBaseAlgorithm):
         if kl is not None:
             self.logger.record("rollout/kl", kl[mask].mean().item())
         return batch
-
-    def _row_scores(self, rows: Rows) -> th.Tensor:
-        """``(N,)`` each row's return from its turn to the end of its episode (turn ``t`` discounted by gamma)."""
-        n_episodes = self._local_groups * self.group_size
-        turn_rewards = th.zeros((n_episodes, max(rows.turns) + 1))  # (E, U)
-        played = th.zeros_like(turn_rewards, dtype=th.bool)
-        turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
-        played[rows.episodes, rows.turns] = True
-        to_go = objective.returns_to_go(turn_rewards, self.gamma, played)  # (E, U)
-        return to_go[rows.episodes, rows.turns].to(self.device)  # (N,)
 
     # ------------------------------------------------------------------ update
     def train(self) -> None:

@@ -4,9 +4,10 @@ checks (reward errors, every rank's episode statistics).
 Where it sits in the data flow: :meth:`collect_rollouts
 <algorithms.common.rollout_collection.RolloutCollector.collect>` samples K problems x G completions in one
 batch and steps them through the env(s); every completion the env scored is recorded in :class:`Rows` (one row per
-completion, one per turn in multi-turn episodes). The algorithm then turns the rows into per-episode returns
-(:func:`episode_returns`) and its own advantages, and :func:`~algorithms.common.rollout.batch.rows_to_batch` makes
-the tensors of the rows it keeps (the next room, :mod:`~algorithms.common.rollout.batch`).
+completion, one per turn in multi-turn episodes). The algorithm then turns the rows into returns
+(:func:`turn_returns`, once per rollout) and its own advantages, and
+:func:`~algorithms.common.rollout.batch.rows_to_batch` makes the tensors of the rows it keeps (the next room,
+:mod:`~algorithms.common.rollout.batch`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch as th
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import safe_mean
 
-from algorithms.common.losses import discounted_returns
+from algorithms.common.losses import returns_to_go
 from algorithms.common.runtime.distributed import Distributed
 
 #: the outputs a histogram or a text is kept out of (TensorBoard only)
@@ -64,13 +65,15 @@ def contexts_from_obs(obs: dict[str, np.ndarray], limit: int) -> list[th.Tensor]
     return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
 
 
-def episode_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
-    """``(n_episodes,)`` discounted returns: each episode's turn rewards, turn 0 undiscounted."""
-    turn_rewards = th.zeros((n_episodes, max(rows.turns) + 1))  # (episodes, turns)
+def turn_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
+    """``(n_episodes, U)`` each turn's discounted return to the end of its episode over the turns the episode played
+    (:func:`~algorithms.common.losses.returns_to_go`); column 0 holds the episodes' returns, and
+    ``[rows.episodes, rows.turns]`` each row's."""
+    turn_rewards = th.zeros((n_episodes, max(rows.turns, default=0) + 1))  # (E, U)
     played = th.zeros_like(turn_rewards, dtype=th.bool)
     turn_rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
     played[rows.episodes, rows.turns] = True
-    return discounted_returns(turn_rewards, gamma, played)  # (episodes,)
+    return returns_to_go(turn_rewards, gamma, played)  # (E, U)
 
 
 def merge_episode_infos(dist: Distributed, finished: list[tuple[Any, Any]], infos: deque, successes: deque) -> None:

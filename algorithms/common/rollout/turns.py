@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import torch as th
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
@@ -130,20 +129,3 @@ def log_turns(logger: Logger, dist: Distributed, rows: Rows) -> None:
             merged[n] = merged.get(n, np.zeros(2)) + np.asarray(counts)
     for n, (successes, count) in sorted(merged.items()):
         logger.record(f"rollout/success_by_turns/{n}", float(successes / count))
-
-
-def turn_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
-    """``(N,)`` each row's discounted reward-to-go: turn ``t`` of episode ``i`` gets
-    ``G_{i,t} = sum_{t' >= t} gamma^(t' - t) r_{i,t'}`` over the turns the episode played (its first turn's is the
-    episode's return, :func:`~algorithms.common.rollout.rows.episode_returns`)."""
-    if not rows.turns:
-        return th.zeros(0)
-    width = max(rows.turns) + 1
-    rewards = th.zeros((n_episodes, width))  # (E, T)
-    rewards[rows.episodes, rows.turns] = th.as_tensor(rows.rewards, dtype=th.float32)
-    to_go = th.zeros_like(rewards)
-    running = th.zeros(n_episodes)
-    for t in reversed(range(width)):  # one step per turn (a handful), vectorised over the episodes
-        running = rewards[:, t] + gamma * running
-        to_go[:, t] = running
-    return to_go[rows.episodes, rows.turns]  # (N,)

@@ -1,0 +1,83 @@
+"""Which modules one GRPO iteration runs through, in the order it enters them, with their line counts.
+
+Runs one warm-up iteration of a tiny default GRPO (no cold start), then records every function call of the next
+iteration (``sys.setprofile``) and lists the project's modules it entered, first entry first. The modules are
+sorted into three kinds, the way Stable-Baselines3's PPO is read (``on_policy_algorithm.py`` and ``ppo.py``; its
+policies, buffers, logger and env are other files a reader takes as given):
+
+- the algorithm: the learning loop, the rollout, the advantages, the update and the loss;
+- what the algorithm uses: the policy and its sampler, the rollout's row containers (SB3's buffers), the runtime
+  (processes, precision, determinism), saving;
+- the env (``grpo_gym``): observations, rewards, tasks.
+
+    python benchmarks/iteration_path.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: modules of ``algorithms/`` a reader of the iteration takes as given (prefixes of their paths)
+USED = (
+    "algorithms/common/policies.py",
+    "algorithms/common/generation/",
+    "algorithms/common/model/",
+    "algorithms/common/runtime/",
+    "algorithms/common/saving/",
+    "algorithms/common/rollout/rows.py",
+    "algorithms/common/rollout/batch.py",
+)
+
+
+def kind(path: str) -> str:
+    if path.startswith("grpo_gym/"):
+        return "env"
+    if path.startswith(USED):
+        return "used"
+    return "algorithm"
+
+
+def entered_modules() -> dict[str, set[str]]:
+    """The project's modules one iteration enters, first entry first, with the functions it ran in each."""
+    import gymnasium as gym
+
+    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
+    from algorithms import GRPO
+
+    model = GRPO("TransformerPolicy", gym.make("R1Zero-v0"), n_groups=2, group_size=4, cold_start=False, seed=0)
+    model.learn(8)  # one iteration: imports and first calls out of the way
+    entered: dict[str, set[str]] = {}
+    root = f"{ROOT}/"
+
+    def record(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            entered.setdefault(frame.f_code.co_filename[len(root) :], set()).add(frame.f_code.co_name)
+
+    sys.setprofile(record)
+    try:
+        model.learn(8, reset_num_timesteps=False)
+    finally:
+        sys.setprofile(None)
+    return entered
+
+
+def main() -> None:
+    entered = entered_modules()
+    totals: dict[str, tuple[int, int]] = {}
+    print(f"{'lines':>5}  {'kind':9}  module (functions run)")
+    for path, names in entered.items():
+        lines = sum(1 for _ in open(ROOT / path, encoding="utf-8"))
+        what = kind(path)
+        count, total = totals.get(what, (0, 0))
+        totals[what] = (count + 1, total + lines)
+        print(f"{lines:5d}  {what:9}  {path} ({len(names)})")
+    for what in ("algorithm", "used", "env"):
+        count, total = totals.get(what, (0, 0))
+        print(f"{what}: {count} modules, {total} lines")
+
+
+if __name__ == "__main__":
+    main()
