@@ -149,10 +149,11 @@ class GRPO(LMBaseAlgorithm):
         if self.prompt_sampling == "learnability":
             pool_seed = self._seeds.seed
             self._prompt_pool = LearnabilityPool(self.prompt_pool_size, self.fresh_prompt_fraction, seed=pool_seed)
-        self._sampling = GRPOSampling(
-            self.dynamic_sampling, self.max_resample_rounds, self._prompt_pool, self.group_size, self._local_groups,
-            self.gamma, self._dist, self.reward_ramp, self.protected_rollouts,
-        )  # fmt: skip
+        if self.dynamic_sampling or self._prompt_pool is not None or self.reward_ramp or self.protected_rollouts:
+            self._sampling = GRPOSampling(  # else the env's stream, as LMBaseAlgorithm's RolloutSampling draws it
+                self.dynamic_sampling, self.max_resample_rounds, self._prompt_pool, self.group_size,
+                self._local_groups, self.gamma, self._dist, self.reward_ramp, self.protected_rollouts,
+            )  # fmt: skip
         if self.replay_ratio > 0:
             kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
             self.replay_buffer = PrioritizedTrajectoryBuffer(**kwargs)
@@ -166,7 +167,8 @@ class GRPO(LMBaseAlgorithm):
         state, rng = super().get_run_state()
         state["_between_variance"] = float(self.scoring.between_variance)
         state["_groups_seen"] = int(self.scoring.groups_seen)
-        state["_reward_model_target"] = self._sampling.reward_model_target
+        sampling = self._sampling
+        state["_reward_model_target"] = sampling.reward_model_target if isinstance(sampling, GRPOSampling) else None
         state["_prompt_pool_state"] = None if self._prompt_pool is None else self._prompt_pool.get_state()
         return state, rng
 
@@ -174,7 +176,8 @@ class GRPO(LMBaseAlgorithm):
         super().set_run_state(state, rng)
         self.scoring.between_variance = state.get("_between_variance", self.scoring.between_variance)
         self.scoring.groups_seen = state.get("_groups_seen", self.scoring.groups_seen)
-        self._sampling.reward_model_target = state.get("_reward_model_target")
+        if isinstance(self._sampling, GRPOSampling):
+            self._sampling.reward_model_target = state.get("_reward_model_target")
         if state.get("_prompt_pool_state") is not None and self._prompt_pool is not None:
             self._prompt_pool.set_state(state["_prompt_pool_state"])
 

@@ -9,8 +9,8 @@ parallel object), instead of methods a subclass overrides:
 4. :meth:`~RolloutSampling.after_play`: what happens once the episodes are played (GRPO: DAPO's refill rounds, the
    prompt pool's update), before the batch is built.
 
-:class:`RolloutSampling` is the default, which does nothing more (LMPPO's); GRPO's is
-:class:`~algorithms.grpo.sampling.GRPOSampling`.
+:class:`RolloutSampling` is the default, which does nothing more (LMPPO's, and GRPO's when none of its sampling
+options is on); GRPO's options are :class:`~algorithms.grpo.sampling.GRPOSampling`.
 """
 
 from __future__ import annotations
