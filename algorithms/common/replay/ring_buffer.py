@@ -237,39 +237,25 @@ class RingBuffer:
         evicted: list[np.ndarray] = []
         if n <= self.capacity and len(words) <= self.max_tokens:
             slots = self._store(words, sizes, plen, clen, fields, evicted)
-        else:
-            slots = self._add_chunks(words, sizes, plen, clen, fields, evicted)
+        else:  # in chunks that fit the slot table and the arena; -1 marks the rows later chunks evicted
+            ends, done = np.cumsum(sizes), 0
+            slots = np.empty(n, dtype=np.int64)
+            while done < n:
+                first = int(ends[done - 1]) if done else 0
+                stop = min(n, done + self.capacity, int(np.searchsorted(ends, first + self.max_tokens, side="right")))
+                part = {k: v if np.ndim(v) == 0 else v[done:stop] for k, v in fields.items()}
+                chunk = slice(done, stop)
+                block = words[first : ends[stop - 1]]
+                slots[chunk] = self._store(block, sizes[chunk], plen[chunk], clen[chunk], part, evicted)
+                done = stop
+            _, last = np.unique(slots[::-1], return_index=True)  # the last row written to each slot
+            final = np.full(n, -1, dtype=np.int64)
+            final[n - 1 - last] = slots[n - 1 - last]
+            final[~self.is_live(final)] = -1
+            slots = final
         self.n_added += n
         gone = np.concatenate(evicted) if evicted else _EMPTY
         return slots, gone[~self.is_live(gone)] if len(gone) else gone
-
-    def _add_chunks(
-        self,
-        words: np.ndarray,
-        sizes: np.ndarray,
-        plen: np.ndarray,
-        clen: np.ndarray,
-        fields: Mapping[str, Any],
-        evicted: list[np.ndarray],
-    ) -> np.ndarray:
-        """Store rows that do not fit at once, in chunks that fit the slot table and the arena; -1 marks the rows
-        that later chunks evicted."""
-        n, ends = len(sizes), np.cumsum(sizes)
-        slots, done = np.empty(n, dtype=np.int64), 0
-        while done < n:
-            first = int(ends[done - 1]) if done else 0
-            stop = min(n, done + self.capacity, int(np.searchsorted(ends, first + self.max_tokens, side="right")))
-            part = {k: v if np.ndim(v) == 0 else v[done:stop] for k, v in fields.items()}
-            chunk = slice(done, stop)
-            slots[chunk] = self._store(
-                words[first : ends[stop - 1]], sizes[chunk], plen[chunk], clen[chunk], part, evicted
-            )
-            done = stop
-        _, last = np.unique(slots[::-1], return_index=True)  # the last row written to each slot
-        final = np.full(n, -1, dtype=np.int64)
-        final[n - 1 - last] = slots[n - 1 - last]
-        final[~self.is_live(final)] = -1
-        return final
 
     def _store(
         self,
