@@ -194,6 +194,16 @@ def test_a_written_signature_that_drifts_from_its_table_is_refused_at_import() -
         GRPO_ARGUMENTS.constructor(__init__)
 
 
+def test_k_and_g_set_on_a_built_model_are_refused_naming_the_constructor_and_load() -> None:
+    """The advantages step is a part built from n_groups and group_size: changing them on a built model would group
+    the rollouts it collects wrongly, so learn refuses before the first rollout and names where they go."""
+    model = GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY, seed=0)
+    model.group_size = 2
+    with pytest.raises(ValueError, match=r"built with 2, 4 .*GRPO.load\(path, n_groups=..., group_size=...\)"):
+        model.learn(8)
+    assert model.num_timesteps == 0
+
+
 def test_positional_arguments_bind_as_the_signature_says() -> None:
     """SB3's positional order (policy, env, learning_rate, ...) still binds; unknown names still say ours."""
     model = GRPO("TransformerPolicy", env(), 3e-4, 2, 4, cold_start=False, policy_kwargs=TINY, _init_setup_model=False)

@@ -116,10 +116,9 @@ def test_a_short_run_with_every_option_saves_a_trainable_student(untrained_teach
     assert {"distill/kl_forward", "distill/kl_reverse", "distill/sft_loss", "distill/loss", "distill/int8_qat"} <= tags
     assert [e.value for e in events.Scalars("distill/int8_qat")] == [0.0, 1.0]  # QAT from the third step
 
-    loaded = GRPO.load(tmp_path / "student.zip", env=make_env())
+    loaded = GRPO.load(tmp_path / "student.zip", env=make_env(), n_groups=1, group_size=2)
     for name, value in student.policy.state_dict().items():
         assert torch.equal(loaded.policy.state_dict()[name], value)
-    loaded.n_groups, loaded.group_size = 1, 2
     loaded.learn(2)  # trainable further with GRPO
     assert loaded.num_timesteps == 2
     policy, _ = load_policy(tmp_path / "student")  # the save_pretrained folder

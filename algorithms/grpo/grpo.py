@@ -14,6 +14,7 @@ import os
 from typing import Any
 
 import torch as th
+from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
@@ -157,6 +158,19 @@ class GRPO(LMBaseAlgorithm):
         if self.replay_ratio > 0:
             kwargs = {"seed": self.seed, "pad_id": self.policy.pad_token_id, **self.replay_buffer_kwargs}
             self.replay_buffer = PrioritizedTrajectoryBuffer(**kwargs)
+
+    def _setup_learn(self, *args: Any, **kwargs: Any) -> tuple[int, BaseCallback]:
+        """:meth:`LMBaseAlgorithm._setup_learn
+        <algorithms.common.base_class.LMBaseAlgorithm._setup_learn>`, once the advantages step is known to group the
+        rollouts this model collects (K and G are fixed at construction: a part is built from them)."""
+        built = (self.scoring.n_groups, self.scoring.group_size)
+        if (self.n_groups, self.group_size) != built:
+            raise ValueError(
+                f"n_groups, group_size = {self.n_groups}, {self.group_size}, but this model was built with {built[0]}, "
+                f"{built[1]} (its advantages step groups the rollouts by them): pass them to GRPO(...), or to "
+                "GRPO.load(path, n_groups=..., group_size=...), instead of setting them on a built model"
+            )
+        return super()._setup_learn(*args, **kwargs)
 
     def _needs_reference(self) -> bool:
         return self.beta > 0 or self.protected_rollouts > 0
