@@ -43,7 +43,6 @@ from grpo_gym.tasks.base import (
     Verdict,
     check_difficulty,
     numbers_agree,
-    parse_number,
 )
 from grpo_gym.validation import ArgumentError, check_int
 
@@ -186,10 +185,6 @@ class ReasoningGymTask(Task):
             )
         cot = _meta(problem)["metadata"].get("answer_cot")
         return (cot if isinstance(cot, str) else ""), problem.answer
-
-    def concludes(self, problem: Problem) -> bool:
-        """Numeric answers only: a text answer has no conclusion the reasoning can be checked against."""
-        return parse_number(problem.answer) is not None
 
     def key_terms(self, problem: Problem) -> list[str]:
         """None: reasoning-gym prompts hold instructions and examples, whose numbers are not the problem's terms."""
