@@ -25,6 +25,7 @@ returns the reason instead of raising. Nothing in the text is ever executed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
 from typing import NamedTuple
 
@@ -120,18 +121,17 @@ class _Parser:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
 
     def expr(self) -> Number:
-        value = self.term()
-        while (op := self.peek()) == "+" or op == "-":
-            self.pos += 1
-            right = self.term()
-            value = self.apply(value, op, right)
-        return value
+        return self.chain(self.term, ("+", "-"))
 
     def term(self) -> Number:
-        value = self.unary()
-        while (op := self.peek()) == "*" or op == "/":
+        return self.chain(self.unary, ("*", "/"))
+
+    def chain(self, operand: Callable[[], Number], operators: tuple[str, str]) -> Number:
+        """``operand (op operand)*`` for ``op`` in ``operators``, applied left to right (one precedence level)."""
+        value = operand()
+        while (op := self.peek()) in operators:
             self.pos += 1
-            right = self.unary()
+            right = operand()
             value = self.apply(value, op, right)
         return value
 
