@@ -204,6 +204,17 @@ def test_k_and_g_set_on_a_built_model_are_refused_naming_the_constructor_and_loa
     assert model.num_timesteps == 0
 
 
+def test_load_refuses_a_settings_key_given_flat_naming_its_dict(tmp_path) -> None:
+    """load(path, **kwargs) passes the saved arguments through the constructor; a key of a settings dict given flat
+    would only set an attribute the parts built from the dict never read: refused, as the constructor refuses it."""
+    model = GRPO("TransformerPolicy", env(), n_groups=2, group_size=4, cold_start=False, policy_kwargs=TINY, seed=0)
+    model.save(tmp_path / "model.zip")
+    with pytest.raises(TypeError, match=r"GRPO.load\(\): turn_credit is now a setting of turn_kwargs: pass turn_kwarg"):
+        GRPO.load(tmp_path / "model.zip", env=env(), turn_credit="reward_to_go")
+    loaded = GRPO.load(tmp_path / "model.zip", env=env(), turn_kwargs={"credit": "reward_to_go"})
+    assert loaded.scoring.turn_credit == "reward_to_go"
+
+
 def test_positional_arguments_bind_as_the_signature_says() -> None:
     """SB3's positional order (policy, env, learning_rate, ...) still binds; unknown names still say ours."""
     model = GRPO("TransformerPolicy", env(), 3e-4, 2, 4, cold_start=False, policy_kwargs=TINY, _init_setup_model=False)
