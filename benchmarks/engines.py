@@ -97,10 +97,8 @@ class OwnSampler:
     def generate(self, ids, mask, max_new_tokens: int, generator=None):
         from algorithms.common.generation.sampler import sample
 
-        s = self.sampling
-        return sample(self.model, ids, mask, max_new_tokens=max_new_tokens, eos_token_id=s.eos_token_id,
-                      pad_token_id=s.pad_token_id, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                      vocab_size=s.vocab_size, generator=generator)  # fmt: skip
+        # the settings' fields are the sampler's keyword arguments, unchanged
+        return sample(self.model, ids, mask, max_new_tokens=max_new_tokens, generator=generator, **vars(self.sampling))
 
     def update_weights(self, model) -> float:
         return 0.0  # it samples with the live weights

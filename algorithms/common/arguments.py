@@ -25,7 +25,7 @@ import inspect
 import os
 import textwrap
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -339,13 +339,19 @@ class Arguments(Mapping[str, Argument]):
 
         @functools.wraps(hinted)
         def constructor(self: Any, *args: Any, **kwargs: Any) -> None:
-            for name, value in kwargs.items():  # a flat name of an earlier version: where it lives now (a TRL
-                moved = arguments.moved(name, value)  # name, vllm_mode, gets TRL's hint, which says the same)
-                if moved is not None and name not in TRL_NAMES:
-                    raise TypeError(f"{type(self).__name__}(): {moved}")
+            # a TRL name (vllm_mode) gets TRL's hint, which says the same
+            arguments.refuse_moved(kwargs, f"{type(self).__name__}()", keep=TRL_NAMES)
             hinted(self, *args, **kwargs)
 
         return constructor
+
+    def refuse_moved(self, given: Mapping[str, Any], where: str, keep: Collection[str] = ()) -> None:
+        """Raise a ``TypeError`` (starting with ``where``) for a flat name of an earlier version among ``given``,
+        saying where it lives now (:meth:`moved`); the names in ``keep`` are left to another check."""
+        for name, value in given.items():
+            moved = self.moved(name, value)
+            if moved is not None and name not in keep:
+                raise TypeError(f"{where}: {moved}")
 
     def values_in(self, names: Mapping[str, Any]) -> dict[str, Any]:
         """The table's arguments as ``names`` holds them: a constructor passes its ``locals()`` on whole."""

@@ -427,10 +427,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         sharded checkpoint's is always read). ``force_reset`` is
         accepted for SB3's signature: the envs are always reset when training starts, then given their saved
         states back."""
-        for key, value in kwargs.items():  # a settings dict's key given flat: the constructor's error, said here
-            moved = cls.arguments.moved(key, value)
-            if moved is not None:
-                raise TypeError(f"{cls.__name__}.load(): {moved}")
+        cls.arguments.refuse_moved(kwargs, f"{cls.__name__}.load()")  # a settings dict's key given flat
         if print_system_info:
             get_system_info()
         saved = run_file.read_saved_run(path, custom_objects, allow_pickle)

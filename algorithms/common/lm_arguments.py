@@ -1,7 +1,7 @@
 """The arguments every :class:`~algorithms.common.base_class.LMBaseAlgorithm` takes (:data:`LM_ARGUMENTS`), declared
 once with their defaults, rules and ``:param:`` texts; GRPO and LMPPO add their own
-(``algorithms/grpo/arguments.py``, ``algorithms/ppo/arguments.py``). The machinery that turns a table into a
-signature, a docstring and checks is :mod:`algorithms.common.arguments`."""
+(``algorithms/grpo/arguments.py``, ``algorithms/ppo/arguments.py``). The machinery that holds a written
+signature to its table, writes the docstring and checks the values is :mod:`algorithms.common.arguments`."""
 
 from __future__ import annotations
 

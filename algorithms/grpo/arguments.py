@@ -1,6 +1,7 @@
 """GRPO's constructor arguments: the shared ones (:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS`) with GRPO's own
 inserted after ``group_size``, each declared once (default, rule, ``:param:`` text, annotation). ``GRPO``'s
-signature and the ``:param:`` lines of its docstring are made from :data:`GRPO_ARGUMENTS`."""
+written signature is checked against :data:`GRPO_ARGUMENTS`, and the ``:param:`` lines of its docstring are made
+from it."""
 
 from __future__ import annotations
 

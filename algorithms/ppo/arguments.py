@@ -1,7 +1,7 @@
 """LMPPO's constructor arguments: the shared ones (:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS`) with LMPPO's
 own inserted after ``group_size`` and its defaults for the shared ``n_groups``, ``group_size`` and ``gamma``, each
-declared once. ``LMPPO``'s signature and the ``:param:`` lines of its docstring are made from
-:data:`LMPPO_ARGUMENTS`."""
+declared once. ``LMPPO``'s written signature is checked against :data:`LMPPO_ARGUMENTS`, and the ``:param:`` lines
+of its docstring are made from it."""
 
 from __future__ import annotations
 
