@@ -13,8 +13,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from algorithms.cli_arguments import (
+    ALGOS,
+    PRETRAINED_PRESET,
+    add_algo_argument,
+    add_config_arguments,
+    add_model_arguments,
+    add_source_arguments,
+    add_train_arguments,
+    pretrained_defaults,
+)
 from algorithms.cli_options import (
     checkpoint_dir,
     main_says,
@@ -27,7 +35,7 @@ from algorithms.cli_options import (
     torchrun,
     where_it_goes,
 )
-from algorithms.cli_types import COUNT, DIFFICULTY, SEED, SOURCE, VERBOSITY, Integer
+from algorithms.cli_types import COUNT, DIFFICULTY
 from algorithms.common.env_util import make_env
 from algorithms.common.finite_state import NonFiniteStateError
 from algorithms.common.generation.engines.base import EngineError
@@ -44,15 +52,11 @@ from algorithms.common.lm_arguments import ENGINE_ARGUMENTS
 from algorithms.deploy.commands import add_deploy_commands
 from algorithms.engine_commands import (
     add_engine_commands,
-    add_engine_flags,
     checkpoint_on_engine_error,
     engine_overrides,
 )
 from algorithms.interop_commands import add_interop_commands
-
-#: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
-ALGOS = {"grpo": ("GRPO", "grpo.yml"), "ppo": ("LMPPO", "lmppo.yml")}
-ITERATIONS = Integer(low=0)  # an interval in iterations, 0 for never
+from algorithms.task_commands import add_task_commands
 
 
 def _algorithm(args: argparse.Namespace) -> Any:
@@ -391,141 +395,6 @@ def _evaluate_source(args: argparse.Namespace) -> int:
     return 0
 
 
-def env_demo(args: argparse.Namespace) -> int:
-    """Play one gold and one random completion through R1Zero-v0 and print what the env says."""
-    import gymnasium as gym
-
-    import grpo_gym  # noqa: F401  (registers R1Zero-v0)
-
-    env = gym.make("R1Zero-v0", task=args.task, difficulty=args.difficulty, render_mode="ansi")
-    core = env.unwrapped
-    for label in ("gold", "random"):
-        env.reset(seed=args.seed)
-        if label == "gold":
-            reasoning, answer = core.task.solution(core.problem)
-            ids = core.codec.encode(f"<think>{reasoning}</think><answer>{answer}</answer>")
-            ids = np.concatenate([ids, [core.codec.eos_id]])[: core.max_new_tokens]
-            action = np.full(core.max_new_tokens, core.codec.pad_id, dtype=np.int64)
-            action[: len(ids)] = ids
-        else:
-            action = env.action_space.sample()
-        _, reward, terminated, truncated, info = env.step(action)
-        print(f"=== {label} completion ===")
-        print(env.render())
-        print(f"--- reward {reward:.3f}  components {info['reward_components']}  success {info['is_success']}")
-        print(f"--- reasons {info['reward_reasons']}  terminated {terminated}  truncated {truncated}\n")
-    return 0
-
-
-def tasks(args: argparse.Namespace) -> int:
-    """List the built-in tasks and, when reasoning-gym is installed, its datasets with their difficulty mapping."""
-    import grpo_gym.tasks as registry
-    from grpo_gym.tasks import reasoning_gym
-
-    print("tasks (task=<name>):")
-    for name in registry.list_tasks():
-        print(f"  {name}")
-    print(f"  {reasoning_gym.PREFIX}<dataset>   (the reasoning-gym datasets below)")
-    try:
-        names = reasoning_gym.dataset_names()
-    except ImportError as error:
-        print(f"\nreasoning-gym is not installed: {error}")
-        return 0
-    print(f"\nreasoning-gym datasets ({len(names)}; difficulty -> curriculum levels, or fixed):")
-    for name in names:
-        try:
-            mapping = reasoning_gym.difficulty_mapping(name)
-        except Exception as error:  # a family that cannot build its curriculum here
-            mapping, note = {}, f"curriculum unavailable ({type(error).__name__})"
-        else:
-            note = ", ".join(f"{attr} ({levels} levels)" for attr, levels in mapping.items()) or "fixed"
-        print(f"  {reasoning_gym.PREFIX}{name:<28} {note}")
-    return 0
-
-
-def _add_config_arguments(parser: argparse.ArgumentParser, config_default: str | None = str(DEFAULT_CONFIG)) -> None:
-    shown = "zoo_configs/grpo.yml" if config_default else "the env the model file records"
-    parser.add_argument("--config", default=config_default, help=f"rl-zoo3 style YAML (default: {shown})")
-    parser.add_argument("--env", default="R1Zero-v0", help="env id, a top-level key of the config")
-    parser.add_argument(
-        "--preset", default=None, help="a preset of the config: demo, seed, tools (default: published GRPO)"
-    )
-    parser.add_argument("--eval-seed", type=SEED, default=0, help="selects the held-out problems and sampler seed")
-
-
-def _add_algo_argument(parser: argparse.ArgumentParser) -> None:
-    help_text = "grpo, or ppo (LMPPO; its default config: zoo_configs/lmppo.yml)"
-    parser.add_argument("--algo", choices=sorted(ALGOS), default="grpo", help=help_text)
-
-
-#: the preset ``--model`` trains with when no ``--preset`` is given: defaults fit for a pretrained model
-PRETRAINED_PRESET = "pretrained"
-
-
-def pretrained_defaults() -> str:
-    """The ``pretrained`` preset's settings, one ``key: value`` list, as ``--help`` shows them."""
-    try:
-        config = load_hyperparams(DEFAULT_CONFIG, "R1Zero-v0", PRETRAINED_PRESET)
-    except ValueError:  # an edited or missing config file: --help still works
-        return "(zoo_configs/grpo.yml has no 'pretrained' preset)"
-    flat = {k: v for k, v in config.items() if not isinstance(v, dict)}
-    for name, settings in config.items():  # a settings dict's keys by their place: cold_start_kwargs.steps
-        if isinstance(settings, dict) and name not in ("env_kwargs", "policy_kwargs"):
-            flat.update({f"{name}.{key}": value for key, value in settings.items()})
-    flat.update(config.get("env_kwargs", {}))
-    return ", ".join(f"{key}: {value}" for key, value in flat.items() if key != "policy")
-
-
-def _add_source_arguments(parser: argparse.ArgumentParser, difficulty: bool = True) -> None:
-    """``--model``, ``--tokenizer``, ``--task``, ``--difficulty`` and ``--max-new-tokens``: your model and task."""
-    add = parser.add_argument
-    add("--model", type=SOURCE, default=None, metavar="SOURCE",
-        help="your model: a hub id, a folder or a .gguf file, with its own tokenizer; without --preset it trains with "
-             f"the '{PRETRAINED_PRESET}' preset (below)")  # fmt: skip
-    add(
-        "--tokenizer",
-        type=SOURCE,
-        default=None,
-        metavar="SOURCE",
-        help="another tokenizer than the model's (hub id, folder, .gguf)",
-    )
-    add("--task", default=None, help="the task (grpo-gym tasks lists them; default: the preset's, arithmetic)")
-    if difficulty:
-        add(
-            "--difficulty",
-            type=DIFFICULTY,
-            default=None,
-            help="in [0.1, 1], trained and evaluated at (default: preset's)",
-        )
-    add("--max-new-tokens", type=COUNT, default=None, help="the longest completion, in tokens (default: the preset's)")
-
-
-def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    _add_config_arguments(parser)
-    _add_source_arguments(parser)
-    _add_algo_argument(parser)
-    parser.add_argument("--hyperparams", "-params", nargs="*", help="overrides, e.g. learning_rate:1e-5 n_groups:8")
-    parser.add_argument("--tensorboard-log", "-tb", default=None, help="TensorBoard folder")
-    parser.add_argument("--seed", type=SEED, default=0, help="the random seed of the model and the run")
-    parser.add_argument("--save-path", default=None, help="where to save the model (.zip)")
-    parser.add_argument("--verbose", type=VERBOSITY, default=0, help="1: print the logged values")
-
-
-def _add_train_arguments(command: argparse.ArgumentParser) -> None:
-    add = command.add_argument
-    add("-n", "--n-timesteps", type=COUNT, default=None, help="completions to train on (default: the preset's)")
-    add("--no-progress-bar", dest="progress_bar", action="store_false", help="no progress bar")
-    add("--nproc", type=COUNT, default=None, help="train on N processes (the groups spread over them), under torchrun")
-    add("--sharding", choices=["fsdp"], default=None, help="shard weights, gradients, optimizer state over processes")
-    add("--checkpoint-every", type=ITERATIONS, default=50, help="iterations between checkpoints (0: on a signal only)")
-    add("--eval-every", type=ITERATIONS, default=0,
-        help="held-out success every N iterations (0: never), printed and logged as eval/success_rate; the GRPO time "
-             "printed at the end leaves these evaluations out")  # fmt: skip
-    add("--checkpoint-dir", default=None, help="checkpoint folder (default: beside --save-path); the newest 2 kept")
-    add("--resume", action="store_true", help="continue from the newest checkpoint to the same total")
-    add_engine_flags(command)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of grpo-gym."""
     parser = argparse.ArgumentParser(prog="grpo-gym", description=__doc__)
@@ -538,17 +407,17 @@ def build_parser() -> argparse.ArgumentParser:
     command = commands.add_parser(
         "train", help="cold start (when due) then GRPO; held-out success before and after", epilog=epilog
     )
-    _add_model_arguments(command)
-    _add_train_arguments(command)
+    add_model_arguments(command)
+    add_train_arguments(command)
     command.set_defaults(func=train)
     command = commands.add_parser("sft", help="the cold-start SFT stage alone", epilog=epilog)
-    _add_model_arguments(command)
+    add_model_arguments(command)
     command.set_defaults(func=sft)
     ev = commands.add_parser("eval", help="held-out success of a saved model, or of your model, per difficulty")
     ev.add_argument("saved", nargs="?", metavar="model", help="a model saved by grpo-gym train --save-path")
-    _add_config_arguments(ev, config_default=None)
-    _add_source_arguments(ev, difficulty=False)
-    _add_algo_argument(ev)
+    add_config_arguments(ev, config_default=None)
+    add_source_arguments(ev, difficulty=False)
+    add_algo_argument(ev)
     ev.add_argument("--difficulty", type=DIFFICULTY, nargs="+", default=[0.1, 0.3, 0.5], help="in [0.1, 1]")
     ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
@@ -558,17 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the run's reward functions, importable from here (a run made in Python with reward_funcs=[...])",
     )  # fmt: skip
     ev.set_defaults(func=evaluate)
-    listing = commands.add_parser("tasks", help="list the tasks, and the reasoning-gym datasets when installed")
-    listing.set_defaults(func=tasks)
-    demo = commands.add_parser("env-demo", help="show one R1Zero-v0 episode with a gold and a random completion")
-    demo.add_argument("--task", default="arithmetic")
-    demo.add_argument("--difficulty", type=DIFFICULTY, default=0.3, help="in [0.1, 1]")
-    demo.add_argument("--seed", type=SEED, default=0)
-    demo.set_defaults(func=env_demo)
+    add_task_commands(commands)  # tasks, env-demo
     zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
-    add_deploy_commands(commands, _add_config_arguments)  # distill, quantize, serve
+    add_deploy_commands(commands)  # distill, quantize, serve
     add_interop_commands(commands)  # openenv-serve
     add_engine_commands(commands)  # vllm-serve
     return parser

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from algorithms.cli_arguments import add_config_arguments
 from algorithms.cli_types import COUNT, NON_NEGATIVE, PORT, POSITIVE, SEED, SHARE, VERBOSITY, Integer
 
 
@@ -174,7 +174,7 @@ def serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_deploy_commands(commands: Any, add_config_arguments: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_deploy_commands(commands: Any) -> None:
     """Add ``distill``, ``quantize`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
     d = commands.add_parser("distill", help="distil a trained model into a smaller student (--int8-qat: for INT8)")
     d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
