@@ -49,7 +49,7 @@ def worker(config: str, args: argparse.Namespace) -> dict[str, float]:
 
     torch.set_num_threads(args.threads)
     imports = memory_mib()["rss"]
-    from algorithms.common.generation.sampler import completion_log_probs
+    from algorithms.common.generation.completion_pass import completion_log_probs
     from algorithms.common.model.gradient_checkpointing import checkpoint_every
     from algorithms.common.model.loading import count_parameters, load_model
     from algorithms.common.runtime.precision import DTYPES, autocast

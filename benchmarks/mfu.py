@@ -60,7 +60,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    from algorithms.common.generation.sampler import completion_log_probs, sample
+    from algorithms.common.generation.completion_pass import completion_log_probs
+    from algorithms.common.generation.sampler import sample
     from algorithms.common.model.loading import count_parameters, load_model
     from algorithms.grpo import objective
 

@@ -67,7 +67,8 @@ def batch(ids: list[list[int]], pad: int, width: int | None = None) -> tuple[tor
 def check_top_p(model: Any, ids: torch.Tensor, mask: torch.Tensor, completions: Any, top_p: float) -> dict[str, float]:
     from transformers.generation.logits_process import TopPLogitsWarper
 
-    from algorithms.common.generation.sampler import _filtered, completion_logits
+    from algorithms.common.generation.completion_pass import completion_logits
+    from algorithms.common.generation.sampler import _filtered
 
     logits = completion_logits(model, ids, mask, completions.tokens, completions.mask).float()  # (N, V)
     ours = torch.isfinite(_filtered(logits, top_p, 0))
@@ -84,7 +85,8 @@ def check_top_p(model: Any, ids: torch.Tensor, mask: torch.Tensor, completions: 
 
 
 def check_decoders(model: Any, ids: torch.Tensor, mask: torch.Tensor, settings: dict[str, Any]) -> dict[str, float]:
-    from algorithms.common.generation.sampler import completion_logits, sample
+    from algorithms.common.generation.completion_pass import completion_logits
+    from algorithms.common.generation.sampler import sample
 
     runs = {}
     for decoder in ("llama", "hf"):
@@ -103,7 +105,7 @@ def check_decoders(model: Any, ids: torch.Tensor, mask: torch.Tensor, settings: 
 
 
 def check_padding(model: Any, ids: list[list[int]], pad: int, completions: Any) -> dict[str, float]:
-    from algorithms.common.generation.sampler import completion_log_probs
+    from algorithms.common.generation.completion_pass import completion_log_probs
 
     tight, tight_mask = batch(ids, pad)
     wide, wide_mask = batch(ids, pad, 512)

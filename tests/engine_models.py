@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from algorithms.common.generation.completion_pass import completion_log_probs
 from algorithms.common.generation.engines.base import SamplingSettings
-from algorithms.common.generation.sampler import Completions, completion_log_probs
+from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.loading import load_model
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE
 

@@ -17,8 +17,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 import grpo_gym
 from algorithms import GRPO
+from algorithms.common.generation.completion_pass import completion_log_probs
 from algorithms.common.generation.decoders import HFDecoder, LlamaDecoder, make_decoder
-from algorithms.common.generation.sampler import completion_log_probs, sample
+from algorithms.common.generation.sampler import sample
 from algorithms.common.model.gradient_checkpointing import checkpoint_every
 from algorithms.common.model.loading import load_model
 from algorithms.common.model.lora import DEFAULTS, LORA_KEYS, apply_lora, lora_config

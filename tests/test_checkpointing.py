@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from algorithms.common.generation.sampler import completion_log_probs
+from algorithms.common.generation.completion_pass import completion_log_probs
 from algorithms.common.model.gradient_checkpointing import checkpoint_every, decoder_layers
 from algorithms.common.model.loading import load_model
 

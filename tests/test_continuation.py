@@ -16,7 +16,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausa
 
 import grpo_gym
 from algorithms import GRPO
-from algorithms.common.generation.sampler import completion_log_probs, sample
+from algorithms.common.generation.completion_pass import completion_log_probs
+from algorithms.common.generation.sampler import sample
 from algorithms.common.model.loading import load_model
 from algorithms.common.rollout.batch import left_pad
 from tests.sizes import TINY

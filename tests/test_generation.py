@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
-from algorithms.common.generation.sampler import completion_log_probs, position_ids_from_mask, sample
+from algorithms.common.generation.completion_pass import completion_log_probs
+from algorithms.common.generation.sampler import position_ids_from_mask, sample
 from algorithms.common.model.loading import load_model
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE, build_char_tokenizer
 

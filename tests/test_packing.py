@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from algorithms.common.generation.completion_pass import completion_log_probs
 from algorithms.common.generation.packing import PADDING, PROMPT, pack_rows, packing_pays
-from algorithms.common.generation.sampler import completion_log_probs
 from algorithms.common.model.loading import load_model
 
 
@@ -45,7 +45,7 @@ def test_a_completion_needs_a_prompt():
 def test_packed_equals_padded_values_and_gradients(monkeypatch, pack_length):
     """A GRPO-shaped batch (3 prompts x 4 completions of mixed lengths, one empty): the packed layout gives the
     padded layout's log-probs, entropies and parameter gradients."""
-    import algorithms.common.generation.sampler as generation
+    import algorithms.common.generation.completion_pass as generation
 
     monkeypatch.setattr(generation, "pack_rows", lambda *a, **k: pack_rows(*a, **{**k, "pack_length": pack_length}))
     model = load_model("tiny", seed=0, num_hidden_layers=2).eval()

@@ -9,7 +9,8 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from algorithms.common.generation.sampler import completion_log_probs, sample
+from algorithms.common.generation.completion_pass import completion_log_probs
+from algorithms.common.generation.sampler import sample
 from algorithms.common.model.loading import load_model
 from algorithms.common.runtime import precision
 from algorithms.common.runtime.precision import STAGES, choose_precision

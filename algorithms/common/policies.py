@@ -12,9 +12,10 @@ from stable_baselines3.common.policies import BasePolicy
 from stable_baselines3.common.type_aliases import PyTorchObs, Schedule
 from torch import nn
 
+from algorithms.common.generation.completion_pass import completion_log_probs
 from algorithms.common.generation.continuation import TurnCache
 from algorithms.common.generation.engines.base import RolloutEngine
-from algorithms.common.generation.sampler import MIN_TEMPERATURE, Completions, completion_log_probs, sample
+from algorithms.common.generation.sampler import MIN_TEMPERATURE, Completions, sample
 from algorithms.common.model.gradient_checkpointing import DEFAULT_EVERY, checkpoint_every
 from algorithms.common.model.loading import is_builtin_model, load_model
 from algorithms.common.model.lora import DEFAULTS as LORA_DEFAULTS
@@ -347,7 +348,7 @@ class TransformerPolicy(BasePolicy):
         """Per-token log-probs ``(B, C)`` and entropies (None unless ``with_entropy``) of given completions under the
         current weights, or under ``model`` (e.g. the frozen reference) with the policy's settings, in ``stage``'s
         precision (the cold start passes ``"sft"``;
-        :func:`~algorithms.common.generation.sampler.completion_log_probs`).
+        :func:`~algorithms.common.generation.completion_pass.completion_log_probs`).
 
         ``with_values``: a third item from the same forward pass, the value head's per-token estimates ``(B, C)``: the
         value of each state ``prompt + completion[:t]``, read (in float32) from the last hidden state at the position

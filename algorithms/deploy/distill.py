@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.evaluation import held_out_problems
-from algorithms.common.generation.sampler import completion_logits
+from algorithms.common.generation.completion_pass import completion_logits
 from algorithms.common.losses import aggregate
 from algorithms.common.model.loading import BUILTIN_MODELS, is_builtin_model
 from algorithms.common.model.tokenizer_check import has_tokenizer, model_tokenizer

@@ -9,7 +9,7 @@ cache holds, only the rest is run (the env's text, e.g. ``"\\nTool: 274\\nAssist
 follow; when it does not (the window dropped old tokens: the context was cut to the policy's ``context_limit``, or
 the env rewrote it), that row is prefilled afresh in the same batch, its cached columns hidden. Either way a row
 attends to exactly the tokens of its new context, at the positions a fresh pass gives them, so its log-probs are
-those of :func:`~algorithms.common.generation.sampler.completion_log_probs` over the whole context, up to float
+those of :func:`~algorithms.common.generation.completion_pass.completion_log_probs` over the whole context, up to float
 rounding.
 
 The cache's columns are the batch's: a row's padding and its columns after its EOS are hidden from it by

@@ -1,4 +1,4 @@
-"""Batched sampling with a KV cache, and the log-probabilities of completions.
+"""Batched sampling with a KV cache, and the one definition of a token's log-probability.
 
 One definition of a token's log-probability is used everywhere (sampling, the update's recomputation,
 the reference model's KL term): the log-probability under the **full** softmax of the temperature-scaled
@@ -12,9 +12,10 @@ compares two full distributions. Ids ``>= vocab_size`` (rows of a model's embedd
 tokenizer does not use) have probability zero: they are dropped from the softmax, never sampled.
 
 Prompts are left-padded ``(B, T)`` batches with an attention mask (the env's observation layout). Position
-ids are ``cumsum(mask) - 1`` clamped at 0, in sampling and in :func:`completion_log_probs` alike, so a
-prompt's padding does not change what is sampled nor its log-probs. Both functions take any Hugging Face
-causal LM (Llama, Qwen2, GPT-2, ...) or a peft ``PeftModel`` with LoRA adapters. Put the model in ``eval()``
+ids are ``cumsum(mask) - 1`` clamped at 0, in sampling and in
+:func:`~algorithms.common.generation.completion_pass.completion_log_probs` (the update's forward pass over given
+completions) alike, so a prompt's padding does not change what is sampled nor its log-probs. Both take any Hugging
+Face causal LM (Llama, Qwen2, GPT-2, ...) or a peft ``PeftModel`` with LoRA adapters. Put the model in ``eval()``
 mode (no dropout) for both, or the recomputed log-probs will not match.
 """
 
@@ -24,12 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from algorithms.common.generation.continuation import Parking, Prefilled, TurnCache, continue_prefill, row_contexts
-from algorithms.common.generation.decoders import HFDecoder, LlamaDecoder, forward_parameters, make_decoder
-from algorithms.common.generation.packing import distinct_rows, pack_rows, packing_pays
-from algorithms.common.model.lora import base_network
+from algorithms.common.generation.decoders import HFDecoder, LlamaDecoder, make_decoder
+from algorithms.common.generation.packing import distinct_rows
 
 
 @dataclass
@@ -63,7 +62,7 @@ MIN_TEMPERATURE = 1e-5
 samples), and the samples are the argmax anyway: decode greedily instead (the server does so by itself)."""
 
 
-def _scaled_logits(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
+def scaled_logits(logits: torch.Tensor, temperature: float, vocab_size: int | None) -> torch.Tensor:
     """Logits restricted to ``[0, vocab_size)``, in float32, divided by the temperature."""
     if vocab_size is not None:
         logits = logits[..., :vocab_size]
@@ -71,7 +70,7 @@ def _scaled_logits(logits: torch.Tensor, temperature: float, vocab_size: int | N
     return logits / temperature if temperature != 1.0 else logits
 
 
-def _token_log_probs(scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def log_probs_of(scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``log_softmax(scaled)[ids]``, without materialising the log-softmax: ``(..., V), (...) -> (...)``."""
     picked = scaled.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(scaled, dim=-1)
@@ -290,7 +289,7 @@ def _decode(
     rows = torch.arange(batch, device=device)  # (b,): the batch rows still in the decoder, in its order
     running = torch.ones(batch, dtype=torch.bool, device=device)  # (b,)
     for step in range(max_new_tokens):
-        scaled = _scaled_logits(logits, temperature, vocab_size)  # (b, V)
+        scaled = scaled_logits(logits, temperature, vocab_size)  # (b, V)
         drawable = scaled if blocked is None else scaled.index_fill(-1, blocked.to(device), -torch.inf)
         if greedy:
             token = drawable.argmax(dim=-1)  # (b,)
@@ -302,7 +301,7 @@ def _decode(
             else:
                 token = _draw(_filtered(drawable, top_p, top_k), noise)  # (b,)
         tokens[rows, step] = torch.where(running, token, pad_token_id)
-        log_probs[rows, step] = torch.where(running, _token_log_probs(scaled, token), 0.0)
+        log_probs[rows, step] = torch.where(running, log_probs_of(scaled, token), 0.0)
         mask[rows, step] = running
         running = running & ~torch.isin(token, eos)
         alive = int(running.sum())
@@ -320,158 +319,3 @@ def _decode(
             token[:, None], (start.next_position[rows] + step)[:, None], attention[rows, : column + 1]
         )
     return runner, rows
-
-
-def completion_log_probs(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    temperature: float = 1.0,
-    vocab_size: int | None = None,
-    with_entropy: bool = False,
-    layout: str = "auto",
-    pad_id: int = 0,
-    with_hidden: bool = False,
-) -> tuple[torch.Tensor, ...]:
-    """Per-token log-probs (and entropies, and last hidden states) of completions, in one forward pass;
-    differentiable.
-
-    Two layouts give the same values (up to float rounding): ``"padded"``, one row per completion (its
-    prompt, then the completion, cut to the longest completion), and ``"packed"``
-    (:mod:`~algorithms.common.generation.packing`: each distinct prompt once, its completions after it, no padding),
-    which does the work of the real tokens only. ``"auto"`` packs when the model takes a custom 4D attention
-    mask (``sdpa`` or ``eager`` attention). Positions are those of :func:`sample`, so log-probs follow the
-    module's single definition (full temperature-scaled softmax over ids ``< vocab_size``); the entropy is
-    that distribution's.
-
-    :param model: a Hugging Face causal LM (eval mode for a ratio of exactly 1 on-policy)
-    :param prompt_ids: ``(B, T)`` left-padded prompt ids
-    :param prompt_mask: ``(B, T)`` 1 for prompt tokens, 0 for padding
-    :param completion_ids: ``(B, C)`` completion ids (e.g. :attr:`Completions.tokens`)
-    :param completion_mask: ``(B, C)`` True for real completion tokens, False after the EOS
-    :param temperature: the sampling temperature
-    :param vocab_size: ids ``>= vocab_size`` are excluded from the softmax
-    :param with_entropy: also return the per-token entropy
-    :param layout: ``"auto"``, ``"packed"`` or ``"padded"``
-    :param pad_id: the id written in the packed layout's padding
-    :param with_hidden: also return the last layer's hidden state at each position that predicts a completion token
-        (what a per-token value head reads, e.g. PPO's), from the same forward pass
-    :return: ``(log_probs, entropy)``, both ``(B, C)`` float32 and 0 where the mask is False;
-        ``entropy`` is None unless ``with_entropy``; with ``with_hidden`` a third item, the ``(B, C, H)`` hidden
-        states in the model's dtype, 0 where the mask is False
-    """
-    if not temperature >= MIN_TEMPERATURE:
-        raise ValueError(f"temperature must be >= {MIN_TEMPERATURE}, got {temperature}")
-    mask = completion_mask.bool()  # (B, C)
-    args = (model, prompt_ids, prompt_mask, completion_ids, mask, layout, pad_id, with_hidden)
-    logits, hidden = _completion_outputs(*args)
-    scaled = _scaled_logits(logits, temperature, vocab_size)  # (N, V): one row per real completion token
-    log_probs = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    log_probs = log_probs.masked_scatter(mask, _token_log_probs(scaled, completion_ids[mask]))  # (B, C)
-    entropy = None
-    if with_entropy:
-        log_p = F.log_softmax(scaled, dim=-1)  # (N, V)
-        entropy = torch.zeros_like(log_probs).masked_scatter(mask, -(log_p.exp() * log_p).sum(-1))  # (B, C)
-    if not with_hidden:
-        return log_probs, entropy
-    states = hidden.new_zeros((*mask.shape, hidden.shape[-1])).masked_scatter(mask.unsqueeze(-1), hidden)  # (B, C, H)
-    return log_probs, entropy, states
-
-
-def completion_logits(
-    model: torch.nn.Module,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    completion_ids: torch.Tensor,
-    completion_mask: torch.Tensor,
-    *,
-    layout: str = "auto",
-    pad_id: int = 0,
-) -> torch.Tensor:
-    """``(N, V)`` raw logits predicting each real completion token (row-major order), in one forward pass.
-
-    The forward pass of :func:`completion_log_probs` (same layouts, same positions), for callers that need the
-    whole distribution at each token, e.g. distillation's KL between two models over the same completions.
-
-    :param model: a Hugging Face causal LM
-    :param prompt_ids: ``(B, T)`` left-padded prompt ids
-    :param prompt_mask: ``(B, T)`` 1 for prompt tokens, 0 for padding
-    :param completion_ids: ``(B, C)`` completion ids
-    :param completion_mask: ``(B, C)`` True for real completion tokens; ``N`` is its number of True entries
-    :param layout: ``"auto"``, ``"packed"`` or ``"padded"`` (see :func:`completion_log_probs`)
-    :param pad_id: the id written in the packed layout's padding
-    """
-    args = (model, prompt_ids, prompt_mask, completion_ids, completion_mask, layout, pad_id, False)
-    return _completion_outputs(*args)[0]
-
-
-def _completion_outputs(
-    model, prompt_ids, prompt_mask, completion_ids, completion_mask, layout, pad_id, with_hidden
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(N, V)`` logits predicting each real completion token (row-major order) and, ``with_hidden``, the
-    ``(N, H)`` last hidden states they are read from (else None)."""
-    if layout not in ("auto", "packed", "padded"):
-        raise ValueError(f"layout must be 'auto', 'packed' or 'padded', got {layout!r}")
-    model = base_network(model)  # a PeftModel's own model, LoRA layers included: the same logits, fewer wrappers
-    mask = completion_mask.bool()  # (B, C)
-    attention_kind = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    if layout == "auto":  # packed where the model takes a 4D mask and the layout does less work (packing_pays)
-        packs = attention_kind in ("sdpa", "eager") and packing_pays(model, prompt_ids, prompt_mask, mask)
-        layout = "packed" if packs else "padded"
-    if layout == "packed":
-        return _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind, with_hidden)
-    longest = max(int(mask.sum(-1).max()), 1) if mask.numel() else 1  # columns past it are never read: not run
-    completion_ids, mask = completion_ids[:, :longest], mask[:, :longest]
-    logits, hidden = _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask, with_hidden)
-    return logits[mask], (hidden[mask] if hidden is not None else None)  # (N, V), (N, H)
-
-
-def _padded_logits(model, prompt_ids, prompt_mask, completion_ids, mask, with_hidden=False):
-    """``(B, C, V)`` logits predicting each completion column, one row per completion (and the ``(B, C, H)``
-    last hidden states they come from, ``with_hidden``)."""
-    completion_len = completion_ids.shape[1]
-    attention = torch.cat([prompt_mask, mask.to(prompt_mask.dtype)], dim=1)  # (B, T + C)
-    keep = {"logits_to_keep": completion_len + 1} if "logits_to_keep" in forward_parameters(model) else {}
-    out = model(
-        input_ids=torch.cat([prompt_ids, completion_ids], dim=1),  # (B, T + C)
-        attention_mask=attention,
-        position_ids=position_ids_from_mask(attention),
-        use_cache=False,
-        output_hidden_states=with_hidden,
-        **keep,
-    )
-    columns = slice(-(completion_len + 1), -1)  # positions T-1 ... T+C-2
-    hidden = out.hidden_states[-1][:, columns] if with_hidden else None
-    return out.logits[:, columns], hidden  # (B, C, V), (B, C, H)
-
-
-def _packed_logits(model, prompt_ids, prompt_mask, completion_ids, mask, pad_id, attention_kind, with_hidden=False):
-    """``(N, V)`` logits predicting each real completion token (row-major order), from the packed layout (and
-    the ``(N, H)`` last hidden states, ``with_hidden``)."""
-    packed = pack_rows(prompt_ids, prompt_mask, completion_ids, mask, pad_id=pad_id)
-    allowed = packed.attention_mask()  # (R, 1, W, W) bool
-    if attention_kind != "sdpa":  # eager attention adds the mask to the scores
-        dtype = next(model.parameters()).dtype
-        allowed = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
-        )
-    width = packed.input_ids.shape[1]
-    # the logits of the columns from the first that predicts a completion token on: a prompt's own columns are not
-    # read (at a 49k vocabulary the output layer over them was a tenth of the update)
-    first = int(packed.source.remainder(width).min()) if len(packed.source) else width - 1
-    keep = {"logits_to_keep": width - first} if "logits_to_keep" in forward_parameters(model) else {}
-    out = model(
-        input_ids=packed.input_ids,
-        attention_mask=allowed,
-        position_ids=packed.position_ids,
-        use_cache=False,
-        output_hidden_states=with_hidden,
-        **keep,
-    )  # logits (R, W - first, V), or (R, W, V) for a model without logits_to_keep
-    hidden = out.hidden_states[-1].flatten(0, 1)[packed.source] if with_hidden else None  # (N, H)
-    kept = out.logits.shape[1]
-    source = packed.source // width * kept + packed.source.remainder(width) - (width - kept)  # in the kept columns
-    return out.logits.flatten(0, 1)[source], hidden

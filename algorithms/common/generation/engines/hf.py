@@ -24,7 +24,7 @@ from algorithms.common.generation.engines.base import (
     padded_prompts,
     row_seeds,
 )
-from algorithms.common.generation.sampler import Completions
+from algorithms.common.generation.sampler import Completions, log_probs_of, scaled_logits
 
 
 class _Blocked:
@@ -41,12 +41,6 @@ class _Blocked:
         if self.vocab_size is not None:
             scores[:, self.vocab_size :] = -torch.inf
         return scores
-
-
-def token_log_probs(logits: torch.Tensor, tokens: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
-    """``log_softmax(logits[..., :vocab_size] / temperature)[tokens]`` in float32: ``(..., V), (...) -> (...)``."""
-    scaled = logits[..., : settings.vocab_size].float() / settings.temperature
-    return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
 
 
 def load_into(model: nn.Module, weights: Weights) -> None:
@@ -132,6 +126,7 @@ class HFGenerateEngine(RolloutEngine):
         completion_mask = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
         n = new.shape[1]
         tokens[:, :n] = torch.where(valid, new, s.pad_token_id)
-        log_probs[:, :n] = torch.where(valid, token_log_probs(logits, new, s), 0.0)
+        scaled = scaled_logits(logits, s.temperature, s.vocab_size)  # (B, n, V), the sampler's definition
+        log_probs[:, :n] = torch.where(valid, log_probs_of(scaled, new), 0.0)
         completion_mask[:, :n] = valid
         return Completions(tokens, log_probs, completion_mask, completion_mask.sum(-1))
