@@ -16,7 +16,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch as th
@@ -39,6 +39,20 @@ class RolloutStart:
     problems: list[Any]
     prompts: list[th.Tensor]
     sampling: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Play:
+    """Where the steps of one play of episodes go: the envs stepped, the callback told of each step, the rows the
+    completions add to, the ``(Monitor episode, is_success)`` of the episodes that ended, and what a step counts
+    (``job_steps``: ``n_envs x world size`` timesteps, as every rank plays as many episodes; else ``n_envs``, the
+    caller adding the other ranks' completions)."""
+
+    env: VecEnv
+    callback: BaseCallback
+    rows: Rows
+    finished: list[tuple[Any, Any]]
+    job_steps: bool = True
 
 
 @dataclass(frozen=True)
@@ -102,17 +116,18 @@ class RolloutCollector:
         episodes played, groups played again; None when a callback stopped training."""
         model = self.algorithm
         model.policy.set_training_mode(False)
-        rows, finished = Rows(), []  # (Monitor episode, is_success) of the episodes that ended
-        later = self._play_sampled(env, callback, start.problems, start.prompts, first, rows, finished, True)
+        play = Play(env, callback, Rows(), [])
+        later = self._play_sampled(play, start.problems, start.prompts, first)
         if later is None:
             return None
         generation_seconds = first_seconds + later
         generator_state = model._seeds.generator.get_state()
-        play = functools.partial(self.play_again, env, callback, finished, start.problems)
-        extra_seconds = model._sampling.after_play(rows, play, model.logger)  # e.g. GRPO's refill rounds
+        again = functools.partial(self.play_again, play, start.problems)
+        extra_seconds = model._sampling.after_play(play.rows, again, model.logger)  # e.g. GRPO's refill rounds
         model._seeds.generator.set_state(generator_state)  # the update's shuffling as without refills
         if extra_seconds is None:
             return None
+        finished, rows = play.finished, play.rows
         merge_episode_infos(model._dist, finished, model.ep_info_buffer, model.ep_success_buffer)
         model._rollout_successes = (sum(bool(success) for _, success in finished), len(finished))
         check_reward_errors(model._dist, rows, model.logger)
@@ -127,47 +142,29 @@ class RolloutCollector:
             prompts.extend(contexts_from_obs(env.reset(), self.algorithm.policy.context_limit))
         return prompts
 
-    def play(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        episode_problems: list[Any],
-        rows: Rows,
-        finished: list[tuple[Any, Any]],
-        job_steps: bool,
-        noise_offset: int,
-        noise_rows: int,
-    ) -> float | None:
+    def play(self, play: Play, episode_problems: list[Any], noise_offset: int, noise_rows: int) -> float | None:
         """Play one episode per entry of ``episode_problems`` (sampled in one batch, stepped ``n_envs`` at a time),
-        adding their rows (episodes numbered from 0) to ``rows``; the generation seconds, or None when a callback
-        stopped training. ``job_steps``: every rank plays as many episodes, so a step counts ``n_envs x world size``
-        timesteps; else ``n_envs`` (the caller adds the other ranks' completions)."""
-        prompts = self.prompts(env, episode_problems)
+        adding their rows (episodes numbered from 0) to ``play.rows``; the generation seconds, or None when a
+        callback stopped training. ``noise_offset``, ``noise_rows``: the sampling noise's placement."""
+        prompts = self.prompts(play.env, episode_problems)
         timer = time.perf_counter()
-        keep_cache = keeps_turn_cache(self.algorithm.turn_cache, env)  # for the later turns of multi-turn episodes
+        keep_cache = keeps_turn_cache(self.algorithm.turn_cache, play.env)  # for the later turns of multi-turn play
         first = self.sample(prompts, noise_offset=noise_offset, noise_rows=noise_rows, keep_cache=keep_cache)
         generation_seconds = time.perf_counter() - timer
-        later = self._play_sampled(env, callback, episode_problems, prompts, first, rows, finished, job_steps)
+        later = self._play_sampled(play, episode_problems, prompts, first)
         return None if later is None else generation_seconds + later
 
     def _play_sampled(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        episode_problems: list[Any],
-        prompts: list[th.Tensor],
-        first: Completions,
-        rows: Rows,
-        finished: list[tuple[Any, Any]],
-        job_steps: bool,
+        self, play: Play, episode_problems: list[Any], prompts: list[th.Tensor], first: Completions
     ) -> float | None:
         """:meth:`play` once the first turns ``first`` of ``prompts`` are sampled: scored ahead, stepped ``n_envs``
         at a time, later turns played; the later turns' generation seconds, or None when a callback stopped
         training."""
+        env = play.env
         n_envs, generation_seconds = env.num_envs, 0.0
         chunks = [range(start, start + n_envs) for start in range(0, len(episode_problems), n_envs)]
         score_ahead(env, episode_problems, first.tokens.cpu().numpy())
-        record = functools.partial(self._record_step, callback, rows, finished, job_steps=job_steps)
+        record = functools.partial(self._record_step, play)
         for chunk in chunks:
             env.set_options([{"problem": episode_problems[e]} for e in chunk])
             env.reset()
@@ -187,55 +184,45 @@ class RolloutCollector:
 
     def _record_step(
         self,
-        callback: BaseCallback,
-        rows: Rows,
-        finished: list[tuple[Any, Any]],
+        play: Play,
         episodes: list[int],
         turn: int,
         played: tuple[list[th.Tensor], tuple[th.Tensor, th.Tensor], th.Tensor],
         outcome: tuple[Any, Any, list[dict[str, Any]]],
         scope: dict[str, Any],
-        job_steps: bool = True,
     ) -> bool:
-        """Count the completions of one step (``job_steps``: every rank's), tell the callback (``scope``: the caller's
-        locals, as SB3 passes them), keep the episodes that ended and add the rows of ``episodes`` (contexts,
-        completions and log-probs ``played``; rewards, dones and infos ``outcome``); False when the callback stopped
-        training."""
+        """Count the completions of one step (``play.job_steps``: every rank's), tell the callback (``scope``: the
+        caller's locals, as SB3 passes them), keep the episodes that ended and add the rows of ``episodes``
+        (contexts, completions and log-probs ``played``; rewards, dones and infos ``outcome``); False when the
+        callback stopped training."""
         model = self.algorithm
         rewards, dones, infos = outcome
-        model.num_timesteps += len(episodes) * (model._dist.world_size if job_steps else 1)  # the job's completions
-        callback.update_locals(scope)
-        if not callback.on_step():
+        model.num_timesteps += len(episodes) * (model._dist.world_size if play.job_steps else 1)  # the job's
+        play.callback.update_locals(scope)
+        if not play.callback.on_step():
             return False
         model._update_info_buffer(infos, dones)
         ended = [info for info, done in zip(infos, dones, strict=True) if done]
-        finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
-        rows.add(episodes, turn, *played, rewards, infos)
+        play.finished.extend((info.get("episode"), info.get("is_success")) for info in ended)
+        play.rows.add(episodes, turn, *played, rewards, infos)
         return True
 
     def play_again(
-        self,
-        env: VecEnv,
-        callback: BaseCallback,
-        finished: list[tuple[Any, Any]],
-        problems: list[Any],
-        slots: list[int],
-        mine: list[int],
-        refill_round: int,
+        self, play: Play, problems: list[Any], slots: list[int], mine: list[int], refill_round: int
     ) -> tuple[Rows, float] | None:
         """Play the job's groups ``slots`` again with new problems (round ``refill_round`` of this rollout's refills,
         e.g. GRPO's dynamic sampling): this rank's (``mine``, local indices) with the sampling noise of their place
         among the new groups; the episodes' ``problems`` follow. Returns the new rows (episodes numbered from 0) and
         their generation seconds, or None when a callback stopped training."""
         model = self.algorithm
-        drawn = self.draw_problems(env, slots)  # this rank's, in slots order
+        drawn = self.draw_problems(play.env, slots)  # this rank's, in slots order
         model._seeds.reseed_for_refill(model._iteration, refill_round)
         new, seconds, before, group = Rows(), 0.0, model.num_timesteps, model.group_size
         if mine:
             first = model._dist.rank * model._local_groups
             offset = next(i for i, slot in enumerate(slots) if slot - first in mine) * group
             episodes = [p for p in drawn for _ in range(group)]
-            seconds = self.play(env, callback, episodes, new, finished, False, offset, len(slots) * group)
+            seconds = self.play(replace(play, rows=new, job_steps=False), episodes, offset, len(slots) * group)
             if seconds is None:
                 return None
             for k, problem in zip(mine, drawn, strict=True):
