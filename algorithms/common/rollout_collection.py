@@ -135,12 +135,18 @@ class RolloutCollector:
         return Collected(rows, generation_seconds + extra_seconds, generator_state)
 
     def prompts(self, env: VecEnv, episode_problems: list[Any]) -> list[th.Tensor]:
-        """The first prompt of each episode of ``episode_problems``: the envs reset with them, ``n_envs`` at a time."""
+        """The first prompt of each episode of ``episode_problems``: the envs reset once per run of episodes that
+        play one problem (a group's G), ``n_envs`` problems at a time, each prompt shared by its run. With the reset
+        before its step (:meth:`play`), an episode costs its env one reset, and its group one more."""
+        starts = [e for e, problem in enumerate(episode_problems) if e == 0 or problem is not episode_problems[e - 1]]
+        runs = [end - start for start, end in zip(starts, [*starts[1:], len(episode_problems)], strict=True)]
+        problems, n_envs = [episode_problems[e] for e in starts], env.num_envs
         prompts: list[th.Tensor] = []
-        for start in range(0, len(episode_problems), env.num_envs):
-            env.set_options([{"problem": problem} for problem in episode_problems[start : start + env.num_envs]])
-            prompts.extend(contexts_from_obs(env.reset(), self.algorithm.policy.context_limit))
-        return prompts
+        for start in range(0, len(problems), n_envs):
+            chunk = problems[start : start + n_envs]
+            env.set_options([{"problem": problem} for problem in chunk + chunk[-1:] * (n_envs - len(chunk))])
+            prompts.extend(contexts_from_obs(env.reset(), self.algorithm.policy.context_limit)[: len(chunk)])
+        return [prompt for prompt, run in zip(prompts, runs, strict=True) for _ in range(run)]
 
     def play(self, play: Play, episode_problems: list[Any], noise_offset: int, noise_rows: int) -> float | None:
         """Play one episode per entry of ``episode_problems`` (sampled in one batch, stepped ``n_envs`` at a time),
