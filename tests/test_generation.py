@@ -1,13 +1,16 @@
-"""Tests of algorithms.common.generation.sampler: sampling with a KV cache and completion log-probs."""
+"""Tests of algorithms.common.generation.sampler: sampling with a KV cache, completion log-probs, and a token's
+log-prob and the entropy by hand."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from algorithms.common.generation.completion_pass import completion_log_probs
-from algorithms.common.generation.sampler import position_ids_from_mask, sample
+from algorithms.common.generation.sampler import entropy_of, log_probs_of, position_ids_from_mask, sample
 from algorithms.common.model.loading import load_model
 from grpo_gym.tokenizer import BUILTIN_VOCAB_SIZE, build_char_tokenizer
 
@@ -386,3 +389,35 @@ def test_the_nucleus_among_the_top_ids_draws_what_the_sort_draws():
                 expected = _draw(_filtered(logits, top_p, 0), uniform.clone())
                 assert torch.equal(_draw_nucleus(logits, top_p, uniform), expected)
     assert NUCLEUS_CANDIDATES < vocab
+
+
+# the definitions the sampler and the update share: a token's log-prob and the entropy, by hand
+
+
+def test_log_probs_of_by_hand():
+    # logits [0, log 3]: softmax = [1/4, 3/4]
+    logits = torch.tensor([[[0.0, math.log(3)], [0.0, math.log(3)]]], dtype=torch.float64)  # (1, 2, 2)
+    logp = log_probs_of(logits, torch.tensor([[0, 1]]))
+    torch.testing.assert_close(logp, torch.tensor([[math.log(0.25), math.log(0.75)]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(
+    "logits, expected",
+    [
+        ([0.0, 0.0, 0.0, 0.0], math.log(4)),  # uniform over 4: log 4 = 1.386294
+        ([0.0, math.log(3)], -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))),  # 0.562335
+        ([100.0, 0.0], 0.0),  # nearly deterministic: about 100 e^-100, i.e. 0
+    ],
+)
+def test_entropy_of_by_hand(logits, expected):
+    logits = torch.tensor([[logits]], dtype=torch.float64, requires_grad=True)  # (1, 1, V)
+    entropy = entropy_of(logits)
+    assert entropy.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
+    entropy.sum().backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_entropy_of_matches_the_definition_on_random_logits():
+    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    p = torch.softmax(logits, -1)
+    torch.testing.assert_close(entropy_of(logits), -(p * p.log()).sum(-1))

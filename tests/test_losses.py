@@ -8,15 +8,14 @@ import math
 import pytest
 import torch
 
+from algorithms.common.generation.sampler import log_probs_of
 from algorithms.common.losses import (
     aggregate,
     clipped_surrogate,
-    entropy_from_logits,
     gspo_token_log_ratio,
     kl_k3,
     returns_to_go,
     sequence_log_ratio,
-    token_log_probs,
 )
 
 F64 = torch.float64
@@ -89,7 +88,7 @@ def test_on_policy_ratio_is_one_and_gradient_is_minus_advantage_times_grad_logp(
     logits = torch.randn(2, 3, 5, generator=gen, dtype=F64, requires_grad=True)  # (B, T, V)
     tokens = torch.tensor([[0, 4, 2], [1, 1, 3]])
     advantages = torch.tensor([0.7, -1.3], dtype=F64)
-    logp = token_log_probs(logits, tokens)  # (B, T)
+    logp = log_probs_of(logits, tokens)  # (B, T)
     loss, ratio, clipped = clipped_surrogate(logp, logp.detach(), advantages, 0.2)
     assert torch.equal(ratio, torch.ones_like(ratio)) and not clipped.any()
     (grad,) = torch.autograd.grad(loss.sum(), logits, retain_graph=True)
@@ -192,41 +191,6 @@ def test_kl_k3_gradient_descent_pulls_policy_toward_reference(estimate, sign):
         assert kls[-1] < 0.5 * kls[0]
     else:
         assert kls[-1] > kls[0]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# token_log_probs / entropy_from_logits
-# ---------------------------------------------------------------------------------------------------------
-
-
-def test_token_log_probs_by_hand():
-    # logits [0, log 3]: softmax = [1/4, 3/4]
-    logits = torch.tensor([[[0.0, math.log(3)], [0.0, math.log(3)]]], dtype=F64)  # (1, 2, 2)
-    logp = token_log_probs(logits, torch.tensor([[0, 1]]))
-    torch.testing.assert_close(logp, torch.tensor([[math.log(0.25), math.log(0.75)]], dtype=F64))
-
-
-@pytest.mark.parametrize(
-    "logits, expected",
-    [
-        ([0.0, 0.0, 0.0, 0.0], math.log(4)),  # uniform over 4: log 4 = 1.386294
-        ([0.0, math.log(3)], -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))),  # 0.562335
-        ([5.0, 5.0, -math.inf], math.log(2)),  # a masked-out token counts as 0 log 0 = 0
-        ([100.0, 0.0], 0.0),  # nearly deterministic: about 100 e^-100, i.e. 0
-    ],
-)
-def test_entropy_from_logits_by_hand(logits, expected):
-    logits = torch.tensor([[logits]], dtype=F64, requires_grad=True)  # (1, 1, V)
-    entropy = entropy_from_logits(logits)
-    assert entropy.item() == pytest.approx(expected, rel=1e-12, abs=1e-12)
-    entropy.sum().backward()
-    assert torch.isfinite(logits.grad).all()
-
-
-def test_entropy_matches_definition_on_random_logits():
-    logits = torch.randn(2, 3, 11, generator=torch.Generator().manual_seed(0), dtype=F64)
-    p = torch.softmax(logits, -1)
-    torch.testing.assert_close(entropy_from_logits(logits), -(p * p.log()).sum(-1))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Tensors in, tensors out, no state, no I/O. Shapes: ``B`` sequences of ``T`` comp
 vocabulary. Masks are ``True`` on valid completion tokens and ``False`` on padding and after EOS; masked
 positions never contribute to a value or a gradient, even when they hold NaN or inf. GRPO's own pieces
 (group advantages, the assembled loss) are in :mod:`algorithms.grpo.objective`; the PPO-style surrogate, the
-k3 KL, log-probs, entropies and the aggregation modes are here so that every algorithm shares one definition.
+k3 KL, the sampler correction's weights, the discounted returns and the aggregation modes are here so that every
+algorithm shares one definition (a token's log-prob and entropy: :mod:`algorithms.common.generation.sampler`).
 
 Sources: PPO, Schulman et al. 2017; GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), Eq. 3–4; DAPO,
 Yu et al. 2025 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRPO, Liu et al. 2025 (arXiv
@@ -16,7 +17,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from grpo_gym.validation import check_choice
@@ -196,35 +196,6 @@ def truncated_fraction(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap
     valid = mask.bool()
     truncated = (old_logp.detach() - sampler_logp.detach() > math.log(cap)) & valid  # (B, T)
     return truncated.sum() / valid.sum().clamp(min=1)
-
-
-def token_log_probs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """Log-probability of each taken token under the full softmax of ``logits``.
-
-    Not the top-p truncated distribution: the caller scales logits by the sampling temperature first and
-    uses this same function for sampling log-probs and update log-probs. Computed in ``logits``' dtype:
-    pass float32 logits (``logits.float()``) from a bf16/fp16 model to keep the on-policy ratio at 1.
-
-    :param logits: shape ``(B, T, V)``
-    :param tokens: valid token ids (pad with a real id, then mask), shape ``(B, T)``
-    :return: log-probs, shape ``(B, T)``
-    """
-    log_probs = F.log_softmax(logits, dim=-1)  # (B, T, V)
-    return log_probs.gather(dim=-1, index=tokens.unsqueeze(-1)).squeeze(-1)  # (B, T)
-
-
-def entropy_from_logits(logits: Tensor) -> Tensor:
-    """Entropy ``H = -sum_v p log p`` of the softmax of ``logits`` per position, via ``log_softmax``.
-
-    Logits of ``-inf`` (a vocabulary masked out by the caller) count as ``0 log 0 = 0``.
-
-    :param logits: shape ``(B, T, V)``
-    :return: entropy in nats, shape ``(B, T)``
-    """
-    log_probs = F.log_softmax(logits, dim=-1)  # (B, T, V)
-    probs = log_probs.exp()  # (B, T, V)
-    finite_log_probs = log_probs.masked_fill(probs == 0, 0.0)  # (B, T, V): 0 * -inf would be NaN
-    return -(probs * finite_log_probs).sum(dim=-1)  # (B, T)
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str = "sequence", max_tokens: int | None = None) -> Tensor:

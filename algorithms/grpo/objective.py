@@ -83,7 +83,9 @@ def grpo_loss(
     if beta > 0 and ref_logp is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logp (reference log-probs); pass them or set beta=0.")
     if ent_coef != 0 and entropy is None:
-        raise ValueError(f"ent_coef={ent_coef} needs entropy=entropy_from_logits(...); or set ent_coef=0.")
+        raise ValueError(
+            f"ent_coef={ent_coef} needs entropy (policy.log_probs(..., with_entropy=True)); or set ent_coef=0."
+        )
     check_choice("importance_level", importance_level, IMPORTANCE_LEVELS)
     check_shape("mask", mask, logp.shape)
     mask = mask.bool()

@@ -10,11 +10,16 @@ exactly 1. Two layouts give the same values: one row per completion, or packed
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from algorithms.common.generation.decoders import forward_parameters
 from algorithms.common.generation.packing import pack_rows, packing_pays
-from algorithms.common.generation.sampler import MIN_TEMPERATURE, log_probs_of, position_ids_from_mask, scaled_logits
+from algorithms.common.generation.sampler import (
+    MIN_TEMPERATURE,
+    entropy_of,
+    log_probs_of,
+    position_ids_from_mask,
+    scaled_logits,
+)
 from algorithms.common.model.lora import base_network
 
 
@@ -69,8 +74,7 @@ def completion_log_probs(
     log_probs = log_probs.masked_scatter(mask, log_probs_of(scaled, completion_ids[mask]))  # (B, C)
     entropy = None
     if with_entropy:
-        log_p = F.log_softmax(scaled, dim=-1)  # (N, V)
-        entropy = torch.zeros_like(log_probs).masked_scatter(mask, -(log_p.exp() * log_p).sum(-1))  # (B, C)
+        entropy = torch.zeros_like(log_probs).masked_scatter(mask, entropy_of(scaled))  # (B, C)
     if not with_hidden:
         return log_probs, entropy
     states = hidden.new_zeros((*mask.shape, hidden.shape[-1])).masked_scatter(mask.unsqueeze(-1), hidden)  # (B, C, H)

@@ -76,6 +76,14 @@ def log_probs_of(scaled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+def entropy_of(scaled: torch.Tensor) -> torch.Tensor:
+    """The entropy ``H = -sum_v p log p`` (nats) of the distribution whose log-probs :func:`log_probs_of` reads:
+    ``(..., V) -> (...)``. ``scaled`` holds finite logits (:func:`scaled_logits` cuts the vocabulary, it masks
+    nothing)."""
+    log_p = torch.log_softmax(scaled, dim=-1)  # (..., V)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
 def _filtered(scaled: torch.Tensor, top_p: float, top_k: int) -> torch.Tensor:
     """``scaled`` ``(b, V)`` with ``-inf`` outside the top-k ids, then outside the top-p nucleus of the rest.
 
