@@ -47,7 +47,7 @@ TASKS = {"arithmetic (embedded default)": {}, "countdown": {"task": "countdown"}
 BASE = {"learning_rate": 5e-5, "batch_size": 16}
 ARMS: dict[str, dict[str, Any]] = {
     "vanilla": {},
-    "gspo": {"importance_level": "sequence"},
+    "gspo": {"importance_level": "sequence", "clip_range": 3e-4, "clip_range_high": 4e-4},
     "dynamic sampling": {"dynamic_sampling": True},
     "learnability": {"controls_kwargs": {"prompt_sampling": "learnability"}},
 }

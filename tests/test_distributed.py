@@ -60,6 +60,8 @@ def test_two_processes_refill_and_sample_prompts_as_one(tmp_path: Path):
         "dynamic_sampling": True,
         "controls_kwargs": {"prompt_sampling": "learnability", "prompt_pool_size": 4},
         "importance_level": "sequence",
+        "clip_range": 3e-4,
+        "clip_range_high": 4e-4,
         "mask_truncated": True,
     }
     done = torchrun(tmp_path, "train", *(f"{key}={value}" for key, value in options.items()), timeout=300)

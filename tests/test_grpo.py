@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import gymnasium as gym
@@ -211,7 +212,7 @@ def test_string_env_id_and_set_get_env() -> None:
         {"advantage_scale": "batch"},
         {"advantage_scale": "none", "loss_aggregation": "constant"},
         {"loss_aggregation": "token", "clip_range_high": 0.28},
-        {"drop_uniform_groups": True},
+        {"dynamic_sampling": True, "max_resample_rounds": 0},  # uniform groups left out, none replaced
         {"advantage_baseline": "leave_one_out", "advantage_scale": "none"},  # RLOO
         {"n_epochs": 2, "batch_size": 3, "beta": 0.1},
         {"ent_coef": 0.0, "learning_rate": lambda progress: 1e-4 * progress},
@@ -221,6 +222,20 @@ def test_options_train(options: dict) -> None:
     model = make_model(**options)
     model.learn(16)
     assert model.num_timesteps == 16
+
+
+def test_gspo_clips_the_sequence_ratio_by_clip_range_and_warns_when_it_is_too_wide() -> None:
+    """One clip range for either ratio, as TRL's ``epsilon``: with ``importance_level="sequence"`` the loss clips
+    the sequence ratio by ``clip_range`` / ``clip_range_high``; the token level's 0.2 left there rarely clips it,
+    and a warning names the paper's values."""
+    model = make_model(importance_level="sequence", clip_range=3e-4, clip_range_high=4e-4)
+    settings = model._loss_settings()
+    assert (settings.importance_level, settings.clip_low, settings.clip_high) == ("sequence", 3e-4, 4e-4)
+    model.learn(8)
+    paper = re.escape("GSPO's paper uses clip_range=3e-4, clip_range_high=4e-4")
+    with pytest.warns(UserWarning, match=paper) as record:
+        GRPO("TransformerPolicy", make_env(), importance_level="sequence", _init_setup_model=False)
+    assert record[0].filename == __file__  # the user's line
 
 
 def test_entropy_schedule_counts_updates() -> None:

@@ -23,10 +23,12 @@ import difflib
 import functools
 import inspect
 import os
+import sys
 import textwrap
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from algorithms.common.generation.engines.arguments import ENGINE_ATTRIBUTES
@@ -152,6 +154,20 @@ class Argument:
     attributes: Mapping[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Retired:
+    """An argument of an earlier version that others now cover.
+
+    :param instead: what to pass today, as the constructor's error says it (``"dynamic_sampling=True with
+        max_resample_rounds=0"``)
+    :param translate: ``(its value, the other values) -> the values it stands for`` (for a file saved by an earlier
+        version; ``{}``: it changed nothing)
+    """
+
+    instead: str
+    translate: Callable[[Any, Mapping[str, Any]], dict[str, Any]]
+
+
 def settings_argument(
     part: str, settings: Mapping[str, Argument], attributes: Mapping[str, str] | None = None, note: str = ""
 ) -> Argument:
@@ -206,10 +222,12 @@ class Arguments(Mapping[str, Argument]):
     name to :class:`Argument`.
 
     :param arguments: the arguments, in the signature's order
+    :param retired: arguments of earlier versions that others now cover, by name
     """
 
-    def __init__(self, arguments: Mapping[str, Argument]) -> None:
+    def __init__(self, arguments: Mapping[str, Argument], retired: Mapping[str, Retired] | None = None) -> None:
         self._arguments = dict(arguments)
+        self.retired = dict(retired or {})
 
     def __getitem__(self, name: str) -> Argument:
         return self._arguments[name]
@@ -220,10 +238,16 @@ class Arguments(Mapping[str, Argument]):
     def __len__(self) -> int:
         return len(self._arguments)
 
-    def extended(self, after: str, own: Mapping[str, Argument], **changes: Mapping[str, Any] | Argument) -> Arguments:
-        """These arguments with an algorithm's ``own`` inserted after the argument ``after``, and ``changes`` to
-        shared ones (``group_size={"default": 1, "rule": ..., "doc": ...}``: the algorithm's default, rule or doc;
-        an :class:`Argument` replaces the shared one whole)."""
+    def extended(
+        self,
+        after: str,
+        own: Mapping[str, Argument],
+        retired: Mapping[str, Retired] | None = None,
+        **changes: Mapping[str, Any] | Argument,
+    ) -> Arguments:
+        """These arguments with an algorithm's ``own`` inserted after the argument ``after``, its ``retired`` ones,
+        and ``changes`` to shared ones (``group_size={"default": 1, "rule": ..., "doc": ...}``: the algorithm's
+        default, rule or doc; an :class:`Argument` replaces the shared one whole)."""
         if set(own) & set(self._arguments):
             raise ValueError(f"declared twice: {sorted(set(own) & set(self._arguments))}")
         arguments: dict[str, Argument] = {}
@@ -234,7 +258,7 @@ class Arguments(Mapping[str, Argument]):
                 arguments.update(own)
         if changes:
             raise ValueError(f"changes to arguments that are not shared: {sorted(changes)}")
-        return Arguments(arguments)
+        return Arguments(arguments, {**self.retired, **(retired or {})})
 
     def check(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Every argument's value by its one rule (an argument without a value gets its default); a warning for the
@@ -276,9 +300,13 @@ class Arguments(Mapping[str, Argument]):
 
     def regrouped(self, values: Mapping[str, Any], where: str = "") -> dict[str, Any]:
         """``values`` with the flat names of earlier versions (``vllm_mode``, ``sft_steps``, ``competition``) moved
-        into their settings dicts: how a file saved by an earlier version, or TRL's names (``from_trl``), reach
-        today's constructor. A setting given both ways with two values is an error (``where`` names the source)."""
-        regrouped = dict(values)
+        into their settings dicts, and the retired arguments (``drop_uniform_groups``) as the values they stand for:
+        how a file saved by an earlier version, or TRL's names (``from_trl``), reach today's constructor. A setting
+        given both ways with two values is an error (``where`` names the source)."""
+        regrouped = {name: value for name, value in values.items() if name not in self.retired}
+        for name, retired in self.retired.items():
+            if name in values:
+                regrouped.update(retired.translate(values[name], values))
         for attribute, (name, key) in self._flat_names.items():
             if attribute not in regrouped or attribute == name:
                 continue
@@ -293,8 +321,10 @@ class Arguments(Mapping[str, Argument]):
         return regrouped
 
     def moved(self, name: str, value: Any) -> str | None:
-        """For a flat name of an earlier version, where it lives now (the message of the constructor's
-        ``TypeError``); ``None`` for another name."""
+        """For a flat name of an earlier version, where it lives now, and for a retired argument what to pass
+        instead (the message of the constructor's ``TypeError``); ``None`` for another name."""
+        if name in self.retired:
+            return f"{name} is gone: pass {self.retired[name].instead}"
         found = self._flat_names.get(name)
         if found is None or found[0] == name:
             return None
@@ -358,6 +388,19 @@ class Arguments(Mapping[str, Argument]):
         return {name: names[name] for name in self}
 
 
+#: the project's packages: a warning about an argument names the first line outside them (the user's)
+PACKAGES = tuple(f"{Path(__file__).resolve().parents[2] / package}{os.sep}" for package in ("algorithms", "grpo_gym"))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for ``warnings.warn``, called by the function that calls this, that names the first line
+    outside the project's packages: the user's ``GRPO(...)`` or ``GRPO.load(...)``, however deep the call."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGES):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _on(value: Any) -> bool:
     return bool(value) and value != "off"
 
@@ -376,8 +419,6 @@ DEPENDS_ON: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "max_resample_rounds": ("dynamic_sampling", _on, "dynamic_sampling=True"),
     "competition_coef": ("competition", lambda v: v is not None, "controls_kwargs['competition']"),
     "diversity_threshold": ("diversity_guard", _on, "controls_kwargs['diversity_guard']=True"),
-    "sequence_clip_range": ("importance_level", lambda v: v == "sequence", "importance_level='sequence'"),
-    "sequence_clip_range_high": ("importance_level", lambda v: v == "sequence", "importance_level='sequence'"),
     "sft_batch_size": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
     "sft_learning_rate": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
     "sft_data": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
@@ -404,7 +445,7 @@ def check_combinations(
                 f"{what}={value!r:.80} has no effect with {switched}={values[switch]!r:.40}: it is a setting of the "
                 f"part {setting} turns on; pass {setting} to use it, or leave {what} out to silence this",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=user_stacklevel(),
             )
 
 

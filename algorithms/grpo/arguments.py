@@ -11,6 +11,7 @@ from algorithms.common.arguments import (
     MOST,
     MOST_STEPS,
     Argument,
+    Retired,
     boolean,
     choice,
     integer,
@@ -24,6 +25,9 @@ from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls
+
+#: a sequence-level (GSPO) clip range above this rarely clips: GRPO warns (the paper's is 3e-4)
+GSPO_CLIP_HINT = 0.01
 
 #: ``ent_coef``'s default, the original design's: 0.01 decaying to 0.001 over 10,000 updates
 ENT_COEF_DECAY = UpdateDecay(0.01, 0.001, 10_000)
@@ -133,12 +137,14 @@ GRPO_OWN = {
         "completions per minibatch (``None``: the whole rollout, one update per epoch)", "int | None",
     ),
     "clip_range": Argument(
-        0.2, schedule(low=0.0), "the lower clip epsilon of the importance ratio (0.2), constant or schedule",
+        0.2, schedule(low=0.0),
+        "the lower clip epsilon of the importance ratio (0.2), constant or schedule; the token ratio's, or with "
+        "``importance_level='sequence'`` the sequence ratio's (as TRL's ``epsilon``: GSPO uses 3e-4)",
         "float | Schedule",
     ),
     "clip_range_high": Argument(
         None, schedule(low=0.0, allow_none=True),
-        "the upper clip epsilon (``None``: same as ``clip_range``; DAPO's clip-higher: 0.28)",
+        "the upper clip epsilon (``None``: same as ``clip_range``; DAPO's clip-higher: 0.28; GSPO: 4e-4)",
         "float | Schedule | None",
     ),
     "beta": Argument(
@@ -160,30 +166,23 @@ GRPO_OWN = {
         "sequence", choice(*AGGREGATION_MODES),
         '``"sequence"`` (GRPO paper), ``"token"`` (DAPO) or ``"constant"`` (Dr. GRPO)', "str",
     ),
-    "drop_uniform_groups": Argument(
-        False, boolean(), "leave groups whose rewards are all equal out of the update (DAPO's fix)", "bool"
-    ),
     "importance_level": Argument(
         "token", choice(*IMPORTANCE_LEVELS),
         '``"token"`` (GRPO: a ratio per token) or ``"sequence"`` (GSPO, Zheng et al. 2025: the length-normalised '
-        "sequence ratio ``exp(mean_t(log pi - log pi_old))`` at every token, clipped by the "
-        "``sequence_clip_range*`` arguments)", "str",
-    ),
-    "sequence_clip_range": Argument(
-        3e-4, number(low=0.0), "GSPO's lower clip epsilon of the sequence ratio (the paper's 3e-4)", "float"
-    ),
-    "sequence_clip_range_high": Argument(
-        4e-4, number(low=0.0), "GSPO's upper clip epsilon of the sequence ratio (the paper's 4e-4)", "float"
+        "sequence ratio ``exp(mean_t(log pi - log pi_old))`` at every token, clipped by ``clip_range`` and "
+        "``clip_range_high``: pass the paper's 3e-4 and 4e-4, as with TRL)", "str",
     ),
     "dynamic_sampling": Argument(
         False, boolean(),
-        "DAPO's dynamic sampling, refilling: groups whose rewards are all equal are replaced by groups of new "
-        "problems until none is or ``max_resample_rounds`` rounds are spent (the rest are left out); needs "
-        "``group_size`` to be a multiple of the number of envs (:mod:`~algorithms.grpo.sampling`)", "bool",
+        "DAPO's dynamic sampling: groups whose rewards are all equal are left out of the update, after up to "
+        "``max_resample_rounds`` rounds that replace them by groups of new problems (0: left out, none "
+        "replaced); refilling needs ``group_size`` to be a multiple of the number of envs "
+        "(:mod:`~algorithms.grpo.sampling`)", "bool",
     ),
     "max_resample_rounds": Argument(
         3, integer(low=0, high=MOST),
-        "the most refill rounds per rollout (their completions count in ``num_timesteps``)", "int",
+        "the most refill rounds per rollout (their completions count in ``num_timesteps``; 0: uniform groups are "
+        "left out, none replaced)", "int",
     ),
     "mask_truncated": Argument(
         False, boolean(),
@@ -203,10 +202,34 @@ GRPO_OWN = {
 }  # fmt: skip
 
 
+def _sequence_clip(key: str) -> Retired:
+    """``sequence_clip_range`` or ``sequence_clip_range_high``: ``clip_range``'s or ``clip_range_high``'s value when
+    the ratio was the sequence's."""
+    return Retired(
+        f"{key}=... with importance_level='sequence' (one clip range for either ratio, as TRL's epsilon)",
+        lambda value, values: {key: value} if values.get("importance_level") == "sequence" else {},
+    )
+
+
+#: arguments of earlier versions that others now cover: the constructor's error says what to pass; a file saved by
+#: an earlier version loads as the values they stood for
+GRPO_RETIRED = {
+    "drop_uniform_groups": Retired(
+        "dynamic_sampling=True with max_resample_rounds=0 (uniform groups left out, none replaced)",
+        lambda value, values: (
+            {"dynamic_sampling": True, "max_resample_rounds": 0} if value and not values.get("dynamic_sampling") else {}
+        ),
+    ),
+    "sequence_clip_range": _sequence_clip("clip_range"),
+    "sequence_clip_range_high": _sequence_clip("clip_range_high"),
+}
+
+
 #: GRPO's constructor arguments, in the signature's order
 GRPO_ARGUMENTS = LM_ARGUMENTS.extended(
     "group_size",
     GRPO_OWN,
+    GRPO_RETIRED,
     n_groups={"doc": "K, problems per rollout (4: the original design's K groups)"},
     group_size={
         "rule": integer(low=2, high=MOST),

@@ -11,6 +11,7 @@ replay in :mod:`algorithms.grpo.replay`.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch as th
@@ -19,6 +20,7 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
+from algorithms.common.arguments import user_stacklevel
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
@@ -28,7 +30,7 @@ from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import replay, trl_port, update
-from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
+from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS, GSPO_CLIP_HINT
 from algorithms.grpo.sampling import GRPOSampling
 from algorithms.grpo.scoring import GroupScoring
 
@@ -71,10 +73,7 @@ class GRPO(LMBaseAlgorithm):
         ent_coef: float | Schedule | UpdateDecay = ENT_COEF_DECAY,
         advantage_scale: str = "group",
         loss_aggregation: str = "sequence",
-        drop_uniform_groups: bool = False,
         importance_level: str = "token",
-        sequence_clip_range: float = 0.0003,
-        sequence_clip_range_high: float = 0.0004,
         dynamic_sampling: bool = False,
         max_resample_rounds: int = 3,
         mask_truncated: bool = False,
@@ -105,6 +104,15 @@ class GRPO(LMBaseAlgorithm):
         # every argument checked once, by its rule, and stored by name
         super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
         group_size = self.group_size  # as its rule read it (8.0 is 8)
+        clip_start = self.clip_range(1.0) if callable(self.clip_range) else self.clip_range
+        if self.importance_level == "sequence" and clip_start > GSPO_CLIP_HINT:
+            warnings.warn(
+                f"importance_level='sequence' clips GSPO's sequence ratio, which stays within about 1e-3 of 1: "
+                f"clip_range={clip_start:g} rarely clips it. GSPO's paper uses clip_range=3e-4, clip_range_high=4e-4 "
+                "(pass them, as TRL's epsilon and epsilon_high)",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
         #: the advantages step, rows to the batch the update trains on: see :mod:`algorithms.grpo.scoring`
         self.scoring = GroupScoring(
             group_size=group_size,
@@ -113,7 +121,7 @@ class GRPO(LMBaseAlgorithm):
             gamma=self.gamma,
             advantage_scale=self.advantage_scale,
             advantage_baseline=self.advantage_baseline,
-            drop_uniform=self.drop_uniform_groups or self.dynamic_sampling,
+            drop_uniform=self.dynamic_sampling,
             mask_truncated=self.mask_truncated,
             turn_credit=self.turn_credit,
             competition=self.competition,
@@ -142,10 +150,12 @@ class GRPO(LMBaseAlgorithm):
             self.ent_coef = FloatSchedule(self.ent_coef)
         if self.advantage_baseline == "value" and self.policy.value_net is None:
             raise ValueError("advantage_baseline='value' needs a value head: policy_kwargs={'value_head': True}")
-        if self.dynamic_sampling and self.env is not None and self.group_size % self.env.num_envs:
+        refills = self.dynamic_sampling and self.max_resample_rounds > 0
+        if refills and self.env is not None and self.group_size % self.env.num_envs:
             raise ValueError(
                 f"dynamic_sampling replaces whole groups: group_size ({self.group_size}) must be a multiple of the "
-                f"number of envs ({self.env.num_envs})"
+                f"number of envs ({self.env.num_envs}), or max_resample_rounds=0 (uniform groups left out, none "
+                "replaced)"
             )
         if self.prompt_sampling == "learnability":
             pool_seed = self._seeds.seed
@@ -282,8 +292,6 @@ class GRPO(LMBaseAlgorithm):
         clip_low = self.clip_range(progress)
         clip_high = self.clip_range_high(progress) if self.clip_range_high is not None else clip_low
         ent_coef = self.ent_coef(self._n_updates) if isinstance(self.ent_coef, UpdateDecay) else self.ent_coef(progress)
-        if self.importance_level == "sequence":  # GSPO clips the sequence ratio, with its own (much smaller) range
-            clip_low, clip_high = self.sequence_clip_range, self.sequence_clip_range_high
         return update.LossSettings(
             clip_low, clip_high, ent_coef, self.beta, self.loss_aggregation, self.vf_coef, self.importance_level
         )
