@@ -158,6 +158,16 @@ def test_a_dict_ports_its_keys_and_bad_input_is_named() -> None:
         GRPO.from_trl("tiny", [accuracy], {"reward_weights": [1.0, 2.0]}, data)
 
 
+def test_a_trl_gspo_config_clips_the_sequence_ratio_by_its_epsilon() -> None:
+    """TRL's GSPO recipe (``importance_sampling_level="sequence"`` with a small ``epsilon`` and ``epsilon_high``):
+    one clip range for either ratio, as TRL's, so the update clips the sequence ratio by them."""
+    data = Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in ROWS])
+    args = {"num_generations": 2, "importance_sampling_level": "sequence", "epsilon": 5e-4, "epsilon_high": 6e-4}
+    model = GRPO.from_trl("tiny", accuracy, {**args, "bf16": False, "use_cpu": False}, data, **SMALL)
+    settings = model._loss_settings()
+    assert (settings.importance_level, settings.clip_low, settings.clip_high) == ("sequence", 5e-4, 6e-4)
+
+
 def test_a_peft_config_trains_lora_adapters() -> None:
     peft = pytest.importorskip("peft")
     config = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.05, target_modules=["v_proj", "q_proj"], use_rslora=True)
