@@ -216,7 +216,8 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     apply_source_flags(args, flags)  # the env settings --model, --task, ... name: the run's, or refused
     record = (saved.env or {}).get("record") or {}  # the env arguments the checkpoint records, when it does
     env_record = record.get("kwargs") if isinstance(record.get("kwargs"), dict) else None
-    taken = resumed_params(args.hyperparams, saved.arguments, run, env_record, flags.get("env_kwargs"))
+    recorded = _algorithm(args).arguments.regrouped(saved.arguments)  # as today's names hold an earlier version's
+    taken = resumed_params(args.hyperparams, recorded, run, env_record, flags.get("env_kwargs"))
     model, env, plan = _setup(args, load=folder / MODEL)
     say = main_says(model, say)
     for note in skipped:

@@ -117,6 +117,11 @@ def test_a_retired_argument_names_what_to_pass_instead(name: str, value, instead
         GRPO("TransformerPolicy", env(), policy_kwargs=TINY, **{name: value})
 
 
+def test_a_name_both_retired_and_declared_is_refused_when_the_table_is_built() -> None:
+    with pytest.raises(ValueError, match=r"retired and declared: \['n_groups'\]"):
+        GRPO.arguments.extended("n_groups", {}, {"n_groups": GRPO.arguments.retired["drop_uniform_groups"]})
+
+
 @pytest.mark.parametrize(
     "recorded, loaded",
     [
@@ -153,7 +158,7 @@ def test_every_keyword_is_in_the_signature() -> None:
     """What IDEs, ``help`` and ``inspect`` show: every argument by name (71 flat ones before the settings dicts); at
     most 40 parameters in all, ``policy``, ``env`` and ``_init_setup_model`` counted (SB3's PPO has 26)."""
     assert list(inspect.signature(GRPO).parameters) == ["policy", "env", *GRPO.arguments, "_init_setup_model"]
-    assert len(inspect.signature(GRPO).parameters) <= 40, len(GRPO.arguments)
+    assert len(inspect.signature(GRPO).parameters) <= 40, len(inspect.signature(GRPO).parameters)
 
 
 def test_integral_floats_and_numpy_numbers_are_read_as_their_values() -> None:

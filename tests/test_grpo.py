@@ -236,6 +236,9 @@ def test_gspo_clips_the_sequence_ratio_by_clip_range_and_warns_when_it_is_too_wi
     with pytest.warns(UserWarning, match=paper) as record:
         GRPO("TransformerPolicy", make_env(), importance_level="sequence", _init_setup_model=False)
     assert record[0].filename == __file__  # the user's line
+    with pytest.warns(UserWarning, match="a clip range of 0.28 rarely clips it"):  # the upper side too
+        GRPO("TransformerPolicy", make_env(), importance_level="sequence", clip_range=3e-4, clip_range_high=0.28,
+             _init_setup_model=False)  # fmt: skip
 
 
 def test_entropy_schedule_counts_updates() -> None:

@@ -220,3 +220,26 @@ def test_resume_refuses_changed_params_and_says_which_it_takes(tmp_path: Path, c
     assert "--resume continues the saved run with its own settings" in err and "learning_rate:0.5" in err
     assert main([*run, "--resume", "--no-progress-bar", "-params", "n_timesteps:16", "eval_problems:3"]) == 0
     assert "-params taken: eval_problems" in capsys.readouterr().out
+
+
+def test_resume_of_an_earlier_versions_checkpoint_reads_its_retired_arguments_as_today(tmp_path: Path) -> None:
+    """A checkpoint written before ``drop_uniform_groups`` retired records it: ``--resume`` compares ``-params`` with
+    what it stands for today (``dynamic_sampling=True, max_resample_rounds=0``), so giving that is no change."""
+    from tests.test_hostile_files import with_data
+
+    config = write_config(tmp_path)
+    run = ["train", "--config", str(config), "--checkpoint-every", "1", "--save-path", str(tmp_path / "m.zip")]
+    assert main([*run, "--no-progress-bar", "-params", "n_timesteps:16"]) == 0
+    newest = latest_checkpoint(tmp_path / "m_checkpoints")
+    assert newest is not None
+
+    def as_before(data: dict) -> None:
+        data["arguments"].update(drop_uniform_groups=True)
+        del data["arguments"]["dynamic_sampling"], data["arguments"]["max_resample_rounds"]
+
+    with_data(newest / "model.zip", tmp_path / "old.zip", as_before)
+    os.replace(tmp_path / "old.zip", newest / "model.zip")
+    today = ["-params", "n_timesteps:16", "dynamic_sampling:True", "max_resample_rounds:0"]
+    assert main([*run, "--resume", "--no-progress-bar", *today]) == 0
+    model = GRPO.load(tmp_path / "m.zip")
+    assert (model.dynamic_sampling, model.max_resample_rounds, model.num_timesteps) == (True, 0, 16)

@@ -250,6 +250,8 @@ class Arguments(Mapping[str, Argument]):
         default, rule or doc; an :class:`Argument` replaces the shared one whole)."""
         if set(own) & set(self._arguments):
             raise ValueError(f"declared twice: {sorted(set(own) & set(self._arguments))}")
+        if set(retired or {}) & (set(own) | set(self._arguments)):
+            raise ValueError(f"retired and declared: {sorted(set(retired or {}) & (set(own) | set(self._arguments)))}")
         arguments: dict[str, Argument] = {}
         for name, argument in self._arguments.items():
             change = changes.pop(name, {})
@@ -395,8 +397,8 @@ PACKAGES = tuple(f"{Path(__file__).resolve().parents[2] / package}{os.sep}" for 
 def user_stacklevel() -> int:
     """The ``stacklevel`` for ``warnings.warn``, called by the function that calls this, that names the first line
     outside the project's packages: the user's ``GRPO(...)`` or ``GRPO.load(...)``, however deep the call."""
-    frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(PACKAGES):
+    frame, level = sys._getframe(1), 1  # file names compared resolved: a checkout reached through a link too
+    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(PACKAGES):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -104,11 +104,12 @@ class GRPO(LMBaseAlgorithm):
         # every argument checked once, by its rule, and stored by name
         super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
         group_size = self.group_size  # as its rule read it (8.0 is 8)
-        clip_start = self.clip_range(1.0) if callable(self.clip_range) else self.clip_range
-        if self.importance_level == "sequence" and clip_start > GSPO_CLIP_HINT:
+        clips = [value(1.0) if callable(value) else value for value in (self.clip_range, self.clip_range_high)]
+        widest = max(value for value in clips if value is not None)  # at the start of training
+        if self.importance_level == "sequence" and widest > GSPO_CLIP_HINT:
             warnings.warn(
-                f"importance_level='sequence' clips GSPO's sequence ratio, which stays within about 1e-3 of 1: "
-                f"clip_range={clip_start:g} rarely clips it. GSPO's paper uses clip_range=3e-4, clip_range_high=4e-4 "
+                f"importance_level='sequence' clips GSPO's sequence ratio, which stays within about 1e-3 of 1: a "
+                f"clip range of {widest:g} rarely clips it. GSPO's paper uses clip_range=3e-4, clip_range_high=4e-4 "
                 "(pass them, as TRL's epsilon and epsilon_high)",
                 UserWarning,
                 stacklevel=user_stacklevel(),
