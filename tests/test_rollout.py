@@ -77,3 +77,5 @@ def test_a_rollout_resets_each_env_once_per_episode_and_once_per_group_for_its_p
     model.learn(12, reset_num_timesteps=False)  # one iteration: 3 groups of 4
     assert len(pinned) == 3 and set(pinned.values()) == {4 + 1}  # per problem: G episodes' resets + its prompt's
     assert len(other) == 12  # the auto-reset of each ended (one-turn) episode
+    pinned.clear()
+    assert model.rollouts.prompts(env, []) == [] and not pinned  # no episodes (a rank with no groups): no reset

@@ -138,6 +138,8 @@ class RolloutCollector:
         """The first prompt of each episode of ``episode_problems``: the envs reset once per run of episodes that
         play one problem (a group's G), ``n_envs`` problems at a time, each prompt shared by its run. With the reset
         before its step (:meth:`play`), an episode costs its env one reset, and its group one more."""
+        if not episode_problems:
+            return []
         starts = [e for e, problem in enumerate(episode_problems) if e == 0 or problem is not episode_problems[e - 1]]
         runs = [end - start for start, end in zip(starts, [*starts[1:], len(episode_problems)], strict=True)]
         problems, n_envs = [episode_problems[e] for e in starts], env.num_envs
