@@ -31,7 +31,9 @@ import json
 import math
 import numbers
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,20 @@ __all__ = [
 
 class ArgumentError(ValueError, TypeError):
     """A bad argument value. Both a ``ValueError`` and a ``TypeError``, so existing handlers of either catch it."""
+
+
+#: the project's packages: a warning about what the user passed names the first line outside them (the user's)
+PACKAGES = tuple(f"{Path(__file__).resolve().parents[1] / package}{os.sep}" for package in ("algorithms", "grpo_gym"))
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for ``warnings.warn``, called by the function that calls this, that names the first line
+    outside the project's packages: the user's ``GRPO(...)``, ``GRPO.load(...)`` or ``learn(...)``, however deep the
+    call."""
+    frame, level = sys._getframe(1), 1  # file names compared resolved: a checkout reached through a link too
+    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(PACKAGES):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _show(value: Any) -> str:

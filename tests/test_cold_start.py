@@ -253,8 +253,9 @@ def test_an_untrained_model_from_a_folder_is_named_and_cold_start_true_runs_it(t
     kwargs = {"n_groups": 1, "group_size": 2, "seed": 0, "policy_kwargs": {"model": folder}}
     model = GRPO("TransformerPolicy", env, cold_start_kwargs={"steps": 7}, **kwargs)
     assert not model.policy.is_builtin and gold_nll(model.policy, env) > 0.9 * math.log(BUILTIN_VOCAB_SIZE)
-    with pytest.warns(UserWarning, match=r"like an untrained one .* the cold start \(7 steps\) does not run"):
+    with pytest.warns(UserWarning, match=r"like an untrained one .* the cold start \(7 steps\) does not run") as got:
         model.learn(2)
+    assert [w.filename for w in got if "untrained" in str(w.message)] == [__file__]  # the user's learn() line
     assert not model._cold_start_done
     model = GRPO(
         "TransformerPolicy", env, cold_start_kwargs={"steps": 60, "learning_rate": 3e-3}, cold_start=True, **kwargs

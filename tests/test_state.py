@@ -331,8 +331,10 @@ def test_an_env_with_reward_funcs_needs_them_back_at_load(tmp_path: Path) -> Non
     env = DummyVecEnv([lambda: Monitor(grpo_gym.R1ZeroEnv(**ENV_KWARGS, reward_funcs={"exact": exact_match}))])
     model = make_model(env, cold_start=False)
     model.save(tmp_path / "m.zip")
-    with pytest.warns(UserWarning, match=r"reward_funcs=\{'exact': \.\.\.\}.*env_objects=.*the model has no env"):
+    no_env = r"reward_funcs=\{'exact': \.\.\.\}.*env_objects=.*the model has no env"
+    with pytest.warns(UserWarning, match=no_env) as got:
         bare = GRPO.load(tmp_path / "m.zip")
+    assert [w.filename for w in got if "was not rebuilt" in str(w.message)] == [__file__]  # the load(...) line
     assert bare.env is None and not bare.get_env()  # predicts, does not train
     with pytest.raises(AttributeError, match=r"no env to reset: the env .*m\.zip records .*env_objects="):
         bare.get_env().reset()  # a user's next line says what to pass, not "'NoneType' has no attribute 'reset'"

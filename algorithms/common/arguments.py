@@ -23,12 +23,10 @@ import difflib
 import functools
 import inspect
 import os
-import sys
 import textwrap
 import warnings
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from algorithms.common.generation.engines.arguments import ENGINE_ATTRIBUTES
@@ -42,6 +40,7 @@ from grpo_gym.validation import (
     check_int,
     check_mapping,
     check_path,
+    user_stacklevel,
 )
 
 Rule = Callable[[str, Any], Any]
@@ -388,19 +387,6 @@ class Arguments(Mapping[str, Argument]):
     def values_in(self, names: Mapping[str, Any]) -> dict[str, Any]:
         """The table's arguments as ``names`` holds them: a constructor passes its ``locals()`` on whole."""
         return {name: names[name] for name in self}
-
-
-#: the project's packages: a warning about an argument names the first line outside them (the user's)
-PACKAGES = tuple(f"{Path(__file__).resolve().parents[2] / package}{os.sep}" for package in ("algorithms", "grpo_gym"))
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` for ``warnings.warn``, called by the function that calls this, that names the first line
-    outside the project's packages: the user's ``GRPO(...)`` or ``GRPO.load(...)``, however deep the call."""
-    frame, level = sys._getframe(1), 1  # file names compared resolved: a checkout reached through a link too
-    while frame.f_back is not None and os.path.realpath(frame.f_code.co_filename).startswith(PACKAGES):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _on(value: Any) -> bool:

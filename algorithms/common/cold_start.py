@@ -29,7 +29,7 @@ from algorithms.common.runtime.sharding import clip_grad_norm
 from grpo_gym.gold import ENV_TOKEN, TURN_END, episode_turns
 from grpo_gym.rewards import parse_completion
 from grpo_gym.tasks.base import HELD_OUT_SEED
-from grpo_gym.validation import MAX_LINE_BYTES, read_lines
+from grpo_gym.validation import MAX_LINE_BYTES, read_lines, user_stacklevel
 
 
 def load_sft_rows(path: str | os.PathLike, max_line_bytes: int = MAX_LINE_BYTES) -> list[tuple[str, str]]:
@@ -231,7 +231,7 @@ def check_pretrained(policy: Any, env: Any, sft_steps: int, verbose: int = 0) ->
             "cold_start='auto'. Pass cold_start=True to run it (-params cold_start:True on the command line), or "
             "cold_start=False to skip it without this check",
             UserWarning,
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
         return False
     if verbose >= 1:

@@ -20,7 +20,6 @@ from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
-from algorithms.common.arguments import user_stacklevel
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
@@ -33,6 +32,7 @@ from algorithms.grpo import replay, trl_port, update
 from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS, GSPO_CLIP_HINT
 from algorithms.grpo.sampling import GRPOSampling
 from algorithms.grpo.scoring import GroupScoring
+from grpo_gym.validation import user_stacklevel
 
 
 class GRPO(LMBaseAlgorithm):

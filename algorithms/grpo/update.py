@@ -23,6 +23,7 @@ from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
 from algorithms.grpo import controls, objective
+from grpo_gym.validation import user_stacklevel
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def log_group_gradients(logger: Logger, groups: GroupDiagnostics) -> None:
     if groups.spread > controls.GRAD_SPREAD_WARNING:
         warnings.warn(
             f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (diagnostics)",
-            stacklevel=4,
+            stacklevel=user_stacklevel(),
         )
 
 

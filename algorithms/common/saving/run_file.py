@@ -49,6 +49,7 @@ from algorithms.common.saving.checks import check_run_state, check_weight_entrie
 from algorithms.common.saving.model_file import decode, encode, read_model_file, write_model_file
 from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
 from grpo_gym.env import R1ZeroEnv
+from grpo_gym.validation import user_stacklevel
 
 
 @dataclass
@@ -288,7 +289,7 @@ def rebuild_env(saved: dict[str, Any], objects: dict[str, Any], seed: int | None
             "load(path, env=...), or call model.set_env(env) later. Until then the model has no env (model.get_env() "
             "is false like None, and says this when used): it predicts and exports but cannot learn"
         )
-        warnings.warn(reason, stacklevel=4)  # the caller of load()
+        warnings.warn(reason, stacklevel=user_stacklevel())  # the caller of load()
         return None, reason
 
 
