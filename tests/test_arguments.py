@@ -154,6 +154,24 @@ def test_a_model_file_with_retired_arguments_loads_as_what_they_stood_for(tmp_pa
     model.learn(8, reset_num_timesteps=False)
 
 
+def test_a_retired_argument_is_read_as_the_run_it_is_loaded_into(tmp_path) -> None:
+    """An earlier version's GSPO file loaded with ``importance_level="token"``: its sequence range stayed with the
+    sequence ratio, so the token run clips at the file's ``clip_range`` (0.2), not at 3e-4."""
+    from tests.test_hostile_files import with_data
+
+    model = GRPO("TransformerPolicy", env(), policy_kwargs=TINY, n_groups=2, group_size=4, cold_start=False)
+    model.save(tmp_path / "new.zip")
+    gspo = {"importance_level": "sequence", "sequence_clip_range": 3e-4, "sequence_clip_range_high": 4e-4}
+    old = with_data(tmp_path / "new.zip", tmp_path / "old.zip", lambda data: data["arguments"].update(gspo))
+    with pytest.warns(UserWarning, match="GSPO's paper uses"):  # the file's own level, left as it is: warned
+        as_saved = GRPO.load(old, env=env(), importance_level="sequence", clip_range=0.2)
+    assert as_saved.clip_range(1.0) == 0.2  # an explicit override wins over the translation
+    token = GRPO.load(old, env=env(), importance_level="token")
+    settings = token._loss_settings()
+    assert (settings.importance_level, settings.clip_low, settings.clip_high) == ("token", 0.2, 0.2)
+    assert GRPO.load(old, env=env())._loss_settings().clip_low == pytest.approx(3e-4)
+
+
 def test_every_keyword_is_in_the_signature() -> None:
     """What IDEs, ``help`` and ``inspect`` show: every argument by name (71 flat ones before the settings dicts); at
     most 40 parameters in all, ``policy``, ``env`` and ``_init_setup_model`` counted (SB3's PPO has 26)."""

@@ -299,15 +299,18 @@ class Arguments(Mapping[str, Argument]):
                 flat[attribute] = checked[name][key]
         return flat
 
-    def regrouped(self, values: Mapping[str, Any], where: str = "") -> dict[str, Any]:
+    def regrouped(
+        self, values: Mapping[str, Any], where: str = "", overrides: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """``values`` with the flat names of earlier versions (``vllm_mode``, ``sft_steps``, ``competition``) moved
-        into their settings dicts, and the retired arguments (``drop_uniform_groups``) as the values they stand for:
-        how a file saved by an earlier version, or TRL's names (``from_trl``), reach today's constructor. A setting
-        given both ways with two values is an error (``where`` names the source)."""
+        into their settings dicts, and the retired arguments (``drop_uniform_groups``) as the values they stand for,
+        read with ``overrides`` (what will replace some of ``values``: ``load(path, importance_level=...)``): how a
+        file saved by an earlier version, or TRL's names (``from_trl``), reach today's constructor. A setting given
+        both ways with two values is an error (``where`` names the source)."""
         regrouped = {name: value for name, value in values.items() if name not in self.retired}
         for name, retired in self.retired.items():
             if name in values:
-                regrouped.update(retired.translate(values[name], values))
+                regrouped.update(retired.translate(values[name], {**values, **(overrides or {})}))
         for attribute, (name, key) in self._flat_names.items():
             if attribute not in regrouped or attribute == name:
                 continue

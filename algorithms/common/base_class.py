@@ -434,7 +434,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
         if saved.algorithm != cls.__name__:
             raise ValueError(f"{name} holds a {saved.algorithm} model: load it with {saved.algorithm}.load")
-        checks.check_saved_arguments(saved, cls, name)
+        checks.check_saved_arguments(saved, cls, name, kwargs)
         checks.check_recorded_vocabulary(saved, name)
         wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
         rebuilt = env is None  # no env given: the recorded one is rebuilt (when it can be)

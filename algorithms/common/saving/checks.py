@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -121,12 +122,13 @@ def check_weight_entries(state_dicts: dict[str, Any], name: str) -> None:
         )
 
 
-def check_saved_arguments(saved: Any, algorithm: Any, name: str) -> None:
+def check_saved_arguments(saved: Any, algorithm: Any, name: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Refuse, naming the file and the fix, recorded arguments ``algorithm`` (the class) does not take or whose
     values its rules refuse, and a policy class it does not know, in ``saved`` (a
-    :class:`~algorithms.common.saving.run_file.SavedRun`): before anything is built from them."""
+    :class:`~algorithms.common.saving.run_file.SavedRun`): before anything is built from them. ``overrides``: what
+    ``load`` was given over them (a retired argument is read as the run it is loaded into)."""
     try:  # a file of an earlier version: its flat names (vllm_mode, sft_steps, ...) go into their settings dicts
-        saved.arguments = algorithm.arguments.regrouped(saved.arguments, f"{name}: ")
+        saved.arguments = algorithm.arguments.regrouped(saved.arguments, f"{name}: ", overrides)
     except ArgumentError as error:
         raise ValueError(f"{error}; the file was edited: use another save") from None
     unknown = sorted(set(saved.arguments) - set(algorithm.arguments))
