@@ -46,13 +46,14 @@ def returns_to_go(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
     check_shape("mask", mask, rewards.shape)
-    rewards = torch.where(mask.bool(), rewards, 0.0)  # (E, U)
+    played = mask.bool()
+    rewards = torch.where(played, rewards, 0.0)  # (E, U)
     result = torch.zeros_like(rewards)
     running = rewards.new_zeros(rewards.shape[0])  # (E,)
     for turn in reversed(range(rewards.shape[1])):  # one step per turn (a handful), vectorised over the episodes
         running = rewards[:, turn] + gamma * running
         result[:, turn] = running
-    return torch.where(mask.bool(), result, 0.0)
+    return torch.where(played, result, 0.0)
 
 
 def clipped_surrogate(

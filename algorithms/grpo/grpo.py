@@ -103,7 +103,6 @@ class GRPO(LMBaseAlgorithm):
     ) -> None:
         # every argument checked once, by its rule, and stored by name
         super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
-        group_size = self.group_size  # as its rule read it (8.0 is 8)
         clips = [value(1.0) if callable(value) else value for value in (self.clip_range, self.clip_range_high)]
         widest = max(value for value in clips if value is not None)  # at the start of training
         if self.importance_level == "sequence" and widest > GSPO_CLIP_HINT:
@@ -116,7 +115,7 @@ class GRPO(LMBaseAlgorithm):
             )
         #: the advantages step, rows to the batch the update trains on: see :mod:`algorithms.grpo.scoring`
         self.scoring = GroupScoring(
-            group_size=group_size,
+            group_size=self.group_size,  # as its rule read it (8.0 is 8)
             n_groups=self.n_groups,
             dist=self._dist,
             gamma=self.gamma,
