@@ -14,13 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.cli_arguments import (
-    ALGOS,
     PRETRAINED_PRESET,
-    add_algo_argument,
-    add_config_arguments,
     add_model_arguments,
-    add_source_arguments,
     add_train_arguments,
+    algorithm_of,
+    config_of,
     pretrained_defaults,
 )
 from algorithms.cli_options import (
@@ -30,20 +28,16 @@ from algorithms.cli_options import (
     progress_callbacks,
     resume_hint,
     resumed_params,
-    reward_funcs_argument,
     stop_on_signals,
     torchrun,
     where_it_goes,
 )
-from algorithms.cli_types import COUNT, DIFFICULTY
 from algorithms.common.env_util import make_env
 from algorithms.common.finite_state import NonFiniteStateError
 from algorithms.common.generation.engines.base import EngineError
 from algorithms.common.hyperparams import (
-    DEFAULT_CONFIG,
     RUN_KEYS,
     check_keys,
-    default_config,
     load_hyperparams,
     parse_overrides,
     preset_key,
@@ -55,32 +49,19 @@ from algorithms.engine_commands import (
     checkpoint_on_engine_error,
     engine_overrides,
 )
+from algorithms.eval_commands import add_eval_command
 from algorithms.interop_commands import add_interop_commands
 from algorithms.task_commands import add_task_commands
 
 
-def _algorithm(args: argparse.Namespace) -> Any:
-    """The class ``--algo`` names (GRPO by default)."""
-    import algorithms
-
-    return getattr(algorithms, ALGOS[getattr(args, "algo", "grpo")][0])
-
-
-def _config(args: argparse.Namespace) -> Any:
-    """``--config``, or the default config of ``--algo`` when it was left at GRPO's default (or not given)."""
-    if args.config in (None, str(DEFAULT_CONFIG)):
-        return default_config(ALGOS[getattr(args, "algo", "grpo")][1])
-    return args.config
-
-
 def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any, dict[str, Any]]:
     """Read the config, apply the command line, build the env and the model (or ``load`` a saved one into it)."""
-    algorithm = _algorithm(args)
-    config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
+    algorithm = algorithm_of(args)
+    config = load_hyperparams(config_of(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
     apply_source_flags(args, config)  # --model, --tokenizer, --task, --difficulty, --max-new-tokens
     sharding = {"sharding": args.sharding} if getattr(args, "sharding", None) else {}  # --sharding over the config
     config.update({**sharding, **engine_overrides(args, config)})
-    where = f"{_config(args)} [{preset_key(args.env, args.preset)}] with -params"
+    where = f"{config_of(args)} [{preset_key(args.env, args.preset)}] with -params"
     for key, value in config.items():  # a flat name of an earlier version: where it lives now
         moved = algorithm.arguments.moved(key, value)
         if moved is not None:
@@ -176,7 +157,7 @@ def preset_save_path(args: argparse.Namespace) -> str | None:
     empty ``--save-path`` is kept, for the up-front check to refuse."""
     if args.save_path is not None:
         return args.save_path
-    config = load_hyperparams(_config(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
+    config = load_hyperparams(config_of(args), args.env, args.preset, parse_overrides(args.hyperparams or []))
     return config.get("save_path")
 
 
@@ -216,7 +197,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     apply_source_flags(args, flags)  # the env settings --model, --task, ... name: the run's, or refused
     record = (saved.env or {}).get("record") or {}  # the env arguments the checkpoint records, when it does
     env_record = record.get("kwargs") if isinstance(record.get("kwargs"), dict) else None
-    recorded = _algorithm(args).arguments.regrouped(saved.arguments)  # as today's names hold an earlier version's
+    recorded = algorithm_of(args).arguments.regrouped(saved.arguments)  # as today's names hold an earlier version's
     taken = resumed_params(args.hyperparams, recorded, run, env_record, flags.get("env_kwargs"))
     model, env, plan = _setup(args, load=folder / MODEL)
     say = main_says(model, say)
@@ -345,57 +326,6 @@ def sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    """Held-out success of a saved model (or of ``--model``: a hub id, folder or .gguf file, as it is) at each
-    ``--difficulty``, as a table."""
-    from algorithms.common.evaluation import evaluate_difficulties, format_table
-    from algorithms.common.saving.run_file import recorded_env_kwargs, recorded_tokenizer
-
-    if (args.saved is None) == (args.model is None):
-        raise ValueError("eval takes a saved model (grpo-gym eval run.zip) or --model SOURCE, one of the two")
-    if args.model is not None:
-        return _evaluate_source(args)
-    args.model = args.saved
-    extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
-    if args.reward_funcs:
-        extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
-    if args.config is None and args.preset is None:  # the env the model file records
-        try:
-            env_id, env_kwargs, _ = recorded_env_kwargs(args.model, **extra)
-        except ValueError as error:
-            raise ValueError(f"{error} (or give the training run's --config / --preset)") from error
-    else:
-        env_id = args.env
-        env_kwargs = dict(load_hyperparams(_config(args), args.env, args.preset, {}).get("env_kwargs") or {})
-        env_kwargs.setdefault("tokenizer", recorded_tokenizer(args.model))  # the run's, as the zip records it
-        if "task_kwargs" in extra:  # the held-out split of a dataset / jsonl task
-            env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
-        env_kwargs.update(extra)
-    env = make_env(env_id, 1, env_kwargs, args.eval_seed)
-    model = _algorithm(args).load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
-    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
-    print(format_table({Path(args.model).stem: results}))
-    return 0
-
-
-def _evaluate_source(args: argparse.Namespace) -> int:
-    """``grpo-gym eval --model SOURCE``: the model as it is (no training), on the env its tokenizer and the flags
-    make."""
-    from algorithms.common.evaluation import evaluate_difficulties, format_table
-
-    env_kwargs = {"tokenizer": args.tokenizer or args.model}
-    env_kwargs.update({k: v for k, v in (("task", args.task), ("max_new_tokens", args.max_new_tokens)) if v})
-    if args.eval_data is not None:
-        env_kwargs["task_kwargs"] = {"eval_data": args.eval_data}
-    if args.reward_funcs:
-        env_kwargs["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
-    env = make_env(args.env, 1, env_kwargs, args.eval_seed)
-    model = _algorithm(args)("TransformerPolicy", env, policy_kwargs={"model": args.model}, cold_start=False)
-    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
-    print(format_table({Path(args.model).name[:16]: results}))
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of grpo-gym."""
     parser = argparse.ArgumentParser(prog="grpo-gym", description=__doc__)
@@ -414,20 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     command = commands.add_parser("sft", help="the cold-start SFT stage alone", epilog=epilog)
     add_model_arguments(command)
     command.set_defaults(func=sft)
-    ev = commands.add_parser("eval", help="held-out success of a saved model, or of your model, per difficulty")
-    ev.add_argument("saved", nargs="?", metavar="model", help="a model saved by grpo-gym train --save-path")
-    add_config_arguments(ev, config_default=None)
-    add_source_arguments(ev, difficulty=False)
-    add_algo_argument(ev)
-    ev.add_argument("--difficulty", type=DIFFICULTY, nargs="+", default=[0.1, 0.3, 0.5], help="in [0.1, 1]")
-    ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
-    ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
-    ev.add_argument("--eval-data", default=None, help="held-out split of a dataset or jsonl task (a data file)")
-    ev.add_argument(
-        "--reward-funcs", nargs="+", default=None, metavar="[NAME=]MODULE:FUNCTION",
-        help="the run's reward functions, importable from here (a run made in Python with reward_funcs=[...])",
-    )  # fmt: skip
-    ev.set_defaults(func=evaluate)
+    add_eval_command(commands)  # eval
     add_task_commands(commands)  # tasks, env-demo
     zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")

@@ -4,9 +4,10 @@ training's flags; :mod:`algorithms.cli` builds the parser from them."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from algorithms.cli_types import COUNT, DIFFICULTY, SEED, SOURCE, VERBOSITY, Integer
-from algorithms.common.hyperparams import DEFAULT_CONFIG, load_hyperparams
+from algorithms.common.hyperparams import DEFAULT_CONFIG, default_config, load_hyperparams
 from algorithms.engine_commands import add_engine_flags
 
 #: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
@@ -27,6 +28,20 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_default: str | 
 def add_algo_argument(parser: argparse.ArgumentParser) -> None:
     help_text = "grpo, or ppo (LMPPO; its default config: zoo_configs/lmppo.yml)"
     parser.add_argument("--algo", choices=sorted(ALGOS), default="grpo", help=help_text)
+
+
+def algorithm_of(args: argparse.Namespace) -> Any:
+    """The class ``--algo`` names (GRPO by default)."""
+    import algorithms
+
+    return getattr(algorithms, ALGOS[getattr(args, "algo", "grpo")][0])
+
+
+def config_of(args: argparse.Namespace) -> Any:
+    """``--config``, or the default config of ``--algo`` when it was left at GRPO's default (or not given)."""
+    if args.config in (None, str(DEFAULT_CONFIG)):
+        return default_config(ALGOS[getattr(args, "algo", "grpo")][1])
+    return args.config
 
 
 #: the preset ``--model`` trains with when no ``--preset`` is given: defaults fit for a pretrained model

@@ -112,6 +112,7 @@ def cli_argv(argv: list[str]) -> list[str] | None:
 def parse(argv: list[str]) -> argparse.Namespace:
     """``grpo-gym argv`` as the command line reads it, its preset and overrides checked like ``train``'s."""
     from algorithms import cli
+    from algorithms.cli_arguments import algorithm_of, config_of
     from algorithms.common.hyperparams import check_keys, default_config, load_hyperparams, parse_overrides
 
     if "--help" in argv or "-h" in argv:  # argparse prints the help and exits 0: the run checks it
@@ -122,10 +123,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args = cli.build_parser().parse_args(argv)
     overrides = parse_overrides(getattr(args, "hyperparams", None) or [])
     if getattr(args, "preset", None) or overrides:
-        path = cli._config(args) if hasattr(args, "algo") else (args.config or default_config())
+        path = config_of(args) if hasattr(args, "algo") else (args.config or default_config())
         config = load_hyperparams(path, getattr(args, "env", "R1Zero-v0"), args.preset, overrides)
         if hasattr(args, "hyperparams"):  # train and sft: the keys a model takes
-            check_keys(config, cli._grpo_keys(cli._algorithm(args)), f"the preset {args.preset!r} with -params")
+            check_keys(config, cli._grpo_keys(algorithm_of(args)), f"the preset {args.preset!r} with -params")
     return args
 
 

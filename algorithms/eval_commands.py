@@ -1,0 +1,88 @@
+"""``grpo-gym eval``: the held-out success of a saved model, or of your model as it is, per difficulty."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from algorithms.cli_arguments import (
+    add_algo_argument,
+    add_config_arguments,
+    add_source_arguments,
+    algorithm_of,
+    config_of,
+)
+from algorithms.cli_options import reward_funcs_argument
+from algorithms.cli_types import COUNT, DIFFICULTY
+from algorithms.common.env_util import make_env
+from algorithms.common.hyperparams import load_hyperparams
+
+
+def add_eval_command(commands: Any) -> None:
+    """Add ``eval`` to the ``grpo-gym`` subcommands ``commands``."""
+    ev = commands.add_parser("eval", help="held-out success of a saved model, or of your model, per difficulty")
+    ev.add_argument("saved", nargs="?", metavar="model", help="a model saved by grpo-gym train --save-path")
+    add_config_arguments(ev, config_default=None)
+    add_source_arguments(ev, difficulty=False)
+    add_algo_argument(ev)
+    ev.add_argument("--difficulty", type=DIFFICULTY, nargs="+", default=[0.1, 0.3, 0.5], help="in [0.1, 1]")
+    ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
+    ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
+    ev.add_argument("--eval-data", default=None, help="held-out split of a dataset or jsonl task (a data file)")
+    ev.add_argument(
+        "--reward-funcs", nargs="+", default=None, metavar="[NAME=]MODULE:FUNCTION",
+        help="the run's reward functions, importable from here (a run made in Python with reward_funcs=[...])",
+    )  # fmt: skip
+    ev.set_defaults(func=evaluate)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """Held-out success of a saved model (or of ``--model``: a hub id, folder or .gguf file, as it is) at each
+    ``--difficulty``, as a table."""
+    from algorithms.common.evaluation import evaluate_difficulties, format_table
+    from algorithms.common.saving.run_file import recorded_env_kwargs, recorded_tokenizer
+
+    if (args.saved is None) == (args.model is None):
+        raise ValueError("eval takes a saved model (grpo-gym eval run.zip) or --model SOURCE, one of the two")
+    if args.model is not None:
+        return _evaluate_source(args)
+    args.model = args.saved
+    extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
+    if args.reward_funcs:
+        extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
+    if args.config is None and args.preset is None:  # the env the model file records
+        try:
+            env_id, env_kwargs, _ = recorded_env_kwargs(args.model, **extra)
+        except ValueError as error:
+            raise ValueError(f"{error} (or give the training run's --config / --preset)") from error
+    else:
+        env_id = args.env
+        env_kwargs = dict(load_hyperparams(config_of(args), args.env, args.preset, {}).get("env_kwargs") or {})
+        env_kwargs.setdefault("tokenizer", recorded_tokenizer(args.model))  # the run's, as the zip records it
+        if "task_kwargs" in extra:  # the held-out split of a dataset / jsonl task
+            env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
+        env_kwargs.update(extra)
+    env = make_env(env_id, 1, env_kwargs, args.eval_seed)
+    model = algorithm_of(args).load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
+    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
+    print(format_table({Path(args.model).stem: results}))
+    return 0
+
+
+def _evaluate_source(args: argparse.Namespace) -> int:
+    """``grpo-gym eval --model SOURCE``: the model as it is (no training), on the env its tokenizer and the flags
+    make."""
+    from algorithms.common.evaluation import evaluate_difficulties, format_table
+
+    env_kwargs = {"tokenizer": args.tokenizer or args.model}
+    env_kwargs.update({k: v for k, v in (("task", args.task), ("max_new_tokens", args.max_new_tokens)) if v})
+    if args.eval_data is not None:
+        env_kwargs["task_kwargs"] = {"eval_data": args.eval_data}
+    if args.reward_funcs:
+        env_kwargs["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
+    env = make_env(args.env, 1, env_kwargs, args.eval_seed)
+    model = algorithm_of(args)("TransformerPolicy", env, policy_kwargs={"model": args.model}, cold_start=False)
+    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
+    print(format_table({Path(args.model).name[:16]: results}))
+    return 0
