@@ -33,7 +33,6 @@ from algorithms.cli_options import (
     where_it_goes,
 )
 from algorithms.common.env_util import make_env
-from algorithms.common.finite_state import NonFiniteStateError
 from algorithms.common.generation.engines.base import EngineError
 from algorithms.common.hyperparams import (
     RUN_KEYS,
@@ -43,6 +42,7 @@ from algorithms.common.hyperparams import (
     preset_key,
 )
 from algorithms.common.lm_arguments import ENGINE_ARGUMENTS
+from algorithms.common.model.finite_state import NonFiniteStateError
 from algorithms.deploy.commands import add_deploy_commands
 from algorithms.engine_commands import (
     add_engine_commands,

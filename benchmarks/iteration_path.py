@@ -22,6 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: modules of ``algorithms/`` a reader of the iteration takes as given (prefixes of their paths)
 USED = (
+    "algorithms/common/base_class.py",  # SB3's BaseAlgorithm role: construction, run state, save and load
+    "algorithms/common/env_util.py",  # SB3's env_util and VecEnv plumbing
+    "algorithms/common/schedules.py",  # SB3's schedules (in its utils)
     "algorithms/common/policies.py",
     "algorithms/common/generation/",
     "algorithms/common/model/",

@@ -14,9 +14,9 @@ from algorithms.common.losses import (
     clipped_surrogate,
     gspo_token_log_ratio,
     kl_k3,
-    returns_to_go,
     sequence_log_ratio,
 )
+from algorithms.common.rollout.rows import returns_to_go
 
 F64 = torch.float64
 

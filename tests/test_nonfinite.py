@@ -1,5 +1,5 @@
 """A NaN or an infinity in the weights or the optimizer's state stops training at the iteration it appeared in, and
-nothing is written from that state (algorithms/common/finite_state.py): not a checkpoint, not the ``--save-path``
+nothing is written from that state (algorithms/common/model/finite_state.py): not a checkpoint, not the ``--save-path``
 file, not a ``save()``; the rotation never deletes the last good checkpoint for a bad one; ``load`` refuses an
 optimizer state with non-finite moments or settings out of range, naming the file and the entry."""
 
@@ -17,7 +17,7 @@ import torch as th
 
 from algorithms import GRPO
 from algorithms.cli import main
-from algorithms.common.finite_state import NonFiniteStateError, find_nonfinite
+from algorithms.common.model.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.saving.checkpoints import checkpoints
 from tests.sizes import TINY
 from tests.test_hostile_files import make_env, rewrite, with_data

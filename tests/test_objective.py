@@ -1,4 +1,4 @@
-"""Tests for algorithms/grpo/objective.py: every function against numbers worked out by hand."""
+"""Tests for algorithms/grpo/update.py: every function against numbers worked out by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from algorithms.common.losses import aggregate, clipped_surrogate, kl_k3
 from algorithms.grpo.advantages import group_advantages, leave_one_out_advantages, uniform_group_mask
-from algorithms.grpo.objective import grpo_loss
+from algorithms.grpo.update import grpo_loss
 
 F64 = torch.float64
 MASK_2x3 = torch.tensor([[True, True, True], [True, False, False]])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch as th
 
-from algorithms.common.losses import kl_k3, returns_to_go
+from algorithms.common.losses import kl_k3
+from algorithms.common.rollout.rows import returns_to_go
 from algorithms.ppo import objective
 
 MASK = th.tensor([[True, True, True], [True, True, False]])

@@ -12,16 +12,17 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from algorithms.common import sampler_correction
-from algorithms.common.losses import masked_sequence_weights, truncated_importance_weights
+from algorithms.common.losses import sampler_kl
 from algorithms.common.runtime.precision import STAGES, PrecisionChoice
 from algorithms.common.sampler_correction import (
     correct_fresh_rollout,
     corrected,
     masked_fraction,
+    masked_sequence_weights,
     resolve_sampler_correction,
-    sampler_kl,
+    truncated_importance_weights,
 )
-from algorithms.grpo.objective import grpo_loss
+from algorithms.grpo.update import grpo_loss
 from tests import test_replay
 from tests.test_grpo import make_model
 from tests.test_ppo import make_model as make_ppo

@@ -15,7 +15,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import grpo_gym
 from algorithms import GRPO
 from algorithms.common.rollout.rows import Rows
-from algorithms.grpo.sampling import dynamic_sampling, group_outcomes, refill_slots, replace_groups, truncated_rows
+from algorithms.grpo.advantages import truncated_rows
+from algorithms.grpo.sampling import dynamic_sampling, group_outcomes, refill_slots, replace_groups
 from tests.sizes import ENV_KWARGS, TINY
 
 

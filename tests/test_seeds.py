@@ -1,11 +1,11 @@
-"""The job-wide randomness of rollouts (algorithms/common/rollout/seeds.py): each rollout's sampler noise comes from
+"""The job-wide randomness of rollouts (algorithms/common/runtime/seeds.py): each rollout's sampler noise comes from
 ``(seed, iteration)`` alone, and no two runs or iterations share a noise stream."""
 
 from __future__ import annotations
 
 import torch as th
 
-from algorithms.common.rollout.seeds import RolloutSeeds
+from algorithms.common.runtime.seeds import RolloutSeeds
 
 
 def noise(seed: int, iteration: int, refill: int = 0) -> th.Tensor:

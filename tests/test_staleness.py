@@ -16,10 +16,10 @@ from stable_baselines3.common.logger import configure
 
 from algorithms import GRPO, LMPPO
 from algorithms.common import overlapped_learning
-from algorithms.common.losses import truncated_fraction
 from algorithms.common.rollout import staleness
 from algorithms.common.rollout.staleness import RolloutProducer, RolloutProducerError, WeightVersions, sampling_version
 from algorithms.common.runtime.determinism import deterministic_on_cpu
+from algorithms.common.sampler_correction import truncated_fraction
 from algorithms.common.saving.checkpoints import IterationCheckpoint, latest_checkpoint
 from algorithms.common.saving.model_file import read_model_file
 from grpo_gym.validation import ArgumentError

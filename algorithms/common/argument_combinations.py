@@ -1,6 +1,7 @@
-"""What two arguments mean together: a setting of an optional part given while the part is off warns, naming the
-switch and both fixes (:func:`check_combinations`, which :meth:`Arguments.check
-<algorithms.common.arguments.Arguments.check>` runs on every constructor's and every loaded file's values)."""
+"""What two arguments mean together (:func:`check_combinations`, which :meth:`Arguments.check
+<algorithms.common.arguments.Arguments.check>` runs on every constructor's and every loaded file's values): a setting
+of an optional part given while the part is off warns, naming the switch and both fixes; so does a GSPO clip range
+that rarely clips; a combination that cannot run is refused, naming the fix."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ DEPENDS_ON: dict[str, tuple[str, Callable[[Any], bool], str]] = {
 }
 
 
+#: a sequence-level (GSPO) clip range above this rarely clips: a warning (the paper's is 3e-4)
+GSPO_CLIP_HINT = 0.01
+
+
 def check_combinations(
     values: Mapping[str, Any], defaults: Mapping[str, Any], shown: Mapping[str, str] | None = None
 ) -> None:
@@ -55,6 +60,24 @@ def check_combinations(
             warnings.warn(
                 f"{what}={value!r:.80} has no effect with {switched}={values[switch]!r:.40}: it is a setting of the "
                 f"part {setting} turns on; pass {setting} to use it, or leave {what} out to silence this",
+                UserWarning,
+                stacklevel=user_stacklevel(),
+            )
+    if values.get("diagnostics") and values.get("sharding") == "fsdp":  # per-group gradients are whole ones
+        raise ValueError(
+            "controls_kwargs['diagnostics']=True measures each group's whole gradient: not with sharding='fsdp'; "
+            "leave diagnostics off (or pass sharding=None)"
+        )
+    if values.get("importance_level") == "sequence":
+        clips = [
+            value(1.0) if callable(value) else value for value in (values["clip_range"], values["clip_range_high"])
+        ]
+        widest = max(v for v in clips if v is not None)  # at the start of training
+        if widest > GSPO_CLIP_HINT:
+            warnings.warn(
+                f"importance_level='sequence' clips GSPO's sequence ratio, which stays within about 1e-3 of 1: a "
+                f"clip range of {widest:g} rarely clips it. GSPO's paper uses clip_range=3e-4, clip_range_high=4e-4 "
+                "(pass them, as TRL's epsilon and epsilon_high)",
                 UserWarning,
                 stacklevel=user_stacklevel(),
             )

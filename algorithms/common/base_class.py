@@ -1,42 +1,22 @@
 """``LMBaseAlgorithm``: what every language-model algorithm on R1Zero-style envs shares (GRPO and the PPO baseline
-build on it, at one level, as SB3's PPO builds on ``OnPolicyAlgorithm``).
+build on it, at one level, as SB3's algorithms build on ``BaseAlgorithm``).
 
-SB3's ``BaseAlgorithm`` and ``OnPolicyAlgorithm`` roles in one class: the constructor's shared arguments, the policy
-with its mixed precision, the frozen reference, the rollouts' seeds (:class:`~algorithms.common.rollout.seeds.
-RolloutSeeds`), several processes (whole replicas or FSDP2 shards, :mod:`algorithms.common.runtime.parallel`), the
-guarded optimizer step, the run state (:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`),
-``save`` / ``load`` (the file's contents: :mod:`algorithms.common.saving.run_file`), and the learning loop. It owns
-two parts, built in its constructor: ``rollouts`` (:class:`~algorithms.common.rollout_collection.RolloutCollector`)
-collects a rollout; with ``max_staleness >= 1``, ``overlapped``
-(:class:`~algorithms.common.overlapped_learning.OverlappedLoop`) runs the loop with sampling overlapping the update.
+SB3's ``BaseAlgorithm`` role: the constructor's shared arguments, the policy with its mixed precision, the frozen
+reference, the rollouts' seeds (:class:`~algorithms.common.runtime.seeds.RolloutSeeds`), several processes (whole
+replicas or FSDP2 shards, :mod:`algorithms.common.runtime.parallel`), the run state
+(:meth:`LMBaseAlgorithm.get_run_state` / :meth:`~LMBaseAlgorithm.set_run_state`), ``save`` / ``load`` (the file's
+contents: :mod:`algorithms.common.saving.run_file`); and the steps every algorithm's ``learn`` shares around its own
+(:meth:`~LMBaseAlgorithm._start_learning`, :meth:`~LMBaseAlgorithm.collect_rollouts`,
+:meth:`~LMBaseAlgorithm._next_iteration`, the guarded optimizer step, :meth:`~LMBaseAlgorithm._end_iteration`,
+:meth:`~LMBaseAlgorithm.dump_logs`). It owns two parts, built in its constructor: ``rollouts``
+(:class:`~algorithms.common.rollout_collection.RolloutCollector`) collects a rollout; with ``max_staleness >= 1``,
+``overlapped`` (:class:`~algorithms.common.overlapped_learning.OverlappedLoop`) runs the loop with sampling overlapping
+the update.
 
-One iteration, top-down, in the order it runs (``self._sampling`` is the algorithm's
-:class:`~algorithms.common.rollout.sampling.RolloutSampling`, GRPO's adds its options there; the two methods an
-algorithm writes are marked *algorithm*)::
-
-    learn
-    ├─ collect_rollouts                       (callbacks' on_rollout_start: the checkpoint at the boundary)
-    │  ├─ rollouts.collect
-    │  │  ├─ _sampling.before_rollout         the env's settings for the rollout (GRPO: the reward ramp)
-    │  │  ├─ draw_problems                    K problems: _sampling.problem_keys (the stream, or GRPO's pool)
-    │  │  ├─ sample, score ahead, env.step    the K x G first turns in one batch (the policy, or the reference
-    │  │  │                                   when _sampling.from_reference), stepped n_envs at a time: rewards
-    │  │  ├─ play_later_turns                 multi-turn episodes (rollout/turns.py: each later turn from the KV
-    │  │  │                                   cache of the last); every step counted, its rows kept (Rows)
-    │  │  ├─ _sampling.after_play             play groups again (GRPO: DAPO's refills, through play_again)
-    │  │  └─ log_turns                        tool-call rate, turns per episode, ... (multi-turn episodes only)
-    │  └─ end_rollout
-    │     └─ _build_batch         *algorithm* returns, advantages, the kept rows as a RolloutBatch
-    ├─ _engine.sleep                          a GPU vLLM engine frees its memory (vllm_enable_sleep_mode)
-    ├─ _guard_restored                        the collapse guard (when on) judges the rollout's success; after a
-    │                                         restore the update is skipped
-    ├─ train                      *algorithm* minibatches, loss, _optimizer_step (clip, guarded step)
-    ├─ check_finite_state                     a NaN or inf in a weight or optimizer moment stops the run here,
-    │                                         naming the iteration, before any checkpoint or save is written
-    ├─ push_weights                           the rollout engine gets the new weights (time/weight_sync_seconds)
-    └─ dump_logs                              rollout/, time/, train/ at num_timesteps
-
-The cold start (:meth:`LMBaseAlgorithm.run_cold_start`) runs before the first rollout.
+The learning loop is the algorithm's own: :meth:`GRPO.learn <algorithms.grpo.grpo.GRPO.learn>` (collect, score,
+update, log) and :meth:`LMPPO.learn <algorithms.ppo.ppo.LMPPO.learn>`. Each builds its batch from a rollout's rows
+(``_build_batch``: returns and advantages) and updates on it (``train``: minibatches, loss, the guarded step). The cold
+start (:meth:`LMBaseAlgorithm.run_cold_start`) runs before the first rollout.
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
@@ -70,9 +50,9 @@ from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
 from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guards_by_default
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
-from algorithms.common.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
 from algorithms.common.lm_arguments import LM_ARGUMENTS
+from algorithms.common.model.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
@@ -80,14 +60,13 @@ from algorithms.common.overlapped_learning import OverlappedLoop
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows
-from algorithms.common.rollout.sampling import RolloutSampling
-from algorithms.common.rollout.seeds import RolloutSeeds
 from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, WeightVersions
-from algorithms.common.rollout_collection import Collected, RolloutCollector
+from algorithms.common.rollout_collection import Collected, RolloutCollector, RolloutSampling
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.parallel import parallelism
 from algorithms.common.runtime.precision import choose_precision
+from algorithms.common.runtime.seeds import RolloutSeeds
 from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, load_full_state
 from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import checks, run_file
@@ -376,9 +355,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
         return self._parallel.save_checkpoint(directory, self.policy, self.ref_model, extra)
 
     def check_finite_state(self, what: str, agreed: bool = False) -> None:
-        """Raise :class:`~algorithms.common.finite_state.NonFiniteStateError` starting with ``what`` when a weight or
-        an optimizer moment holds a NaN or an infinity. ``agreed``: every rank checks its own and all raise together
-        (a collective; for the training loop and sharded saves)."""
+        """Raise :class:`~algorithms.common.model.finite_state.NonFiniteStateError` starting with ``what`` when a
+        weight or an optimizer moment holds a NaN or an infinity. ``agreed``: every rank checks its own and all raise
+        together (a collective; for the training loop and sharded saves)."""
         found = find_nonfinite(self.policy, self.policy.optimizer)
         if agreed and self._dist.enabled:
             found = next((item for item in self._dist.gather_objects(found) if item), None)
@@ -587,9 +566,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     # ------------------------------------------------------------------ one rollout
     def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:
-        """SB3's ``collect_rollouts``: one rollout, collected by :attr:`rollouts`, its batch built
-        (:meth:`end_rollout`); False when a callback stopped training."""
-        return self.end_rollout(self.rollouts.collect(env, callback), callback)
+        """SB3's ``collect_rollouts``: one rollout, collected by :attr:`rollouts` (with ``sharding="fsdp"`` the
+        sampler's whole weights gathered meanwhile), its batch built (:meth:`end_rollout`); False when a callback
+        stopped training."""
+        from_reference = self._sampling.from_reference(self._iteration, self.logger)
+        with self._parallel.gathered(self.policy.model, self.ref_model if from_reference else None):
+            collected = self.rollouts.collect(env, callback)
+        return self.end_rollout(collected, callback)
 
     def end_rollout(self, collected: Collected | None, callback: BaseCallback) -> bool:
         """The batch of a rollout :attr:`rollouts` played (the algorithm's :meth:`_build_batch`), then the
@@ -610,18 +593,14 @@ class LMBaseAlgorithm(BaseAlgorithm):
         ``max_staleness`` its copy taken then (the producer draws the next rollout's noise meanwhile)."""
         return self._seeds.generator if self._overlap is None else self._overlap.update_generator
 
-    # ------------------------------------------------------------------ learning loop
-    def learn(
-        self: SelfLMBaseAlgorithm,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str | None = None,
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfLMBaseAlgorithm:
-        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G)."""
-        tb_log_name = tb_log_name or type(self).__name__
+    # ------------------------------------------------------------------ the steps around an algorithm's update
+    def _start_learning(
+        self, total_timesteps: int, callback: MaybeCallback, tb_log_name: str, reset_num_timesteps: bool,
+        progress_bar: bool,
+    ) -> tuple[int, BaseCallback]:  # fmt: skip
+        """What ``learn`` does before its first iteration: SB3's ``_setup_learn`` (the envs reset, the logger), the
+        curriculum's callback, the cold start when it is due, the callbacks' ``on_training_start``, the engine given
+        the weights; the total and the callback, as ``_setup_learn`` returns them."""
         self._check_has_env()
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
@@ -634,35 +613,29 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if self.needs_cold_start():
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
-        assert self.env is not None
-        if self.max_staleness > 0:
-            assert self.overlapped is not None
-            self.overlapped.run(total_timesteps, callback, log_interval)
-            callback.on_training_end()
-            return self
         self.push_weights()  # whatever changed the weights since the engine last got them
-        while self.num_timesteps < total_timesteps:
-            from_reference = self._sampling.from_reference(self._iteration, self.logger)
-            sampling = [self.policy.model, self.ref_model if from_reference else None]
-            with self._parallel.gathered(*sampling):  # FSDP2: the whole weights for the rollout's sampler
-                collected = self.collect_rollouts(self.env, callback)
-            if not collected:
-                break
-            self._engine.sleep()  # until the push
-            self._iteration += 1
-            self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
-            if self._guard is not None and self._guard_restored(callback):
-                self.push_weights()  # the restored weights
-                self.dump_logs()  # the restore's figures; no update on the rollout the fallen policy sampled
-                continue
-            with deterministic_on_cpu(self.device):
-                self.train()
-            self.check_finite_state(f"training stopped at iteration {self._iteration}", agreed=True)
-            self.push_weights()
-            if log_interval is not None and self._iteration % log_interval == 0:
-                self.dump_logs()
-        callback.on_training_end()
-        return self
+        return total_timesteps, callback
+
+    def _next_iteration(self, total_timesteps: int, callback: BaseCallback) -> bool:
+        """Count the iteration whose rollout was just collected; False when the collapse guard (when on) judged the
+        policy fallen and put its best snapshot back: the update is then skipped (the restore is logged)."""
+        self._engine.sleep()  # a GPU vLLM engine frees its memory until the next push
+        self._iteration += 1
+        self._update_current_progress_remaining(self.num_timesteps, total_timesteps)
+        if self._guard is None or not self._guard_restored(callback):
+            return True
+        self.push_weights()  # the restored weights
+        self.dump_logs()  # the restore's figures; no update on the rollout the fallen policy sampled
+        return False
+
+    def _end_iteration(self, log_interval: int | None) -> None:
+        """After an update: a NaN or inf in a weight or optimizer moment stops the run here, naming the iteration,
+        before any checkpoint or save is written; the engine gets the new weights; the logs every ``log_interval``
+        iterations."""
+        self.check_finite_state(f"training stopped at iteration {self._iteration}", agreed=True)
+        self.push_weights()
+        if log_interval is not None and self._iteration % log_interval == 0:
+            self.dump_logs()
 
     # ------------------------------------------------------------------ collapse guard
     def _guard_restored(self, callback: BaseCallback) -> bool:

@@ -1,7 +1,10 @@
 """The envs a run trains on: :func:`make_env` builds them (the command line, a saved run's record and the benchmarks
 all use it), :func:`make_env_for_model` one from an id for a model's vocabulary, :func:`rollout_token_ids` checks
 one for rollouts of whole completions and reads its EOS and pad ids, :class:`MissingEnv` stands in for a loaded
-run's env that could not be rebuilt.
+run's env that could not be rebuilt. The rollouts' VecEnv plumbing: :func:`split_obs` / :func:`stack_obs`,
+:func:`step_envs` (stepping some envs alone: ``VecEnv.step`` steps every env and resets those whose episode ended; the
+later turns of multi-turn episodes step only the envs still playing, each through its wrappers, so SB3's ``Monitor``
+sees the whole episode, and an ended episode is never reset) and :func:`score_ahead`.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from gymnasium import spaces
 from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
@@ -18,6 +22,40 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 import grpo_gym  # noqa: F401  (registers R1Zero-v0)
 from algorithms.common.model.tokenizer_check import model_tokenizer
 from grpo_gym.validation import ArgumentError
+
+Obs = dict[str, np.ndarray]
+
+
+def split_obs(obs: Obs, indices: list[int]) -> list[Obs]:
+    """The observations of envs ``indices`` out of a VecEnv's batch ``{key: (n_envs, ...)}``."""
+    return [{key: value[i] for key, value in obs.items()} for i in indices]
+
+
+def stack_obs(obs: list[Obs]) -> Obs:
+    """Observations of several envs as one batch ``{key: (len(obs), ...)}``, as a VecEnv returns them."""
+    return {key: np.stack([o[key] for o in obs]) for key in obs[0]}
+
+
+def step_envs(
+    env: VecEnv, indices: list[int], actions: np.ndarray
+) -> tuple[list[Obs], np.ndarray, np.ndarray, list[dict[str, Any]]]:
+    """Step env ``indices[j]`` alone with ``actions[j]``: its observation, and the rewards ``(n,)``, dones ``(n,)``
+    (terminated or truncated) and infos (with SB3's ``"TimeLimit.truncated"``) as ``VecEnv.step`` gives them, without
+    the reset of an ended episode."""
+    steps = [env.env_method("step", actions[j], indices=[i])[0] for j, i in enumerate(indices)]
+    obs = [step[0] for step in steps]
+    rewards = np.array([step[1] for step in steps], dtype=np.float32)
+    dones = np.array([step[2] or step[3] for step in steps], dtype=bool)
+    infos = [{**step[4], "TimeLimit.truncated": bool(step[3] and not step[2])} for step in steps]
+    return obs, rewards, dones, infos
+
+
+def score_ahead(env: VecEnv, problems: list[Any], actions: Any) -> None:
+    """Each env scores the first turns it will play in one batch (one call per reward function, one reward-model
+    forward); its ``step`` then returns those results. Env ``i`` plays episodes ``i, i + n_envs, ...``."""
+    n_envs = env.num_envs
+    for i in range(min(n_envs, len(problems))):
+        env.env_method("score_ahead", problems[i::n_envs], list(actions[i::n_envs]), indices=[i])
 
 
 def make_env(env_id: str, n_envs: int = 1, env_kwargs: dict[str, Any] | None = None, seed: int | None = None) -> VecEnv:
@@ -97,3 +135,15 @@ class MissingEnv:
 
     def __repr__(self) -> str:
         return f"MissingEnv({self._reason!r})"
+
+
+def keeps_turn_cache(setting: bool | str, env: VecEnv) -> bool:
+    """Whether rollouts keep the KV cache of each turn for the next (``turn_cache``): ``True``/``False`` as given;
+    ``"auto"`` when the env's episodes may have more than one model turn (``max_turns > 1`` or ``tools``; an env
+    without ``max_turns`` is taken to play several)."""
+    if setting != "auto":
+        return bool(setting)
+    if not env.has_attr("max_turns"):
+        return True
+    many = int(env.get_attr("max_turns", indices=[0])[0]) > 1
+    return many or (env.has_attr("tools") and env.get_attr("tools", indices=[0])[0] is not None)

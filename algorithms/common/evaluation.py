@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 import torch as th
 
+from algorithms.common.env_util import keeps_turn_cache, stack_obs, step_envs
 from algorithms.common.rollout.batch import left_pad
-from algorithms.common.rollout.env_steps import stack_obs, step_envs
 from algorithms.common.rollout.rows import contexts_from_obs
-from algorithms.common.rollout.turns import keeps_turn_cache
 from grpo_gym.tasks.base import HELD_OUT_SEED
 
 __all__ = [

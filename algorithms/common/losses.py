@@ -1,11 +1,12 @@
 """Loss terms any policy-gradient method for language models uses, as pure tensor functions.
 
-Tensors in, tensors out, no state, no I/O. Shapes: ``B`` sequences of ``T`` completion tokens, ``V`` the
-vocabulary. Masks are ``True`` on valid completion tokens and ``False`` on padding and after EOS; masked
-positions never contribute to a value or a gradient, even when they hold NaN or inf. GRPO's own pieces
-(group advantages, the assembled loss) are in :mod:`algorithms.grpo.objective`; the PPO-style surrogate, the
-k3 KL, the sampler correction's weights, the discounted returns and the aggregation modes are here so that every
-algorithm shares one definition (a token's log-prob and entropy: :mod:`algorithms.common.generation.sampler`).
+Tensors in, tensors out, no state, no I/O. Shapes: ``B`` sequences of ``T`` completion tokens. Masks are ``True`` on
+valid completion tokens and ``False`` on padding and after EOS; masked positions never contribute to a value or a
+gradient, even when they hold NaN or inf. The PPO-style surrogate, the k3 KL (and with it the sampler mismatch every
+update measures) and the aggregation modes are here so that every algorithm shares one definition; GRPO's loss
+assembles them (:func:`algorithms.grpo.update.grpo_loss`). Elsewhere: the advantages
+(:mod:`algorithms.grpo.advantages`), the sampler correction's weights (:mod:`algorithms.common.sampler_correction`),
+a token's log-prob and entropy (:mod:`algorithms.common.generation.sampler`).
 
 Sources: PPO, Schulman et al. 2017; GRPO, Shao et al. 2024 (DeepSeekMath, arXiv 2402.03300), Eq. 3–4; DAPO,
 Yu et al. 2025 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRPO, Liu et al. 2025 (arXiv
@@ -13,8 +14,6 @@ Yu et al. 2025 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRP
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import Tensor
@@ -28,32 +27,6 @@ IMPORTANCE_LEVELS = ("token", "sequence")
 def check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:
     if tensor.shape != shape:
         raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {tuple(shape)}.")
-
-
-def returns_to_go(rewards: Tensor, gamma: float, mask: Tensor) -> Tensor:
-    """Each turn's discounted return to the end of its episode, ``G_t = sum_{u >= t} gamma^(u - t) r_u`` over the
-    turns that happened; column 0 is the episode's return ``sum_t gamma^t r_t`` (turn 0 undiscounted).
-
-    The one discounted-return formula: GRPO scores an episode by ``G_0`` (per-turn credit: each turn by its own
-    ``G_t``), the PPO baseline each turn by its ``G_t`` (the original design's gamma: 0.95 for dialogues, 0.99 for
-    generation).
-
-    :param rewards: per-turn rewards, shape ``(E, U)``
-    :param gamma: discount factor in ``[0, 1]``
-    :param mask: ``True`` on the turns that happened, shape ``(E, U)``
-    :return: shape ``(E, U)``, 0 on turns that did not happen
-    """
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
-    check_shape("mask", mask, rewards.shape)
-    played = mask.bool()
-    rewards = torch.where(played, rewards, 0.0)  # (E, U)
-    result = torch.zeros_like(rewards)
-    running = rewards.new_zeros(rewards.shape[0])  # (E,)
-    for turn in reversed(range(rewards.shape[1])):  # one step per turn (a handful), vectorised over the episodes
-        running = rewards[:, turn] + gamma * running
-        result[:, turn] = running
-    return torch.where(played, result, 0.0)
 
 
 def clipped_surrogate(
@@ -138,65 +111,11 @@ def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio  # (B, T): (r - 1) - log r
 
 
-def truncated_importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
-    """Truncated importance sampling (TIS) per token: ``w = min(pi_old / pi_sampler, cap)``, no gradient.
-
-    Corrects for a sampler whose token distribution is not the update's own (a different precision, an
-    external generation engine): the surrogate is built on ``pi / pi_old`` with ``pi_old`` the update's
-    distribution before its first step, and each token's loss is weighted by ``w``, capped so that a token the
-    sampler found much less likely than the update does cannot dominate (Yao et al. 2025, "Your efficient RL
-    framework secretly brings you off-policy RL training"; TRL's ``vllm_importance_sampling_mode="token_truncate"``,
-    verl's rollout importance sampling). Tokens where the sampler was the more confident get ``w < 1``.
-
-    :param old_logp: log-probs of the sampled tokens under the update's forward pass, before any step, ``(B, T)``
-    :param sampler_logp: the same as the sampler computed them, ``(B, T)``
-    :param mask: ``True`` on valid completion tokens, ``(B, T)``
-    :param cap: the largest weight ``C`` (``> 0``)
-    :return: ``(B, T)`` weights, 0 at masked positions
-    """
-    if not cap > 0:
-        raise ValueError(f"the truncation cap must be > 0, got {cap}.")
-    check_shape("sampler_logp", sampler_logp, old_logp.shape)
-    check_shape("mask", mask, old_logp.shape)
-    log_ratio = torch.where(mask.bool(), old_logp - sampler_logp, 0.0).detach()  # (B, T)
-    return torch.where(mask.bool(), torch.exp(log_ratio).clamp(max=cap), 0.0)  # (B, T)
-
-
-def masked_sequence_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
-    """Masked sequence-level importance sampling: each sequence's ratio ``r_i = prod_t pi_old / pi_sampler`` over its
-    valid tokens weights all its tokens, and a sequence whose ratio exceeds ``cap`` is left out (weight 0), no
-    gradient.
-
-    The masked variant of :func:`truncated_importance_weights` (TRL's ``vllm_importance_sampling_mode=
-    "sequence_mask"`` with ``clip_max=cap`` and no lower bound): a sequence the sampler drew far more often than the
-    update would (its whole-sequence mismatch beyond the threshold) says more about the engine than about the
-    policy, and is dropped rather than down-weighted. A sequence with no valid token gets 0.
-
-    :param old_logp: log-probs of the sampled tokens under the update's forward pass, before any step, ``(B, T)``
-    :param sampler_logp: the same as the sampler computed them, ``(B, T)``
-    :param mask: ``True`` on valid completion tokens, ``(B, T)``
-    :param cap: the largest sequence ratio kept (``> 0``)
-    :return: ``(B, T)`` weights: ``r_i`` on the valid tokens of a kept sequence, 0 elsewhere
-    """
-    if not cap > 0:
-        raise ValueError(f"the mask threshold (cap) must be > 0, got {cap}.")
-    check_shape("sampler_logp", sampler_logp, old_logp.shape)
-    check_shape("mask", mask, old_logp.shape)
-    valid = mask.bool()
-    log_ratio = torch.where(valid, old_logp - sampler_logp, 0.0).detach().sum(dim=-1, keepdim=True)  # (B, 1)
-    ratio = torch.exp(log_ratio)  # (B, 1): the sequence's importance ratio
-    kept = (ratio <= cap) & valid.any(dim=-1, keepdim=True)  # (B, 1)
-    return torch.where(valid & kept, ratio, 0.0)  # (B, T)
-
-
-def truncated_fraction(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
-    """The share of valid tokens whose TIS weight the cap truncates: ``pi_old / pi_sampler > cap`` (scalar, no
-    gradient; 0 without valid tokens). Arguments as :func:`truncated_importance_weights`'s."""
-    check_shape("sampler_logp", sampler_logp, old_logp.shape)
-    check_shape("mask", mask, old_logp.shape)
-    valid = mask.bool()
-    truncated = (old_logp.detach() - sampler_logp.detach() > math.log(cap)) & valid  # (B, T)
-    return truncated.sum() / valid.sum().clamp(min=1)
+def sampler_kl(update_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> Tensor:
+    """The mean over valid tokens of the k3 estimate of ``KL(pi_sampler || pi_update)`` at the sampled tokens
+    (scalar, no gradient); ``update_logp`` and ``sampler_logp`` are ``(B, T)``, ``mask`` True on valid tokens."""
+    per_token = kl_k3(sampler_logp.detach(), update_logp.detach())  # (B, T): r - 1 - log r, r = update / sampler
+    return aggregate(per_token, mask, "token")
 
 
 def aggregate(per_token: Tensor, mask: Tensor, mode: str = "sequence", max_tokens: int | None = None) -> Tensor:

@@ -8,6 +8,14 @@ algorithm builds its batch. The steps are separate methods because the overlappe
 (:class:`~algorithms.common.overlapped_learning.OverlappedLoop`, ``max_staleness >= 1``) runs them around a first
 turn sampled on its producer thread: :meth:`~RolloutCollector.start`, :meth:`~RolloutCollector.sampling_call`,
 :meth:`~RolloutCollector.finish`.
+
+What a rollout samples is one object the algorithm owns (``_sampling``), called at the collector's fixed points
+instead of methods a subclass overrides: :meth:`~RolloutSampling.before_rollout` (at the start of every rollout, e.g.
+GRPO's reward ramp), :meth:`~RolloutSampling.problem_keys` (which problems: the env's stream, or GRPO's prompt pool),
+:meth:`~RolloutSampling.from_reference` (whether the frozen reference samples instead: GRPO's protected rollouts) and
+:meth:`~RolloutSampling.after_play` (once the episodes are played: GRPO's refill rounds, the prompt pool's update).
+:class:`RolloutSampling` is the default, which does nothing more; GRPO's options are
+:class:`~algorithms.grpo.sampling.GRPOSampling`.
 """
 
 from __future__ import annotations
@@ -21,14 +29,42 @@ from typing import Any
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
+from algorithms.common.env_util import keeps_turn_cache, score_ahead, split_obs
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.model.reference import reference_network
 from algorithms.common.rollout.batch import left_pad
-from algorithms.common.rollout.env_steps import score_ahead, split_obs
-from algorithms.common.rollout.rows import Rows, check_reward_errors, contexts_from_obs, merge_episode_infos
-from algorithms.common.rollout.turns import keeps_turn_cache, log_turns, play_later_turns
+from algorithms.common.rollout.rows import Rows, check_reward_errors, contexts_from_obs, log_turns, merge_episode_infos
+from algorithms.common.rollout.turns import play_later_turns
+from algorithms.common.runtime.seeds import RolloutSeeds
+
+#: how a sampling object plays groups again: ``play(slots, mine, refill_round)`` draws new problems for the job's
+#: groups ``slots``, plays this rank's (``mine``: local group indices) and returns their rows and generation
+#: seconds, or None when a callback stopped training
+#: (:meth:`RolloutCollector.play_again`)
+PlayRefill = Callable[[list[int], list[int], int], "tuple[Rows, float] | None"]
+
+
+class RolloutSampling:
+    """Every rollout draws the env's stream of problems and samples from the policy; nothing is played again."""
+
+    def before_rollout(self, env: VecEnv, num_timesteps: int, logger: Logger) -> None:
+        """At the start of every rollout, before its problems are drawn."""
+
+    def problem_keys(self, n: int, seeds: RolloutSeeds, env: VecEnv) -> list[dict[str, Any]]:
+        """The ``sample_problem`` arguments of the next ``n`` problems: the env's stream (the job-wide seeds)."""
+        return seeds.problem_keys(n)
+
+    def from_reference(self, iteration: int, logger: Logger) -> bool:
+        """Whether the frozen reference samples the rollout of ``iteration`` instead of the policy."""
+        return False
+
+    def after_play(self, rows: Rows, play: PlayRefill, logger: Logger) -> float | None:
+        """Once the rollout's episodes are played: may play groups again (``play``) and change ``rows`` in place;
+        the extra generation seconds, or None when a callback stopped training."""
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -182,6 +218,8 @@ class RolloutCollector:
             if not record(list(chunk), 0, played, (rewards, dones, infos), locals()):
                 return None
             live = [i for i, done in enumerate(dones) if not done]  # env i of the chunk plays episode chunk[i]
+            if not live:  # every episode ended with its first turn
+                continue
             episodes = [chunk[i] for i in live]  # also their rows in the first turn's cache
             later = play_later_turns(env, self.sample, record, self.algorithm.policy.context_limit, episodes, live,
                                      split_obs(new_obs, live), first.cache, episodes)  # fmt: skip

@@ -8,17 +8,17 @@ step, and the surrogate's ratio ``pi / pi_sampler`` is not 1 on a fresh rollout:
 gradient of some tokens and lets others through unclipped, in a direction set by rounding, not by the reward.
 
 - **Measured** (``train/sampler_kl``): the mean over the fresh rollout's tokens of Schulman's k3 estimate of
-  ``KL(pi_sampler || pi_update)`` (:func:`~algorithms.common.losses.kl_k3` with ``r = pi_update / pi_sampler`` at
-  each sampled token: unbiased, since the tokens are the sampler's draws; not the exact sum over the vocabulary,
+  ``KL(pi_sampler || pi_update)`` (:func:`~algorithms.common.losses.sampler_kl`, with ``r = pi_update / pi_sampler``
+  at each sampled token: unbiased, since the tokens are the sampler's draws; not the exact sum over the vocabulary,
   which would need the sampler's whole distribution at every step). ``pi_update`` is the update's distribution
   before its first optimizer step. 0 (up to float rounding, about 1e-12) when both run in float32.
 - **Corrected** (``sampler_correction="tis"``): the update's own log-probs of the fresh rollout are computed once,
   without gradient, before the first step (``pi_old``, one extra forward pass); the surrogate's ratio becomes
   ``pi / pi_old`` (exactly 1 at the first step, as TRL and verl have it) and each token's loss is weighted by
-  ``min(pi_old / pi_sampler, cap)`` (:func:`~algorithms.common.losses.truncated_importance_weights`).
+  ``min(pi_old / pi_sampler, cap)`` (:func:`truncated_importance_weights`).
 - **Masked** (``sampler_correction="mask"``): the same ``pi_old``, and each sequence weighted by its whole ratio
   ``prod_t pi_old / pi_sampler``, a sequence whose ratio exceeds ``cap`` left out (weight 0;
-  :func:`~algorithms.common.losses.masked_sequence_weights`, TRL's ``"sequence_mask"``); the share of sequences
+  :func:`masked_sequence_weights`, TRL's ``"sequence_mask"``); the share of sequences
   left out is logged as ``train/sampler_masked_fraction``.
 
 ``"auto"`` (the default) turns TIS on exactly when the sampler is not the update's own computation: when the
@@ -28,16 +28,18 @@ update's only up to its own rounding, and a vLLM server may lag a push behind), 
 (``max_staleness >= 1``, :mod:`~algorithms.common.rollout.staleness`): ``pi_old`` is then the proximal policy (the
 weights at the update's start), and the weights correct the staleness too. The share of tokens whose TIS weight
 the cap truncates is logged as ``train/sampler_clipped_fraction``
-(:func:`~algorithms.common.losses.truncated_fraction`).
+(:func:`truncated_fraction`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch as th
+from torch import Tensor
 
-from algorithms.common.losses import aggregate, kl_k3, masked_sequence_weights, truncated_importance_weights
+from algorithms.common.losses import check_shape, sampler_kl
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.runtime.precision import PrecisionChoice
 
@@ -46,6 +48,67 @@ from algorithms.common.runtime.precision import PrecisionChoice
 SAMPLER_CORRECTIONS = ("auto", "tis", "mask", None)
 #: the rollout engines whose log-probs are another computation than the update's (``rollout_engine=``)
 EXTERNAL_ENGINES = ("hf", "vllm")
+
+
+def truncated_importance_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Truncated importance sampling (TIS) per token: ``w = min(pi_old / pi_sampler, cap)``, no gradient.
+
+    Corrects for a sampler whose token distribution is not the update's own (a different precision, an
+    external generation engine): the surrogate is built on ``pi / pi_old`` with ``pi_old`` the update's
+    distribution before its first step, and each token's loss is weighted by ``w``, capped so that a token the
+    sampler found much less likely than the update does cannot dominate (Yao et al. 2025, "Your efficient RL
+    framework secretly brings you off-policy RL training"; TRL's ``vllm_importance_sampling_mode="token_truncate"``,
+    verl's rollout importance sampling). Tokens where the sampler was the more confident get ``w < 1``.
+
+    :param old_logp: log-probs of the sampled tokens under the update's forward pass, before any step, ``(B, T)``
+    :param sampler_logp: the same as the sampler computed them, ``(B, T)``
+    :param mask: ``True`` on valid completion tokens, ``(B, T)``
+    :param cap: the largest weight ``C`` (``> 0``)
+    :return: ``(B, T)`` weights, 0 at masked positions
+    """
+    if not cap > 0:
+        raise ValueError(f"the truncation cap must be > 0, got {cap}.")
+    check_shape("sampler_logp", sampler_logp, old_logp.shape)
+    check_shape("mask", mask, old_logp.shape)
+    log_ratio = th.where(mask.bool(), old_logp - sampler_logp, 0.0).detach()  # (B, T)
+    return th.where(mask.bool(), th.exp(log_ratio).clamp(max=cap), 0.0)  # (B, T)
+
+
+def masked_sequence_weights(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """Masked sequence-level importance sampling: each sequence's ratio ``r_i = prod_t pi_old / pi_sampler`` over its
+    valid tokens weights all its tokens, and a sequence whose ratio exceeds ``cap`` is left out (weight 0), no
+    gradient.
+
+    The masked variant of :func:`truncated_importance_weights` (TRL's ``vllm_importance_sampling_mode=
+    "sequence_mask"`` with ``clip_max=cap`` and no lower bound): a sequence the sampler drew far more often than the
+    update would (its whole-sequence mismatch beyond the threshold) says more about the engine than about the
+    policy, and is dropped rather than down-weighted. A sequence with no valid token gets 0.
+
+    :param old_logp: log-probs of the sampled tokens under the update's forward pass, before any step, ``(B, T)``
+    :param sampler_logp: the same as the sampler computed them, ``(B, T)``
+    :param mask: ``True`` on valid completion tokens, ``(B, T)``
+    :param cap: the largest sequence ratio kept (``> 0``)
+    :return: ``(B, T)`` weights: ``r_i`` on the valid tokens of a kept sequence, 0 elsewhere
+    """
+    if not cap > 0:
+        raise ValueError(f"the mask threshold (cap) must be > 0, got {cap}.")
+    check_shape("sampler_logp", sampler_logp, old_logp.shape)
+    check_shape("mask", mask, old_logp.shape)
+    valid = mask.bool()
+    log_ratio = th.where(valid, old_logp - sampler_logp, 0.0).detach().sum(dim=-1, keepdim=True)  # (B, 1)
+    ratio = th.exp(log_ratio)  # (B, 1): the sequence's importance ratio
+    kept = (ratio <= cap) & valid.any(dim=-1, keepdim=True)  # (B, 1)
+    return th.where(valid & kept, ratio, 0.0)  # (B, T)
+
+
+def truncated_fraction(old_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float = 2.0) -> Tensor:
+    """The share of valid tokens whose TIS weight the cap truncates: ``pi_old / pi_sampler > cap`` (scalar, no
+    gradient; 0 without valid tokens). Arguments as :func:`truncated_importance_weights`'s."""
+    check_shape("sampler_logp", sampler_logp, old_logp.shape)
+    check_shape("mask", mask, old_logp.shape)
+    valid = mask.bool()
+    truncated = (old_logp.detach() - sampler_logp.detach() > math.log(cap)) & valid  # (B, T)
+    return truncated.sum() / valid.sum().clamp(min=1)
 
 
 def resolve_sampler_correction(
@@ -57,22 +120,6 @@ def resolve_sampler_correction(
         external = rollout_engine in EXTERNAL_ENGINES
         return "tis" if precision.mixes_sampling_and_update or external or max_staleness > 0 else None
     return requested
-
-
-def sampler_kl(update_logp: th.Tensor, sampler_logp: th.Tensor, mask: th.Tensor) -> th.Tensor:
-    """The mean over valid tokens of the k3 estimate of ``KL(pi_sampler || pi_update)`` at the sampled tokens
-    (scalar, no gradient); ``update_logp`` and ``sampler_logp`` are ``(B, T)``, ``mask`` True on valid tokens."""
-    per_token = kl_k3(sampler_logp.detach(), update_logp.detach())  # (B, T): r - 1 - log r, r = update / sampler
-    return aggregate(per_token, mask, "token")
-
-
-def minibatch_sampler_kl(minibatch: RolloutBatch, log_probs: th.Tensor) -> th.Tensor:
-    """:func:`sampler_kl` of a minibatch's fresh rows from the update's ``(B, C)`` log-probs of it, taken before any
-    step (the first minibatch of an update: what is measured when there is no correction, at no extra cost)."""
-    mask = minibatch.completion_mask  # (B, C)
-    if minibatch.slots is not None:  # replayed rows were sampled by older weights: not the sampler's mismatch
-        mask = mask & (minibatch.slots < 0).unsqueeze(1)
-    return sampler_kl(log_probs, minibatch.old_log_probs, mask)
 
 
 def corrected(batch: RolloutBatch, update_logp: th.Tensor, cap: float, mode: str = "tis") -> RolloutBatch:

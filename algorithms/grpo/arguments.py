@@ -26,9 +26,6 @@ from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuff
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import advantages, controls
 
-#: a sequence-level (GSPO) clip range above this rarely clips: GRPO warns (the paper's is 3e-4)
-GSPO_CLIP_HINT = 0.01
-
 #: ``ent_coef``'s default, the original design's: 0.01 decaying to 0.001 over 10,000 updates
 ENT_COEF_DECAY = UpdateDecay(0.01, 0.001, 10_000)
 

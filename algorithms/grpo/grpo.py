@@ -1,38 +1,35 @@
 """GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API.
 
-The class that wires the data flow and holds the SB3 surface; the steps themselves live in modules named for
-them: rollouts in :mod:`algorithms.common.rollout_collection` / :mod:`algorithms.common.rollout.rows`, dynamic
-sampling in :mod:`algorithms.grpo.sampling`, the advantages step in :mod:`algorithms.grpo.scoring` (a part GRPO
-owns; the formulas: :mod:`algorithms.grpo.advantages`), the original design's controls in
-:mod:`algorithms.grpo.controls`, the update in :mod:`algorithms.grpo.update` (loss: :mod:`algorithms.grpo.objective`),
-replay in :mod:`algorithms.grpo.replay`.
+One iteration, as :meth:`GRPO.learn` runs it, each step in the module that does it: collect a rollout
+(:mod:`algorithms.common.rollout_collection`; dynamic sampling and the other sampling options:
+:mod:`algorithms.grpo.sampling`), score it (:mod:`algorithms.grpo.advantages`: returns, group-relative advantages,
+the rows kept), update the policy (:mod:`algorithms.grpo.update`, the loss :func:`~algorithms.grpo.update.grpo_loss`;
+replay: :mod:`algorithms.grpo.replay`), log. The original design's controls: :mod:`algorithms.grpo.controls`.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.base_class import LMBaseAlgorithm
-from algorithms.common.losses import truncated_fraction
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows
+from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import replay, trl_port, update
-from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS, GSPO_CLIP_HINT
+from algorithms.grpo.advantages import GroupScoring
+from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling
-from algorithms.grpo.scoring import GroupScoring
-from grpo_gym.validation import user_stacklevel
 
 
 class GRPO(LMBaseAlgorithm):
@@ -41,7 +38,7 @@ class GRPO(LMBaseAlgorithm):
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
     whatever the number of envs; rewards from ``env.step``; advantages relative to each group
     (:func:`~algorithms.grpo.advantages.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen
-    reference and an entropy bonus (:func:`~algorithms.grpo.objective.grpo_loss`); global gradient clipping; an
+    reference and an entropy bonus (:func:`~algorithms.grpo.update.grpo_loss`); global gradient clipping; an
     optimizer step per minibatch. No value network: GRPO builds on
     :class:`~algorithms.common.base_class.LMBaseAlgorithm` rather than SB3's ``OnPolicyAlgorithm``, whose
     ``RolloutBuffer`` and GAE do not fit completions scored per group. ``num_timesteps`` counts completions (one
@@ -103,17 +100,7 @@ class GRPO(LMBaseAlgorithm):
     ) -> None:
         # every argument checked once, by its rule, and stored by name
         super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
-        clips = [value(1.0) if callable(value) else value for value in (self.clip_range, self.clip_range_high)]
-        widest = max(value for value in clips if value is not None)  # at the start of training
-        if self.importance_level == "sequence" and widest > GSPO_CLIP_HINT:
-            warnings.warn(
-                f"importance_level='sequence' clips GSPO's sequence ratio, which stays within about 1e-3 of 1: a "
-                f"clip range of {widest:g} rarely clips it. GSPO's paper uses clip_range=3e-4, clip_range_high=4e-4 "
-                "(pass them, as TRL's epsilon and epsilon_high)",
-                UserWarning,
-                stacklevel=user_stacklevel(),
-            )
-        #: the advantages step, rows to the batch the update trains on: see :mod:`algorithms.grpo.scoring`
+        #: the advantages step, rows to the batch the update trains on: see :mod:`algorithms.grpo.advantages`
         self.scoring = GroupScoring(
             group_size=self.group_size,  # as its rule read it (8.0 is 8)
             n_groups=self.n_groups,
@@ -130,11 +117,6 @@ class GRPO(LMBaseAlgorithm):
             diversity_threshold=self.diversity_threshold,
             diagnostics=self.diagnostics,
         )
-        if self.diagnostics and self.sharding == "fsdp":  # backward_by_group reads whole per-group gradients
-            raise ValueError(
-                "controls_kwargs['diagnostics']=True measures each group's whole gradient: not with sharding='fsdp'; "
-                "leave diagnostics off (or pass sharding=None)"
-            )
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
         self._prompt_pool: LearnabilityPool | None = None
         if _init_setup_model:
@@ -224,10 +206,42 @@ class GRPO(LMBaseAlgorithm):
         """Read a replay buffer written by :meth:`save_replay_buffer` into this model."""
         self.replay_buffer = PrioritizedTrajectoryBuffer.load(path, vocab_size=self.policy.vocab_size)
 
-    # ------------------------------------------------------------------ advantages
+    # ------------------------------------------------------------------ one iteration
+    def learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "GRPO",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> GRPO:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G).
+
+        Each iteration: collect a rollout (:class:`~algorithms.common.rollout_collection.RolloutCollector`: K
+        problems, G completions each, stepped through the env for their rewards), score it (:meth:`_build_batch`:
+        returns and group-relative advantages), update the policy (:meth:`train`), log. With ``max_staleness >= 1``
+        the loop of :class:`~algorithms.common.overlapped_learning.OverlappedLoop` runs these steps with sampling
+        overlapping the update."""
+        total_timesteps, callback = self._start_learning(
+            total_timesteps, callback, tb_log_name, reset_num_timesteps, progress_bar
+        )
+        if self.overlapped is not None:
+            self.overlapped.run(total_timesteps, callback, log_interval)
+        while self.overlapped is None and self.num_timesteps < total_timesteps:
+            if not self.collect_rollouts(self.env, callback):  # a callback stopped training
+                break
+            if not self._next_iteration(total_timesteps, callback):  # the collapse guard restored a snapshot
+                continue
+            with deterministic_on_cpu(self.device):
+                self.train()
+            self._end_iteration(log_interval)  # the finite-state check, the engine's weights, the logs
+        callback.on_training_end()
+        return self
+
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
         """The rollout's rows as the batch the update trains on: :meth:`GroupScoring.batch
-        <algorithms.grpo.scoring.GroupScoring.batch>` (returns, advantages relative to each group, the kept rows)."""
+        <algorithms.grpo.advantages.GroupScoring.batch>` (returns, advantages relative to each group, the kept rows)."""
         batch, self._placeholder = self.scoring.batch(rows, generation_seconds, self.policy, self.logger, self.device)
         return batch
 
@@ -249,7 +263,9 @@ class GRPO(LMBaseAlgorithm):
             if mode == "mask":
                 self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(fresh))
             else:
-                clipped = truncated_fraction(fresh.old_log_probs, batch.old_log_probs, fresh.completion_mask, cap)
+                clipped = correction.truncated_fraction(
+                    fresh.old_log_probs, batch.old_log_probs, fresh.completion_mask, cap
+                )
             batch = fresh
         drawn = None
         if self.replay_buffer is not None:
@@ -274,7 +290,7 @@ class GRPO(LMBaseAlgorithm):
             for minibatch, share in parts:
                 loss, stats, log_probs, ran = self._step(minibatch, settings, share, in_pass)
                 if sampler_kl is None:  # no correction: the first minibatch's forward ran before any step
-                    sampler_kl = correction.minibatch_sampler_kl(ran, log_probs)
+                    sampler_kl = update.minibatch_sampler_kl(ran, log_probs)
                 if ran.slots is not None:
                     drifts.update(replay.drift(log_probs.detach(), ran))
                 for key, value in {"loss": loss, **stats}.items():

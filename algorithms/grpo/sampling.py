@@ -1,5 +1,5 @@
 """What GRPO's rollout samples (:class:`GRPOSampling`, the object the rollout calls at its fixed points, see
-:mod:`algorithms.common.rollout.sampling`): the reward ramp, the learnability-prioritised prompts
+:mod:`algorithms.common.rollout_collection`): the reward ramp, the learnability-prioritised prompts
 (:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`), the protected rollouts and DAPO's dynamic
 sampling that refills; and the completions ``mask_truncated`` leaves out.
 
@@ -28,9 +28,9 @@ from stable_baselines3.common.vec_env import VecEnv
 
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows, turn_returns
-from algorithms.common.rollout.sampling import PlayRefill, RolloutSampling
-from algorithms.common.rollout.seeds import RolloutSeeds
+from algorithms.common.rollout_collection import PlayRefill, RolloutSampling
 from algorithms.common.runtime.distributed import Distributed
+from algorithms.common.runtime.seeds import RolloutSeeds
 from algorithms.grpo import controls
 from algorithms.grpo.advantages import uniform_group_mask
 
@@ -70,17 +70,6 @@ class Refills:
     rates: list[float] = field(default_factory=list)
     seconds: float = 0.0
     rounds: int = 0
-
-
-def truncated_rows(rows: Rows, eos_ids: Sequence[int]) -> list[bool]:
-    """Which rows are completions cut at ``max_new_tokens`` without EOS: the env's ``info["completion_clipped"]``,
-    or, when the env gives none, no EOS among the completion's valid tokens."""
-    eos = th.as_tensor(list(eos_ids))
-    cut = []
-    for tokens, mask, info in zip(rows.tokens, rows.masks, rows.infos, strict=True):
-        clipped = info.get("completion_clipped")
-        cut.append(bool(clipped) if clipped is not None else not bool(th.isin(tokens[mask.bool()].cpu(), eos).any()))
-    return cut
 
 
 def group_outcomes(rows: Rows, n_groups: int, group_size: int, gamma: float) -> tuple[th.Tensor, th.Tensor]:

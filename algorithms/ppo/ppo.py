@@ -11,15 +11,16 @@ from typing import Any
 
 import numpy as np
 import torch as th
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.base_class import LMBaseAlgorithm
-from algorithms.common.losses import truncated_fraction
+from algorithms.common.losses import sampler_kl
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
 from algorithms.common.rollout.rows import Rows, log_rollout, turn_returns
+from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
@@ -117,6 +118,33 @@ class LMPPO(LMBaseAlgorithm):
     def _needs_reference(self) -> bool:
         return self.kl_coef > 0
 
+    # ------------------------------------------------------------------ one iteration
+    def learn(
+        self,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str = "LMPPO",
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> LMPPO:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G): rollouts
+        (:meth:`collect_rollouts`), each scored with the value head's GAE (:meth:`_build_batch`), then the update
+        (:meth:`train`), as SB3's ``OnPolicyAlgorithm.learn``."""
+        total_timesteps, callback = self._start_learning(
+            total_timesteps, callback, tb_log_name, reset_num_timesteps, progress_bar
+        )
+        if self.overlapped is not None:  # max_staleness >= 1: sampling overlaps the update
+            self.overlapped.run(total_timesteps, callback, log_interval)
+        else:
+            while self.num_timesteps < total_timesteps and self.collect_rollouts(self.env, callback):
+                if self._next_iteration(total_timesteps, callback):  # not after a restore of the collapse guard
+                    with deterministic_on_cpu(self.device):
+                        self.train()
+                    self._end_iteration(log_interval)
+        callback.on_training_end()
+        return self
+
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
         """Every completion of the rollout, with its per-token values at sampling time, GAE advantages and targets.
@@ -137,11 +165,13 @@ class LMPPO(LMBaseAlgorithm):
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)
             update_log_probs, _, batch.values = self.policy.log_probs(*args, with_values=True)  # (N, C) each
             ref_log_probs = self._reference_log_probs(batch) if self.kl_coef > 0 else None  # (N, C)
-        self._sampler_kl = float(correction.sampler_kl(update_log_probs, batch.old_log_probs, mask))
+        self._sampler_kl = float(sampler_kl(update_log_probs, batch.old_log_probs, mask))
         if self._sampler_correction is not None:  # the ratio against the update's own log-probs, tokens weighted
             cap, mode = self.sampler_correction_cap, self._sampler_correction
             if mode == "tis":
-                self._sampler_clipped = float(truncated_fraction(update_log_probs, batch.old_log_probs, mask, cap))
+                self._sampler_clipped = float(
+                    correction.truncated_fraction(update_log_probs, batch.old_log_probs, mask, cap)
+                )
             batch = correction.corrected(batch, update_log_probs, cap, mode)
             if mode == "mask":
                 self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(batch))

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from algorithms.common.finite_state import first_nonfinite
+from algorithms.common.model.finite_state import first_nonfinite
 from grpo_gym.gguf import is_gguf, load_gguf_model
 from grpo_gym.hub import check_hf_source, trust_kwargs
 

@@ -1,5 +1,5 @@
 """What a rollout collects: one row per completion the env scored, the episodes' returns, the rollout's logs and
-checks (reward errors, every rank's episode statistics).
+checks (reward errors, every rank's episode statistics, the turns and tool calls of multi-turn episodes).
 
 Where it sits in the data flow: :meth:`collect_rollouts
 <algorithms.common.rollout_collection.RolloutCollector.collect>` samples K problems x G completions in one
@@ -21,7 +21,6 @@ import torch as th
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.utils import safe_mean
 
-from algorithms.common.losses import returns_to_go
 from algorithms.common.runtime.distributed import Distributed
 
 #: the outputs a histogram or a text is kept out of (TensorBoard only)
@@ -65,9 +64,36 @@ def contexts_from_obs(obs: dict[str, np.ndarray], limit: int) -> list[th.Tensor]
     return [th.as_tensor(ids[mask == 1][-limit:]) for ids, mask in pairs]
 
 
+def returns_to_go(rewards: th.Tensor, gamma: float, mask: th.Tensor) -> th.Tensor:
+    """Each turn's discounted return to the end of its episode, ``G_t = sum_{u >= t} gamma^(u - t) r_u`` over the
+    turns that happened; column 0 is the episode's return ``sum_t gamma^t r_t`` (turn 0 undiscounted).
+
+    The one discounted-return formula: GRPO scores an episode by ``G_0`` (per-turn credit: each turn by its own
+    ``G_t``), the PPO baseline each turn by its ``G_t`` (the original design's gamma: 0.95 for dialogues, 0.99 for
+    generation).
+
+    :param rewards: per-turn rewards, shape ``(E, U)``
+    :param gamma: discount factor in ``[0, 1]``
+    :param mask: ``True`` on the turns that happened, shape ``(E, U)``
+    :return: shape ``(E, U)``, 0 on turns that did not happen
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
+    if mask.shape != rewards.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)}, expected {tuple(rewards.shape)}.")
+    played = mask.bool()
+    rewards = th.where(played, rewards, 0.0)  # (E, U)
+    result = th.zeros_like(rewards)
+    running = rewards.new_zeros(rewards.shape[0])  # (E,)
+    for turn in reversed(range(rewards.shape[1])):  # one step per turn (a handful), vectorised over the episodes
+        running = rewards[:, turn] + gamma * running
+        result[:, turn] = running
+    return th.where(played, result, 0.0)
+
+
 def turn_returns(rows: Rows, n_episodes: int, gamma: float) -> th.Tensor:
     """``(n_episodes, U)`` each turn's discounted return to the end of its episode over the turns the episode played
-    (:func:`~algorithms.common.losses.returns_to_go`); column 0 holds the episodes' returns, and
+    (:func:`returns_to_go`); column 0 holds the episodes' returns, and
     ``[rows.episodes, rows.turns]`` each row's."""
     turn_rewards = th.zeros((n_episodes, max(rows.turns, default=0) + 1))  # (E, U)
     played = th.zeros_like(turn_rewards, dtype=th.bool)
@@ -147,3 +173,56 @@ def log_rollout(
     sample = infos[0]
     text = f"reward {sample.get('reward_components')}\n\n{sample.get('completion', '')}"
     logger.record("samples/completion", text, exclude=TEXT_ONLY)
+
+
+def turn_statistics(rows: Rows) -> dict[str, Any] | None:
+    """What a rollout's turns tell (None when every episode was played in one turn without tools): the share of
+    model turns that called a tool, the share of calls that failed, the model turns per episode, and the success
+    rate of the episodes by their number of model turns (``{turns: (successes, episodes)}``)."""
+    tools = any("tool_calls" in info for info in rows.infos)
+    if not tools and not any(rows.turns):
+        return None
+    calls = [info.get("tool_calls") or [] for info in rows.infos]
+    made = sum(len(c) for c in calls)
+    failed = sum(1 for c in calls for record in c if "error" in record)
+    last: dict[int, tuple[int, bool]] = {}  # episode -> (its last turn, its success)
+    for episode, turn, info in zip(rows.episodes, rows.turns, rows.infos, strict=True):
+        if turn >= last.get(episode, (-1, False))[0]:
+            last[episode] = (turn, bool(info.get("is_success")))
+    by_turns: dict[int, list[int]] = {}
+    for turn, success in last.values():
+        counts = by_turns.setdefault(turn + 1, [0, 0])
+        counts[0] += int(success)
+        counts[1] += 1
+    return {
+        "turns": len(rows.turns),
+        "tool_turns": sum(1 for c in calls if c),
+        "calls": made,
+        "failed_calls": failed,
+        "episodes": len(last),
+        "by_turns": {n: tuple(c) for n, c in by_turns.items()},
+        "tools": tools,
+    }
+
+
+def log_turns(logger: Logger, dist: Distributed, rows: Rows) -> None:
+    """Record, over every rank's episodes, ``rollout/tool_call_rate`` (model turns that called a tool / model turns),
+    ``rollout/tool_error_rate`` (failed calls / calls; not logged without calls), ``rollout/turns_per_episode`` and
+    ``rollout/success_by_turns/<n>`` (the success rate of the episodes that ended after ``n`` model turns); nothing
+    for single-turn episodes without tools."""
+    stats = [s for s in (dist.gather_objects(turn_statistics(rows)) if dist.enabled else [turn_statistics(rows)]) if s]
+    if not stats:
+        return
+    turns, episodes = sum(s["turns"] for s in stats), sum(s["episodes"] for s in stats)
+    if any(s["tools"] for s in stats):
+        logger.record("rollout/tool_call_rate", sum(s["tool_turns"] for s in stats) / max(turns, 1))
+        calls = sum(s["calls"] for s in stats)
+        if calls:
+            logger.record("rollout/tool_error_rate", sum(s["failed_calls"] for s in stats) / calls)
+    logger.record("rollout/turns_per_episode", turns / max(episodes, 1))
+    merged: dict[int, np.ndarray] = {}
+    for s in stats:
+        for n, counts in s["by_turns"].items():
+            merged[n] = merged.get(n, np.zeros(2)) + np.asarray(counts)
+    for n, (successes, count) in sorted(merged.items()):
+        logger.record(f"rollout/success_by_turns/{n}", float(successes / count))
