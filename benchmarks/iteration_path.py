@@ -6,8 +6,11 @@ sorted into three kinds, the way Stable-Baselines3's PPO is read (``on_policy_al
 policies, buffers, logger and env are other files a reader takes as given):
 
 - the algorithm: the learning loop, the rollout, the advantages, the update and the loss;
-- what the algorithm uses: the policy and its sampler, the rollout's row containers (SB3's buffers), the runtime
-  (processes, precision, determinism), saving;
+- what the algorithm uses: the base class in SB3's ``BaseAlgorithm`` role (construction, run state, save and load, and
+  the short steps every algorithm's ``learn`` shares around its own: setup, the guarded optimizer step, the logs), the
+  policy and its sampler, the rollout's row containers and their returns (SB3's buffers), the env plumbing and the
+  schedules (SB3's ``env_util`` and ``utils``), the runtime (processes, precision, determinism, seeds), the model's
+  checks, saving;
 - the env (``grpo_gym``): observations, rewards, tasks.
 
     python benchmarks/iteration_path.py

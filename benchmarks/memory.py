@@ -53,7 +53,7 @@ def worker(config: str, args: argparse.Namespace) -> dict[str, float]:
     from algorithms.common.model.gradient_checkpointing import checkpoint_every
     from algorithms.common.model.loading import count_parameters, load_model
     from algorithms.common.runtime.precision import DTYPES, autocast
-    from algorithms.grpo import objective
+    from algorithms.grpo.update import grpo_loss
 
     precision, every = CONFIGS[config]
     dtype = DTYPES.get(precision)
@@ -78,7 +78,7 @@ def worker(config: str, args: argparse.Namespace) -> dict[str, float]:
             ref_log_probs, _ = completion_log_probs(reference, *batch, vocab_size=103)
         with autocast(dtype, "cpu"):
             log_probs, _ = completion_log_probs(policy, *batch, vocab_size=103)
-        loss, _ = objective.grpo_loss(log_probs, log_probs.detach(), ref_log_probs, advantages, completion_mask,
+        loss, _ = grpo_loss(log_probs, log_probs.detach(), ref_log_probs, advantages, completion_mask,
                                       clip_low=0.2, beta=0.04)  # fmt: skip
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

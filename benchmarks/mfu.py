@@ -63,7 +63,7 @@ def main() -> None:
     from algorithms.common.generation.completion_pass import completion_log_probs
     from algorithms.common.generation.sampler import sample
     from algorithms.common.model.loading import count_parameters, load_model
-    from algorithms.grpo import objective
+    from algorithms.grpo.update import grpo_loss
 
     model = load_model(args.model, seed=0).eval()
     ids, mask, pad_id, eos_id = prompts(0)
@@ -80,7 +80,7 @@ def main() -> None:
     def update(layout: str) -> float:
         start = time.perf_counter()
         log_probs, _ = completion_log_probs(model, ids, mask, tokens, completion_mask, vocab_size=103, layout=layout)
-        loss, _ = objective.grpo_loss(log_probs, log_probs.detach(), None, advantages, completion_mask, clip_low=0.2)
+        loss, _ = grpo_loss(log_probs, log_probs.detach(), None, advantages, completion_mask, clip_low=0.2)
         model.zero_grad(set_to_none=True)
         loss.backward()
         return time.perf_counter() - start

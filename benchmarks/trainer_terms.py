@@ -77,7 +77,7 @@ def our_step(model: Any, batch: Any, initial: dict[str, Any], config: dict[str, 
         batch, kl = sampler_correction.correct_fresh_rollout(policy, batch, 2.0)
     loss, stats, log_probs = update.minibatch_loss(policy, batch, settings)
     if kl is None:
-        kl = sampler_correction.minibatch_sampler_kl(batch, log_probs.detach())
+        kl = update.minibatch_sampler_kl(batch, log_probs.detach())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     parameters = list(policy.model.parameters())

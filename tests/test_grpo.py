@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -239,6 +240,31 @@ def test_gspo_clips_the_sequence_ratio_by_clip_range_and_warns_when_it_is_too_wi
     with pytest.warns(UserWarning, match="a clip range of 0.28 rarely clips it"):  # the upper side too
         GRPO("TransformerPolicy", make_env(), importance_level="sequence", clip_range=3e-4, clip_range_high=0.28,
              _init_setup_model=False)  # fmt: skip
+
+
+def test_a_gspo_model_loaded_with_the_papers_clip_range_does_not_warn(tmp_path: Path) -> None:
+    """load's overrides count: the saved arguments alone (a GSPO model with the token level's range) are not what
+    the loaded model runs with, so only the values it runs with are checked together."""
+    with pytest.warns(UserWarning, match="rarely clips it"):
+        model = make_model(importance_level="sequence")
+    model.save(tmp_path / "model.zip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        loaded = GRPO.load(tmp_path / "model.zip", env=make_env(), clip_range=3e-4, clip_range_high=4e-4)
+    assert (loaded.clip_range(1.0), loaded.clip_range_high(1.0)) == (3e-4, 4e-4)
+
+
+class MyGRPO(GRPO):
+    """A user's subclass: its runs are named after it, as SB3 names a run after the algorithm's class."""
+
+
+def test_a_subclass_logs_its_cold_start_and_training_to_one_run_named_after_it(tmp_path: Path) -> None:
+    model = MyGRPO("TransformerPolicy", make_env(), n_groups=2, group_size=4, policy_kwargs=TINY, seed=0,
+                   cold_start_kwargs={"steps": 2, "batch_size": 4}, tensorboard_log=str(tmp_path))  # fmt: skip
+    model.start_run()
+    model.run_cold_start()
+    model.learn(8, reset_num_timesteps=False)
+    assert sorted(r.name for r in tmp_path.iterdir() if r.is_dir()) == ["MyGRPO_1"]
 
 
 def test_entropy_schedule_counts_updates() -> None:

@@ -1,4 +1,5 @@
-"""Tests for algorithms/common/losses.py: every function against numbers worked out by hand."""
+"""Tests for algorithms/common/losses.py, and the discounted returns (algorithms/common/rollout/rows.py): every
+function against numbers worked out by hand."""
 
 from __future__ import annotations
 

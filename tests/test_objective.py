@@ -1,4 +1,5 @@
-"""Tests for algorithms/grpo/update.py: every function against numbers worked out by hand."""
+"""GRPO's objective against numbers worked out by hand: its advantages (algorithms/grpo/advantages.py) and its loss,
+grpo_loss (algorithms/grpo/update.py; the rest of the update: tests/test_update.py)."""
 
 from __future__ import annotations
 

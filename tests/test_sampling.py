@@ -1,5 +1,6 @@
 """What GRPO's rollout samples (algorithms/grpo/sampling.py): the refill decision and loop and their bounds, group
-replacement, truncated completions, and the options in learn() with their TensorBoard tags."""
+replacement, and the options in learn() with their TensorBoard tags; the truncated completions mask_truncated leaves
+out (algorithms/grpo/advantages.py)."""
 
 from __future__ import annotations
 

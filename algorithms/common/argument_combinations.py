@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from algorithms.common.generation.engines.arguments import ENGINE_ATTRIBUTES
-from grpo_gym.validation import user_stacklevel
+from grpo_gym.validation import ArgumentError, user_stacklevel
 
 
 def _on(value: Any) -> bool:
@@ -64,15 +64,13 @@ def check_combinations(
                 stacklevel=user_stacklevel(),
             )
     if values.get("diagnostics") and values.get("sharding") == "fsdp":  # per-group gradients are whole ones
-        raise ValueError(
+        raise ArgumentError(
             "controls_kwargs['diagnostics']=True measures each group's whole gradient: not with sharding='fsdp'; "
             "leave diagnostics off (or pass sharding=None)"
         )
     if values.get("importance_level") == "sequence":
-        clips = [
-            value(1.0) if callable(value) else value for value in (values["clip_range"], values["clip_range_high"])
-        ]
-        widest = max(v for v in clips if v is not None)  # at the start of training
+        clips = [values.get("clip_range"), values.get("clip_range_high")]
+        widest = max(v(1.0) if callable(v) else v for v in clips if v is not None)  # at the start of training
         if widest > GSPO_CLIP_HINT:
             warnings.warn(
                 f"importance_level='sequence' clips GSPO's sequence ratio, which stays within about 1e-3 of 1: a "

@@ -259,12 +259,14 @@ class Arguments(Mapping[str, Argument]):
             raise ValueError(f"changes to arguments that are not shared: {sorted(changes)}")
         return Arguments(arguments, {**self.retired, **(retired or {})})
 
-    def check(self, values: Mapping[str, Any]) -> dict[str, Any]:
-        """Every argument's value by its one rule (an argument without a value gets its default); a warning for the
-        settings that mean nothing together
-        (:func:`~algorithms.common.argument_combinations.check_combinations`)."""
+    def check(self, values: Mapping[str, Any], combinations: bool = True) -> dict[str, Any]:
+        """Every argument's value by its one rule (an argument without a value gets its default); with
+        ``combinations``, what the values mean together
+        (:func:`~algorithms.common.argument_combinations.check_combinations`: warnings, or an error for a
+        combination that cannot run)."""
         checked = {name: argument.rule(name, values.get(name, argument.default)) for name, argument in self.items()}
-        check_combinations(self.flattened(checked), self._flat_defaults, self.shown_names())
+        if combinations:
+            check_combinations(self.flattened(checked), self._flat_defaults, self.shown_names())
         return checked
 
     @functools.cached_property

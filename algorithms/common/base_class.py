@@ -555,7 +555,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         with self.gathered_policy():
             return super().predict(observation, state, episode_start, deterministic)
 
-    # ------------------------------------------------------------------ what the algorithm adds
+    # ------------------------------------------------------------------ what the algorithm adds (with its learn)
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
         """The rollout's rows as the batch the update trains on (the algorithm's returns and advantages)."""
         raise NotImplementedError
@@ -571,8 +571,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         stopped training."""
         from_reference = self._sampling.from_reference(self._iteration, self.logger)
         with self._parallel.gathered(self.policy.model, self.ref_model if from_reference else None):
-            collected = self.rollouts.collect(env, callback)
-        return self.end_rollout(collected, callback)
+            return self.end_rollout(self.rollouts.collect(env, callback), callback)
 
     def end_rollout(self, collected: Collected | None, callback: BaseCallback) -> bool:
         """The batch of a rollout :attr:`rollouts` played (the algorithm's :meth:`_build_batch`), then the
@@ -595,13 +594,15 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     # ------------------------------------------------------------------ the steps around an algorithm's update
     def _start_learning(
-        self, total_timesteps: int, callback: MaybeCallback, tb_log_name: str, reset_num_timesteps: bool,
+        self, total_timesteps: int, callback: MaybeCallback, reset_num_timesteps: bool, tb_log_name: str | None,
         progress_bar: bool,
     ) -> tuple[int, BaseCallback]:  # fmt: skip
-        """What ``learn`` does before its first iteration: SB3's ``_setup_learn`` (the envs reset, the logger), the
-        curriculum's callback, the cold start when it is due, the callbacks' ``on_training_start``, the engine given
-        the weights; the total and the callback, as ``_setup_learn`` returns them."""
+        """What ``learn`` does before its first iteration: SB3's ``_setup_learn`` (the envs reset, the logger on the
+        run ``tb_log_name``, default the class's name), the curriculum's callback, the cold start when it is due, the
+        callbacks' ``on_training_start``, the engine given the weights (synchronous learning); the total and the
+        callback, as ``_setup_learn`` returns them."""
         self._check_has_env()
+        tb_log_name = tb_log_name or type(self).__name__
         total_timesteps, callback = self._setup_learn(
             total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
@@ -613,7 +614,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if self.needs_cold_start():
             self.run_cold_start(progress_bar)
         callback.on_training_start(locals(), globals())
-        self.push_weights()  # whatever changed the weights since the engine last got them
+        if self.overlapped is None:  # (max_staleness >= 1 samples with the built-in sampler: no engine to push to)
+            self.push_weights()  # whatever changed the weights since the engine last got them
         return total_timesteps, callback
 
     def _next_iteration(self, total_timesteps: int, callback: BaseCallback) -> bool:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import torch
 import torch as th
 from stable_baselines3.common.logger import Logger
 from torch import Tensor
@@ -40,7 +39,7 @@ ADVANTAGE_SCALES = ("group", "batch", "none")
 def _check_rewards(rewards: Tensor) -> None:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must have shape (K, G), got {tuple(rewards.shape)}.")
-    if not torch.isfinite(rewards).all():
+    if not th.isfinite(rewards).all():
         raise ValueError("rewards contain NaN or inf; score unscorable completions explicitly (e.g. 0).")
 
 
@@ -74,9 +73,9 @@ def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -
     """
     check_choice("scale", scale, ADVANTAGE_SCALES)
     _check_rewards(rewards)
-    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+    rewards = rewards if rewards.is_floating_point() else rewards.to(th.get_default_dtype())
     if rewards.shape[1] < 2 or rewards.numel() == 0:  # the std of one value is NaN: no signal anyway
-        return torch.zeros_like(rewards)
+        return th.zeros_like(rewards)
     centred = rewards - rewards.mean(dim=1, keepdim=True)  # (K, G)
     if scale == "group":
         advantages = centred / (rewards.std(dim=1, keepdim=True) + eps)  # (K, G) / (K, 1)
@@ -85,7 +84,7 @@ def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -
     else:
         advantages = centred  # (K, G): Dr. GRPO
     uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1): the mean can be 1 ulp off r, force 0
-    return torch.where(uniform, 0.0, advantages)  # (K, G)
+    return th.where(uniform, 0.0, advantages)  # (K, G)
 
 
 def leave_one_out_advantages(rewards: Tensor) -> Tensor:
@@ -101,10 +100,10 @@ def leave_one_out_advantages(rewards: Tensor) -> Tensor:
     group = rewards.shape[1]
     if group < 2:
         raise ValueError(f"leave-one-out advantages need at least 2 completions per group, got G={group}.")
-    rewards = rewards if rewards.is_floating_point() else rewards.to(torch.get_default_dtype())
+    rewards = rewards if rewards.is_floating_point() else rewards.to(th.get_default_dtype())
     others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group - 1)  # (K, G)
     uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1)
-    return torch.where(uniform, 0.0, rewards - others_mean)  # (K, G)
+    return th.where(uniform, 0.0, rewards - others_mean)  # (K, G)
 
 
 def relative_advantages(
@@ -132,13 +131,13 @@ def turn_weights(returns: Tensor, scale: str = "group", relative: bool = True, e
     value baseline: not divided); 0 for groups of one under a relative scale (their advantages are 0)."""
     _check_rewards(returns)
     k, g = returns.shape
-    returns = returns if returns.is_floating_point() else returns.to(torch.get_default_dtype())
+    returns = returns if returns.is_floating_point() else returns.to(th.get_default_dtype())
     if not relative or scale == "none":
         return returns.new_ones(k)
     if g < 2:
         return returns.new_zeros(k)
     if scale == "group":
-        return torch.where(uniform_group_mask(returns), 0.0, 1.0 / (returns.std(dim=1) + eps))  # (K,)
+        return th.where(uniform_group_mask(returns), 0.0, 1.0 / (returns.std(dim=1) + eps))  # (K,)
     if bool(returns.amax() == returns.amin()):
         return returns.new_zeros(k)
     return (1.0 / (returns.std() + eps)).expand(k).clone()  # (K,)
@@ -266,7 +265,7 @@ class GroupScoring:
         mine = slice(dist.rank * local, (dist.rank + 1) * local)
         scores, weights = self.advantages(rows, returns, policy, logger)  # (K, G), (K,)
         uniform = uniform_group_mask(returns)  # (K,)
-        left_out = self.left_out_groups(rows, returns, uniform, logger)[mine].tolist()
+        left_out = self._left_out(rows, returns, uniform, logger)[mine].tolist()
         cut = truncated_rows(rows, [policy.eos_token_id]) if self.mask_truncated else [False] * len(rows.infos)
         keep = [i for i, e in enumerate(rows.episodes) if not left_out[e // group] and not cut[i]]
         placeholder = not keep
@@ -312,7 +311,7 @@ class GroupScoring:
         logger.record("train/winning_groups", int((result.scale != 1).sum()))
         return scores * result.scale[:, None], weights * result.scale  # (K, G), (K,)
 
-    def left_out_groups(self, rows: Rows, returns: th.Tensor, uniform: th.Tensor, logger: Logger) -> th.Tensor:
+    def _left_out(self, rows: Rows, returns: th.Tensor, uniform: th.Tensor, logger: Logger) -> th.Tensor:
         """``(K,)`` the groups the update leaves out: uniform ones (``drop_uniform``) and the diversity guard's."""
         dropped = None
         if self.diversity_guard:

@@ -10,7 +10,7 @@ replay: :mod:`algorithms.grpo.replay`), log. The original design's controls: :mo
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
@@ -30,6 +30,8 @@ from algorithms.grpo import replay, trl_port, update
 from algorithms.grpo.advantages import GroupScoring
 from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling
+
+SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
 
 class GRPO(LMBaseAlgorithm):
@@ -208,34 +210,35 @@ class GRPO(LMBaseAlgorithm):
 
     # ------------------------------------------------------------------ one iteration
     def learn(
-        self,
+        self: SelfGRPO,
         total_timesteps: int,
         callback: MaybeCallback = None,
         log_interval: int = 1,
-        tb_log_name: str = "GRPO",
+        tb_log_name: str | None = None,
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
-    ) -> GRPO:
+    ) -> SelfGRPO:
         """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G).
 
         Each iteration: collect a rollout (:class:`~algorithms.common.rollout_collection.RolloutCollector`: K
-        problems, G completions each, stepped through the env for their rewards), score it (:meth:`_build_batch`:
-        returns and group-relative advantages), update the policy (:meth:`train`), log. With ``max_staleness >= 1``
-        the loop of :class:`~algorithms.common.overlapped_learning.OverlappedLoop` runs these steps with sampling
-        overlapping the update."""
+        problems, G completions each, stepped through the env for their rewards) and score it (:meth:`_build_batch`:
+        returns, group-relative advantages, the rows kept), update the policy (:meth:`train`), log. With
+        ``max_staleness >= 1`` the same steps run with sampling overlapping the update
+        (:class:`~algorithms.common.overlapped_learning.OverlappedLoop`)."""
         total_timesteps, callback = self._start_learning(
-            total_timesteps, callback, tb_log_name, reset_num_timesteps, progress_bar
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         if self.overlapped is not None:
             self.overlapped.run(total_timesteps, callback, log_interval)
-        while self.overlapped is None and self.num_timesteps < total_timesteps:
-            if not self.collect_rollouts(self.env, callback):  # a callback stopped training
-                break
-            if not self._next_iteration(total_timesteps, callback):  # the collapse guard restored a snapshot
-                continue
-            with deterministic_on_cpu(self.device):
-                self.train()
-            self._end_iteration(log_interval)  # the finite-state check, the engine's weights, the logs
+        else:
+            while self.num_timesteps < total_timesteps:
+                if not self.collect_rollouts(self.env, callback):  # a callback stopped training
+                    break
+                if not self._next_iteration(total_timesteps, callback):  # the collapse guard restored a snapshot
+                    continue
+                with deterministic_on_cpu(self.device):
+                    self.train()
+                self._end_iteration(log_interval)  # the finite-state check, the engine's weights, the logs
         callback.on_training_end()
         return self
 

@@ -1,7 +1,7 @@
 """What GRPO's rollout samples (:class:`GRPOSampling`, the object the rollout calls at its fixed points, see
 :mod:`algorithms.common.rollout_collection`): the reward ramp, the learnability-prioritised prompts
 (:class:`~algorithms.common.rollout.prompt_pool.LearnabilityPool`), the protected rollouts and DAPO's dynamic
-sampling that refills; and the completions ``mask_truncated`` leaves out.
+sampling that refills.
 
 Where it sits in the data flow: after the rollout's episodes are played, :meth:`GRPOSampling.after_play` runs
 :func:`dynamic_sampling`: new problems for the groups whose rewards are all equal, until none is (or

@@ -1,5 +1,7 @@
-"""GRPO's update: the minibatches of a rollout, the loss of one minibatch (:func:`grpo_loss`, a pure tensor function),
-and the group-by-group backward of the diagnostics.
+"""GRPO's update: its loss (:func:`grpo_loss`, a pure tensor function), the loss of one minibatch
+(:func:`minibatch_loss`: the policy's forward pass, the rows that carry a gradient, the sampler correction taken from
+the pass), the sampler mismatch measured on the first minibatch (:func:`minibatch_sampler_kl`), the group-by-group
+backward of the diagnostics and the update's logs (:func:`log_train`).
 
 Where it sits in the data flow: the rollout's rewards ``(K, G)`` became advantages before
 (:mod:`algorithms.grpo.advantages`); :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
@@ -196,8 +198,8 @@ def grpo_loss(
         :func:`~algorithms.common.losses.gspo_token_log_ratio`; with ``"sequence"`` aggregation this is GSPO's
         objective exactly). ``clip_low``/``clip_high`` then clip ``s_i`` (GSPO uses 3e-4 / 4e-4)
     :param sampler_weights: per-token weights ``w`` of the surrogate ``(B, T)``, the sampler correction
-        (:func:`~algorithms.common.losses.truncated_importance_weights`); ``None``: 1 (``old_logp`` is then the
-        sampler's own)
+        (:func:`~algorithms.common.sampler_correction.truncated_importance_weights`); ``None``: 1 (``old_logp`` is
+        then the sampler's own)
     :return: the scalar loss and detached scalar stats: ``policy_loss`` (aggregated like the loss),
         and, as means over valid tokens, ``kl`` (k3 to the reference; 0 when ``beta == 0`` or no
         reference), ``entropy`` (only when ``entropy`` is given), ``clip_fraction`` (with ``"sequence"``: the

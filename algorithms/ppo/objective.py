@@ -154,7 +154,7 @@ def ppo_loss(
     :param ref_logp: the reference's log-probs ``(B, T)`` for a KL term in the loss, or ``None``
     :param kl_coef: that term's weight
     :param sampler_weights: per-token weights of the surrogate ``(B, T)``, the sampler correction
-        (:func:`~algorithms.common.losses.truncated_importance_weights`), or ``None``: 1
+        (:func:`~algorithms.common.sampler_correction.truncated_importance_weights`), or ``None``: 1
     :return: the loss and detached stats: ``policy_loss``, ``value_loss``, ``clip_fraction``, ``clip_fraction_vf``,
         ``approx_kl`` (``(ratio - 1) - log ratio``, SB3's), and ``entropy``, ``kl`` when computed
     """

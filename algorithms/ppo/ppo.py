@@ -7,7 +7,7 @@ functions (token rewards, GAE, whitening, the clipped value loss, the loss) are 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch as th
@@ -23,6 +23,8 @@ from algorithms.common.rollout.rows import Rows, log_rollout, turn_returns
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
+
+SelfLMPPO = TypeVar("SelfLMPPO", bound="LMPPO")
 
 
 class LMPPO(LMBaseAlgorithm):
@@ -120,19 +122,19 @@ class LMPPO(LMBaseAlgorithm):
 
     # ------------------------------------------------------------------ one iteration
     def learn(
-        self,
+        self: SelfLMPPO,
         total_timesteps: int,
         callback: MaybeCallback = None,
         log_interval: int = 1,
-        tb_log_name: str = "LMPPO",
+        tb_log_name: str | None = None,
         reset_num_timesteps: bool = True,
         progress_bar: bool = False,
-    ) -> LMPPO:
-        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G): rollouts
-        (:meth:`collect_rollouts`), each scored with the value head's GAE (:meth:`_build_batch`), then the update
-        (:meth:`train`), as SB3's ``OnPolicyAlgorithm.learn``."""
+    ) -> SelfLMPPO:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G), as SB3's
+        ``OnPolicyAlgorithm.learn``: each iteration a rollout scored with the value head's GAE
+        (:meth:`collect_rollouts`, :meth:`_build_batch`), the update (:meth:`train`), the logs."""
         total_timesteps, callback = self._start_learning(
-            total_timesteps, callback, tb_log_name, reset_num_timesteps, progress_bar
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
         )
         if self.overlapped is not None:  # max_staleness >= 1: sampling overlaps the update
             self.overlapped.run(total_timesteps, callback, log_interval)

@@ -60,8 +60,9 @@ class RolloutBatch:
     :param slots: ``(N,)`` replay-buffer slot of each replayed row, -1 for fresh ones, or ``None``: none replayed
     :param values: ``(N, C)`` the value head's per-token estimates at sampling time (PPO), or ``None``
     :param sampler_weights: ``(N, C)`` the sampler correction's per-token weights
-        (:func:`~algorithms.common.losses.truncated_importance_weights`; ``old_log_probs`` are then the update's own
-        log-probs before its first step), or ``None``: no correction, ``old_log_probs`` are the sampler's
+        (:func:`~algorithms.common.sampler_correction.truncated_importance_weights`; ``old_log_probs`` are then the
+        update's own log-probs before its first step), or ``None``: no correction, ``old_log_probs`` are the
+        sampler's
     """
 
     prompt_ids: th.Tensor

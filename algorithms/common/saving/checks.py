@@ -135,8 +135,8 @@ def check_saved_arguments(saved: Any, algorithm: Any, name: str, overrides: Mapp
     fix = "the file was written by another version of grpo-gym, or edited: load it with the version that wrote it"
     if unknown:
         raise ValueError(f"{name} records arguments {algorithm.__name__} does not take: {unknown}; {fix}")
-    try:
-        algorithm.arguments.check(saved.arguments)
+    try:  # each value by its rule; what they mean together is checked once load's overrides are in (the constructor)
+        algorithm.arguments.check(saved.arguments, combinations=False)
     except ArgumentError as error:
         raise ValueError(f"{name}: its recorded arguments are refused ({error}); {fix}, or use another save") from None
     if saved.policy_class not in algorithm.policy_aliases:
