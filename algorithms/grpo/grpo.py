@@ -26,7 +26,7 @@ from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows
 from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.common.schedules import UpdateDecay
-from algorithms.grpo import replay, trl_port, update
+from algorithms.grpo import diagnostics, replay, trl_port, update
 from algorithms.grpo.advantages import GroupScoring
 from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling
@@ -336,8 +336,10 @@ class GRPO(LMBaseAlgorithm):
         ran = minibatch
         if self.diagnostics:
             scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
-            loss, stats, log_probs, groups = update.backward_by_group(self.policy, minibatch, settings, share, scale)
-            update.log_group_gradients(self.logger, groups)
+            loss, stats, log_probs, groups = diagnostics.backward_by_group(
+                self.policy, minibatch, settings, share, scale
+            )
+            diagnostics.log_group_gradients(self.logger, groups)
             grad_norm = self._optimizer_step(None)
         else:
             ran = update.rows_with_gradient(minibatch, settings, self.policy.value_net is not None)

@@ -1,7 +1,7 @@
 """GRPO's update: its loss (:func:`grpo_loss`, a pure tensor function), the loss of one minibatch
 (:func:`minibatch_loss`: the policy's forward pass, the rows that carry a gradient, the sampler correction taken from
-the pass), the sampler mismatch measured on the first minibatch (:func:`minibatch_sampler_kl`), the group-by-group
-backward of the diagnostics and the update's logs (:func:`log_train`).
+the pass), the sampler mismatch measured on the first minibatch (:func:`minibatch_sampler_kl`) and the update's logs
+(:func:`log_train`). The diagnostics' group-by-group backward: :mod:`algorithms.grpo.diagnostics`.
 
 Where it sits in the data flow: the rollout's rewards ``(K, G)`` became advantages before
 (:mod:`algorithms.grpo.advantages`); :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
@@ -40,7 +40,7 @@ from algorithms.common.losses import (
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
 from algorithms.grpo import controls
-from grpo_gym.validation import check_choice, user_stacklevel
+from grpo_gym.validation import check_choice
 
 
 @dataclass(frozen=True)
@@ -54,16 +54,6 @@ class LossSettings:
     aggregation: str
     vf_coef: float
     importance_level: str = "token"
-
-
-@dataclass(frozen=True)
-class GroupDiagnostics:
-    """The diagnostics: per-group gradient norms ``(K,)``, their relative spread, and the groups' agreement ("group
-    stability")."""
-
-    norms: th.Tensor
-    spread: float
-    stability: float
 
 
 def loss_share(part: RolloutBatch, whole: RolloutBatch, aggregation: str) -> float:
@@ -246,58 +236,6 @@ def grpo_loss(
     stats["clip_fraction"] = clip_fraction.detach()
     stats["approx_kl"] = aggregate((ratio - 1) - (logp - old_logp), mask, "token").detach()
     return loss, stats
-
-
-def backward_by_group(
-    policy: TransformerPolicy,
-    minibatch: RolloutBatch,
-    settings: LossSettings,
-    rank_share: float = 1.0,
-    loss_scale: float = 1.0,
-) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor, GroupDiagnostics]:
-    """The diagnostics: accumulate the minibatch's gradient one group at a time, each group's loss weighted by its
-    share of the minibatch's aggregation (so the sum is the joint gradient), and measure each group's gradient.
-
-    :param rank_share: this rank's share of the job's minibatch (see :func:`minibatches`)
-    :param loss_scale: the fp16 gradient scaler's current scale (1 without one)
-    :return: the minibatch's loss and stats (share-weighted sums), its ``(B, C)`` log-probs, the diagnostics
-    """
-    parameters = [p for p in policy.parameters() if p.requires_grad]
-    policy.optimizer.zero_grad(set_to_none=True)
-    previous = th.zeros(sum(p.numel() for p in parameters), device=minibatch.completion_mask.device)
-    gradients, loss_sum, stats_sum = [], 0.0, {}
-    log_probs = th.zeros_like(minibatch.old_log_probs)  # (B, C)
-    for group in th.unique(minibatch.groups).tolist():
-        rows = (minibatch.groups == group).nonzero().squeeze(1)
-        part = minibatch.select(rows)
-        share = loss_share(part, minibatch, settings.aggregation)
-        loss, stats, part_log_probs = minibatch_loss(policy, part, settings)
-        (loss * share * rank_share * loss_scale).backward()
-        grads = [(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]
-        total = th.cat(grads) / loss_scale  # (P,) the gradient accumulated so far
-        gradients.append((total - previous) / max(share * rank_share, 1e-12))  # this group's own gradient
-        previous = total
-        loss_sum = loss_sum + loss.detach() * share
-        for key, value in stats.items():
-            stats_sum[key] = stats_sum.get(key, 0.0) + value.detach() * share
-        log_probs[rows, : part_log_probs.shape[1]] = part_log_probs.detach()
-    norms = th.stack([g.norm() for g in gradients])  # (K,)
-    diagnostics = GroupDiagnostics(
-        norms, controls.gradient_spread(norms), controls.group_stability(th.stack(gradients))
-    )
-    return loss_sum, stats_sum, log_probs, diagnostics
-
-
-def log_group_gradients(logger: Logger, groups: GroupDiagnostics) -> None:
-    """The diagnostics: per-group gradient norms, their spread (warning above 0.3) and the groups' agreement."""
-    logger.record("groups/grad_norm_mean", float(groups.norms.mean()))
-    logger.record("groups/grad_norm_spread", groups.spread)
-    logger.record("groups/stability", groups.stability)
-    if groups.spread > controls.GRAD_SPREAD_WARNING:
-        warnings.warn(
-            f"per-group gradient-norm spread {groups.spread:.2f} > {controls.GRAD_SPREAD_WARNING} (diagnostics)",
-            stacklevel=user_stacklevel(),
-        )
 
 
 def log_train(
