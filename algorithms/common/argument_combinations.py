@@ -1,7 +1,7 @@
 """What two arguments mean together (:func:`check_combinations`, which :meth:`Arguments.check
-<algorithms.common.arguments.Arguments.check>` runs on every constructor's and every loaded file's values): a setting
-of an optional part given while the part is off warns, naming the switch and both fixes; so does a GSPO clip range
-that rarely clips; a combination that cannot run is refused, naming the fix."""
+<algorithms.common.arguments.Arguments.check>` runs on every constructor's values, a loaded file's with load's
+overrides in): a setting of an optional part given while the part is off warns, naming the switch and both fixes; so
+does a GSPO clip range that rarely clips; a combination that cannot run is refused, naming the fix."""
 
 from __future__ import annotations
 
