@@ -247,8 +247,8 @@ class Arguments(Mapping[str, Argument]):
         default, rule or doc; an :class:`Argument` replaces the shared one whole)."""
         if set(own) & set(self._arguments):
             raise ValueError(f"declared twice: {sorted(set(own) & set(self._arguments))}")
-        if set(retired or {}) & (set(own) | set(self._arguments)):
-            raise ValueError(f"retired and declared: {sorted(set(retired or {}) & (set(own) | set(self._arguments)))}")
+        if clash := set(retired or {}) & (set(own) | set(self._arguments)):
+            raise ValueError(f"retired and declared: {sorted(clash)}")
         arguments: dict[str, Argument] = {}
         for name, argument in self._arguments.items():
             change = changes.pop(name, {})

@@ -219,8 +219,6 @@ class RolloutCollector:
             if not record(list(chunk), 0, played, (rewards, dones, infos), locals()):
                 return None
             live = [i for i, done in enumerate(dones) if not done]  # env i of the chunk plays episode chunk[i]
-            if not live:  # every episode ended with its first turn
-                continue
             episodes = [chunk[i] for i in live]  # also their rows in the first turn's cache
             later = play_later_turns(env, self.sample, record, self.algorithm.policy.context_limit, episodes, live,
                                      split_obs(new_obs, live), first.cache, episodes)  # fmt: skip
