@@ -79,6 +79,7 @@ def _setup(args: argparse.Namespace, load: Path | None = None) -> tuple[Any, Any
         "difficulties": config.pop("eval_difficulties", None),
         "n": config.pop("eval_problems", 100),
         "greedy": bool(config.pop("eval_greedy", False)),
+        "samples": int(config.pop("eval_samples", 0)),
     }
     if load is not None:  # the engine may change on --resume (a server on another port): the config's and flags'
         engine = {key: config[key] for key in ENGINE_ARGUMENTS if key in config}
@@ -149,7 +150,9 @@ def _evaluate(model: Any, env: Any, plan: dict[str, Any], seed: int) -> list[Any
         if not model.distributed.is_main:
             return []
         levels = plan["difficulties"] or [float(env.get_attr("difficulty", indices=[0])[0])]
-        return evaluate_difficulties(model.policy, env, levels, plan["n"], seed=seed, greedy=plan["greedy"])
+        return evaluate_difficulties(
+            model.policy, env, levels, plan["n"], seed=seed, greedy=plan["greedy"], samples=plan["samples"]
+        )
 
 
 def preset_save_path(args: argparse.Namespace) -> str | None:
@@ -252,8 +255,9 @@ def train(args: argparse.Namespace) -> int:
             from algorithms.common.callbacks import HeldOutEvalCallback
 
             evaluations = HeldOutEvalCallback(
-                env, args.eval_every, plan["difficulties"], plan["n"], plan["greedy"], args.eval_seed, say
-            )
+                env, args.eval_every, plan["difficulties"], plan["n"], plan["greedy"], args.eval_seed, say,
+                samples=plan["samples"],
+            )  # fmt: skip
             callback = [*(callback if isinstance(callback, list) else [callback]), evaluations]
         learning = time.perf_counter()
         with checkpoint_on_engine_error(model, checkpoint, resume_hint(args.argv)):  # a server that died, say

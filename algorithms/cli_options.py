@@ -145,7 +145,8 @@ def resumed_params(
 
     given = parse_overrides(hyperparams or [])
     recorded = {**saved, "n_timesteps": run.get("total_timesteps")}
-    runtime = ("eval_difficulties", "eval_problems", "eval_greedy", *ENGINE_ARGUMENTS)  # how it samples, not learns
+    # how it samples and evaluates, not how it learns
+    runtime = ("eval_difficulties", "eval_problems", "eval_greedy", "eval_samples", *ENGINE_ARGUMENTS)
     taken = sorted(key for key in given if key in runtime)
     env_params = given.pop("env_kwargs", None)
     env_given = {**(env_params if isinstance(env_params, dict) else {}), **(flags or {})}

@@ -29,6 +29,11 @@ def add_eval_command(commands: Any) -> None:
     ev.add_argument("--difficulty", type=DIFFICULTY, nargs="+", default=[0.1, 0.3, 0.5], help="in [0.1, 1]")
     ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
+    ev.add_argument(
+        "--samples", type=COUNT, default=0, metavar="K",
+        help="also sample K answers per problem: the greedy success beside the samples' success and pass@K (the "
+             "problems one of the K solves: the room reinforcement learning can turn into greedy success)",
+    )  # fmt: skip
     ev.add_argument("--eval-data", default=None, help="held-out split of a dataset or jsonl task (a data file)")
     ev.add_argument(
         "--reward-funcs", nargs="+", default=None, metavar="[NAME=]MODULE:FUNCTION",
@@ -40,7 +45,6 @@ def add_eval_command(commands: Any) -> None:
 def evaluate(args: argparse.Namespace) -> int:
     """Held-out success of a saved model (or of ``--model``: a hub id, folder or .gguf file, as it is) at each
     ``--difficulty``, as a table."""
-    from algorithms.common.evaluation import evaluate_difficulties, format_table
     from algorithms.common.saving.run_file import recorded_env_kwargs, recorded_tokenizer
 
     if (args.saved is None) == (args.model is None):
@@ -65,16 +69,12 @@ def evaluate(args: argparse.Namespace) -> int:
         env_kwargs.update(extra)
     env = make_env(env_id, 1, env_kwargs, args.eval_seed)
     model = algorithm_of(args).load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
-    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
-    print(format_table({Path(args.model).stem: results}))
-    return 0
+    return _print_results(args, model.policy, env, Path(args.model).stem)
 
 
 def _evaluate_source(args: argparse.Namespace) -> int:
     """``grpo-gym eval --model SOURCE``: the model as it is (no training), on the env its tokenizer and the flags
     make."""
-    from algorithms.common.evaluation import evaluate_difficulties, format_table
-
     env_kwargs = {"tokenizer": args.tokenizer or args.model}
     env_kwargs.update({k: v for k, v in (("task", args.task), ("max_new_tokens", args.max_new_tokens)) if v})
     if args.eval_data is not None:
@@ -83,6 +83,15 @@ def _evaluate_source(args: argparse.Namespace) -> int:
         env_kwargs["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
     env = make_env(args.env, 1, env_kwargs, args.eval_seed)
     model = algorithm_of(args)("TransformerPolicy", env, policy_kwargs={"model": args.model}, cold_start=False)
-    results = evaluate_difficulties(model.policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy)
-    print(format_table({Path(args.model).name[:16]: results}))
+    return _print_results(args, model.policy, env, Path(args.model).name[:16])
+
+
+def _print_results(args: argparse.Namespace, policy: Any, env: Any, label: str) -> int:
+    """The held-out table of ``policy`` at each ``--difficulty``, ``--n`` problems, greedy or ``--samples``."""
+    from algorithms.common.evaluation import evaluate_difficulties, format_table
+
+    results = evaluate_difficulties(
+        policy, env, args.difficulty, args.n, seed=args.eval_seed, greedy=args.greedy, samples=args.samples
+    )
+    print(format_table({label: results}))
     return 0

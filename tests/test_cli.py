@@ -153,6 +153,17 @@ def test_eval_prints_a_row_per_difficulty(trained: tuple[Path, Path, str], capsy
     assert capsys.readouterr().out == greedy
 
 
+def test_eval_samples_prints_pass_at_k_beside_greedy(trained: tuple[Path, Path, str], capsys) -> None:
+    folder, _, _ = trained
+    assert main(["eval", str(folder / "m.zip"), "--difficulty", "0.1", "--n", "4", "--samples", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:6] == ["policy", "difficulty", "problems", "greedy", "sampled", "pass@3"]
+    greedy, sampled, at_k = (float(cell.rstrip("%")) for cell in lines[1].split()[3:6])
+    assert at_k >= sampled and at_k >= 0
+    assert main(["eval", str(folder / "m.zip"), "--difficulty", "0.1", "--n", "4", "--greedy"]) == 0
+    assert float(capsys.readouterr().out.splitlines()[1].split()[3].rstrip("%")) == greedy  # the greedy success
+
+
 def test_sft_saves_a_cold_started_model(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = write_config(tmp_path)
     assert main(["sft", "--config", str(config), "--save-path", str(tmp_path / "s.zip")]) == 0
@@ -349,14 +360,18 @@ def test_eval_every_prints_and_logs_held_out_success_along_the_way(tmp_path: Pat
     config = write_config(tmp_path)
     out = io.StringIO()
     argv = ["train", "--config", str(config), "-n", "24", "--eval-every", "1", "--no-progress-bar",
-            "--tensorboard-log", str(tmp_path / "tb"), "-params", "eval_greedy:True"]  # fmt: skip
+            "--tensorboard-log", str(tmp_path / "tb"), "-params", "eval_greedy:True", "eval_samples:2"]  # fmt: skip
     with contextlib.redirect_stdout(out):
         assert main(argv) == 0
     text = out.getvalue()
-    lines = re.findall(r"^iteration (\d) \(GRPO \d+ s\): held-out success [\d.]+% at 0\.10$", text, re.MULTILINE)
+    pattern = r"^iteration (\d) \(GRPO \d+ s\): held-out success [\d.]+% \(greedy; sampled [\d.]+%, pass@2 [\d.]+%\)"
+    lines = re.findall(pattern + r" at 0\.10$", text, re.MULTILINE)
     assert lines == ["1", "2"]  # at the boundaries after iterations 1 and 2; the third's is the final table
     assert re.search(r"held-out evaluations along the way: \d+ s\)", text) and "GRPO iterations: 3" in text
     events = EventAccumulator(str(tmp_path / "tb" / "GRPO_1")).Reload()
     assert len(events.Scalars("eval/success_rate")) == 2 and "time/eval_seconds" in events.Tags()["scalars"]
+    at_k, sampled = events.Scalars("eval/pass_at_k"), events.Scalars("eval/sampled_success")
+    assert len(at_k) == 2 and all(a.value >= s.value for a, s in zip(at_k, sampled, strict=True))
+    assert "pass@2" in text.split("after GRPO")[0]  # the before/after tables show it too
     with pytest.raises(SystemExit):
         main(["train", "--config", str(config), "-params", "eval_greedy:1"])  # refused: not a bool

@@ -16,6 +16,7 @@ from algorithms.common.evaluation import (
     evaluate_problems,
     format_table,
     held_out_problems,
+    pass_at_k,
 )
 from algorithms.common.generation.sampler import Completions
 from tests.sizes import ENV_KWARGS, TINY_KWARGS
@@ -193,6 +194,62 @@ def test_format_table() -> None:
     assert lines[3].split() == ["after", "GRPO", "0.10", "4", "100.0%", "1.000", "11.0"]
     assert len({len(line) for line in lines}) == 1  # aligned columns
     assert format_table({}).splitlines() == lines[:1]
+
+
+def test_pass_at_k_of_a_grid() -> None:
+    grid = np.array([[0, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]])
+    assert pass_at_k(grid) == (pytest.approx(5 / 12), 0.75)
+    assert pass_at_k(grid[:, :1]) == (0.25, 0.25)  # one sample: pass@1 is the success
+    with pytest.raises(ValueError, match="grid"):
+        pass_at_k(np.zeros(3))
+
+
+def test_pass_at_k_on_a_planted_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy solves nothing; the first sample solves problem 0, the second problems 0 and 2, the third none: greedy
+    0%, sampled success 3 of 12, pass@3 2 of 4."""
+    env = make_env()
+    core = env.envs[0]
+    policy = make_policy(env)
+    problems = held_out_problems(env, 4, 0.1)
+    gold = [
+        completion_ids(core, "<think>{}</think><answer>{}</answer>".format(*core.task.solution(p))) for p in problems
+    ]
+    empty = completion_ids(core, "")
+    planted = [[], [0], [0, 2], []]  # per call: the problems answered right (greedy first)
+    calls: list[bool] = []
+
+    def generate(input_ids, attention_mask, generator=None, greedy=False, **_) -> Completions:
+        right = planted[len(calls)]
+        calls.append(greedy)
+        rows = np.stack([gold[i] if i in right else empty for i in range(len(problems))])
+        return scripted_generate(rows)(input_ids, attention_mask)
+
+    monkeypatch.setattr(policy, "generate", generate)
+    result = evaluate_problems(policy, env, problems, seed=0, samples=3)
+    assert calls == [True, False, False, False]  # one greedy batch, then K sampled batches of the problems
+    assert (result.success_rate, result.sampled_success, result.pass_at_k, result.samples) == (0.0, 0.25, 0.5, 3)
+
+
+def test_pass_at_k_is_no_lower_than_pass_at_1_and_greedy_is_the_greedy_result() -> None:
+    env = make_env()
+    policy = make_policy(env)
+    problems = held_out_problems(env, 6, 0.1)
+    result = evaluate_problems(policy, env, problems, seed=0, samples=4)
+    assert result.samples == 4 and result.pass_at_k >= result.sampled_success
+    greedy = evaluate_problems(policy, env, problems, seed=0, greedy=True)
+    assert (result.success_rate, result.mean_reward, result.mean_length) == (
+        greedy.success_rate, greedy.mean_reward, greedy.mean_length,
+    )  # fmt: skip
+    assert evaluate_problems(policy, env, problems, seed=0, samples=4) == result  # seeded
+    with pytest.raises(ValueError, match="samples"):
+        evaluate_problems(policy, env, problems, samples=-1)
+
+
+def test_format_table_with_pass_at_k() -> None:
+    rows = {"before": [EvalResult(0.3, 4, 0.25, 0.5, 10.0, samples=8, sampled_success=0.375, pass_at_k=0.75)]}
+    lines = format_table(rows).splitlines()
+    assert lines[0].split() == ["policy", "difficulty", "problems", "greedy", "sampled", "pass@8", "reward", "length"]
+    assert lines[1].split() == ["before", "0.30", "4", "25.0%", "37.5%", "75.0%", "0.500", "10.0"]
 
 
 def test_no_problems_is_a_clear_error() -> None:

@@ -69,7 +69,8 @@ class HeldOutEvalCallback(BaseCallback):
     the same held-out problems each time (:func:`~algorithms.common.evaluation.evaluate_problems`), logged as
     ``eval/success_rate``, ``eval/mean_reward`` and ``eval/mean_length``, and ``time/eval_seconds``, the evaluations'
     time so far (a run's training time is its wall-clock minus that). :attr:`results` holds ``(iteration, training
-    seconds, result)`` of each.
+    seconds, result)`` of each. With ``samples=K``, ``eval/success_rate`` is greedy, and ``eval/sampled_success`` and
+    ``eval/pass_at_k`` (K sampled answers per problem) show how much of pass@k the policy turns into greedy success.
 
     :param env: the VecEnv whose task gives the problems (the training env)
     :param eval_every: iterations between evaluations
@@ -78,6 +79,7 @@ class HeldOutEvalCallback(BaseCallback):
     :param greedy: greedy decoding instead of the policy's sampling
     :param seed: selects the problems and seeds the sampler
     :param say: called with one line per evaluation (``print``), or ``None``
+    :param samples: ``K`` sampled answers per problem for pass@k (0: none)
     """
 
     def __init__(
@@ -90,10 +92,11 @@ class HeldOutEvalCallback(BaseCallback):
         seed: int = 0,
         say: Any = None,
         verbose: int = 0,
+        samples: int = 0,
     ) -> None:
         super().__init__(verbose)
         self.env, self.eval_every, self.difficulties, self.n = env, eval_every, difficulties, n
-        self.greedy, self.seed, self.say = greedy, seed, say
+        self.greedy, self.seed, self.say, self.samples = greedy, seed, say, samples
         self.seconds = 0.0
         self.started = 0.0
         self.results: list[tuple[int, float, Any]] = []
@@ -114,7 +117,7 @@ class HeldOutEvalCallback(BaseCallback):
             if self.model.distributed.is_main:
                 level = self.difficulties[0] if self.difficulties else self.env.get_attr("difficulty", [0])[0]
                 problems = held_out_problems(self.env, self.n, float(level), self.seed)
-                result = evaluate_problems(self.model.policy, self.env, problems, self.seed, self.greedy)
+                result = evaluate_problems(self.model.policy, self.env, problems, self.seed, self.greedy, self.samples)
         self.seconds += time.perf_counter() - start
         if result is None:
             return
@@ -122,10 +125,15 @@ class HeldOutEvalCallback(BaseCallback):
         self.logger.record("eval/success_rate", result.success_rate)
         self.logger.record("eval/mean_reward", result.mean_reward)
         self.logger.record("eval/mean_length", result.mean_length)
+        at_k = ""
+        if result.samples:
+            self.logger.record("eval/sampled_success", result.sampled_success)
+            self.logger.record("eval/pass_at_k", result.pass_at_k)
+            at_k = f" (greedy; sampled {result.sampled_success:.1%}, pass@{result.samples} {result.pass_at_k:.1%})"
         self.logger.record("time/eval_seconds", self.seconds)
         if self.say is not None:
             self.say(
-                f"iteration {iteration} (GRPO {training:.0f} s): held-out success {result.success_rate:.1%} at "
+                f"iteration {iteration} (GRPO {training:.0f} s): held-out success {result.success_rate:.1%}{at_k} at "
                 f"{result.difficulty:.2f}",
                 flush=True,
             )

@@ -5,11 +5,12 @@ the eval split (``eval_data=``) for tasks read from data, or their training rows
 eval split; the table's ``source`` column says which.
 
 An env with tools (``R1ZeroEnv(tools=...)``), or a wrapped Gymnasium env (:mod:`grpo_gym.wrappers`), is evaluated on
-whole episodes (:func:`evaluate_episodes`): the model calls tools and answers as in training, and success is the
+whole episodes (:func:`play_episodes`): the model calls tools and answers as in training, and success is the
 episode's."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,11 +26,11 @@ __all__ = [
     "HELD_OUT_SEED",
     "EvalResult",
     "evaluate_difficulties",
-    "evaluate_episodes",
     "evaluate_problems",
     "format_table",
     "held_out_problems",
     "held_out_source",
+    "pass_at_k",
     "play_episodes",
 ]
 
@@ -44,6 +45,18 @@ class EvalResult:
     mean_reward: float
     mean_length: float
     source: str = ""  # where the problems came from: "new seeds", "eval split", "training rows"
+    samples: int = 0  # K sampled answers per problem (0: none beyond the one answer success_rate scores)
+    sampled_success: float | None = None  # the K samples' mean success (pass@1), when samples
+    pass_at_k: float | None = None  # the problems at least one of the K samples solves, when samples
+
+
+def pass_at_k(successes: np.ndarray) -> tuple[float, float]:
+    """The sampled success (pass@1) and pass@k of a ``(problems, k)`` grid of successes: the mean over every sample,
+    and the share of problems that at least one of their ``k`` samples solves."""
+    grid = np.asarray(successes, dtype=bool)
+    if grid.ndim != 2 or not grid.size:
+        raise ValueError(f"pass_at_k takes a (problems, k) grid of successes, got shape {grid.shape}")
+    return float(grid.mean()), float(grid.any(axis=1).mean())
 
 
 def held_out_problems(env: Any, n: int, difficulty: float, seed: int = 0) -> list[Any]:
@@ -62,19 +75,50 @@ def held_out_source(env: Any) -> str:
     return str(env.get_attr("task", indices=[0])[0].eval_source)
 
 
-def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0, greedy: bool = False) -> EvalResult:
+def evaluate_problems(
+    policy: Any, env: Any, problems: list[Any], seed: int = 0, greedy: bool = False, samples: int = 0
+) -> EvalResult:
     """Answer every problem once with the policy's sampling settings (one batch), score each through the env.
+
+    With ``samples=K``, the answer scored in ``success_rate`` is the greedy one, and ``K`` more answers per problem are
+    sampled (``K`` batches of the problems, so memory stays that of one): ``sampled_success`` is their mean success
+    (pass@1), ``pass_at_k`` the share of problems one of them solves. The gap between ``pass_at_k`` and the greedy
+    success is the room reinforcement learning can turn into pass@1.
 
     :param policy: a :class:`TransformerPolicy`
     :param env: a VecEnv of ``R1ZeroEnv`` (its first env scores)
     :param problems: the problems (see :func:`held_out_problems`)
     :param seed: seeds the sampler, so the same policy gives the same completions
-    :param greedy: take the most likely token instead of sampling
+    :param greedy: take the most likely token instead of sampling (with ``samples``: always greedy)
+    :param samples: ``K`` sampled answers per problem for pass@k (0: none)
     """
     if not problems:
         raise ValueError("no problems to evaluate: ask for at least one (e.g. --n 100)")
-    if plays_episodes(env):
-        return evaluate_episodes(policy, env, problems, seed, greedy)
+    if samples < 0:
+        raise ValueError(f"samples must be 0 (no pass@k) or a count of samples per problem, got {samples}")
+    answer = _play_once if plays_episodes(env) else _answer_once
+    successes, rewards, lengths = answer(policy, env, problems, seed, greedy or samples > 0)
+    result = EvalResult(
+        difficulty=float(problems[0].difficulty),
+        n_problems=len(problems),
+        success_rate=float(np.mean(successes)),
+        mean_reward=float(np.mean(rewards)),
+        mean_length=float(np.mean(lengths)),
+        source=held_out_source(env),
+    )
+    if not samples:
+        return result
+    draws = [answer(policy, env, problems, seed + 1 + k)[0] for k in range(samples)]  # other seeds than the first
+    sampled, at_k = pass_at_k(np.stack(draws, axis=1))
+    return dataclasses.replace(result, samples=samples, sampled_success=sampled, pass_at_k=at_k)
+
+
+#: per problem: success, reward, tokens written
+Answers = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _answer_once(policy: Any, env: Any, problems: list[Any], seed: int, greedy: bool = False) -> Answers:
+    """Every problem answered once, in one batch, and scored through the env."""
     device = next(policy.parameters()).device
     prompts = []
     for problem in problems:
@@ -89,16 +133,19 @@ def evaluate_problems(policy: Any, env: Any, problems: list[Any], seed: int = 0,
     successes, rewards = [], []
     for problem, action in zip(problems, actions, strict=True):
         _, reward, _, _, info = env.env_method("score_completion", problem, action, indices=[0])[0]
-        successes.append(info["is_success"])
-        rewards.append(reward)
-    return EvalResult(
-        difficulty=float(problems[0].difficulty),
-        n_problems=len(problems),
-        success_rate=float(np.mean(successes)),
-        mean_reward=float(np.mean(rewards)),
-        mean_length=float(completions.lengths.float().mean().item()),
-        source=held_out_source(env),
-    )
+        successes.append(bool(info["is_success"]))
+        rewards.append(float(reward))
+    return np.array(successes), np.array(rewards), completions.lengths.cpu().numpy()
+
+
+def _play_once(policy: Any, env: Any, problems: list[Any], seed: int, greedy: bool = False) -> Answers:
+    """Each problem's episode played to its end, ``n_envs`` episodes at a time (:func:`play_episodes`)."""
+    generator = th.Generator(device=next(policy.parameters()).device)
+    generator.manual_seed(seed)
+    played = []
+    for start in range(0, len(problems), env.num_envs):
+        played += play_episodes(policy, env, problems[start : start + env.num_envs], generator, greedy)
+    return tuple(np.array(column) for column in zip(*played, strict=True))  # type: ignore[return-value]
 
 
 def plays_episodes(env: Any) -> bool:
@@ -110,28 +157,6 @@ def plays_episodes(env: Any) -> bool:
         return env.get_attr("tools", indices=[0])[0] is not None
     except AttributeError:
         return False
-
-
-def evaluate_episodes(policy: Any, env: Any, problems: list[Any], seed: int = 0, greedy: bool = False) -> EvalResult:
-    """Play each problem's episode to its end, ``n_envs`` episodes at a time (:func:`play_episodes`).
-
-    Success is the episode's last turn's ``is_success``; the reward is the sum of its turns' rewards; the length is
-    the tokens the model wrote in the episode (every turn's). Arguments as :func:`evaluate_problems`.
-    """
-    generator = th.Generator(device=next(policy.parameters()).device)
-    generator.manual_seed(seed)
-    played = []
-    for start in range(0, len(problems), env.num_envs):
-        played += play_episodes(policy, env, problems[start : start + env.num_envs], generator, greedy)
-    successes, rewards, lengths = zip(*played, strict=True)
-    return EvalResult(
-        difficulty=float(problems[0].difficulty),
-        n_problems=len(problems),
-        success_rate=float(np.mean(successes)),
-        mean_reward=float(np.mean(rewards)),
-        mean_length=float(np.mean(lengths)),
-        source=held_out_source(env),
-    )
 
 
 def play_episodes(
@@ -165,22 +190,31 @@ def play_episodes(
 
 
 def evaluate_difficulties(
-    policy: Any, env: Any, difficulties: list[float], n: int, seed: int = 0, greedy: bool = False
+    policy: Any, env: Any, difficulties: list[float], n: int, seed: int = 0, greedy: bool = False, samples: int = 0
 ) -> list[EvalResult]:
-    """:func:`evaluate_problems` on ``n`` held-out problems at each difficulty."""
-    return [evaluate_problems(policy, env, held_out_problems(env, n, d, seed), seed, greedy) for d in difficulties]
+    """:func:`evaluate_problems` on ``n`` held-out problems at each difficulty (``samples``: pass@k too)."""
+    return [
+        evaluate_problems(policy, env, held_out_problems(env, n, d, seed), seed, greedy, samples) for d in difficulties
+    ]
 
 
 def format_table(rows: dict[str, list[EvalResult]]) -> str:
     """A plain-text table: one line per (label, difficulty); a ``source`` column when the results say where their
-    problems came from ("training rows" is a warning sign: no eval split)."""
-    sources = any(r.source for results in rows.values() for r in results)
-    header = f"{'policy':<16}{'difficulty':>11}{'problems':>10}{'success':>10}{'reward':>9}{'length':>9}"
+    problems came from ("training rows" is a warning sign: no eval split); with pass@k results (``samples``), the
+    success column is the greedy one, beside the samples' mean success and pass@k."""
+    results = [r for rs in rows.values() for r in rs]
+    sources = any(r.source for r in results)
+    ks = sorted({r.samples for r in results if r.samples})
+    at_k = f"pass@{ks[0]}" if len(ks) == 1 else "pass@k"
+    header = f"{'policy':<16}{'difficulty':>11}{'problems':>10}{'greedy' if ks else 'success':>10}"
+    header += f"{'sampled':>10}{at_k:>10}" if ks else ""
+    header += f"{'reward':>9}{'length':>9}"
     lines = [header + ("  source" if sources else "")]
-    for label, results in rows.items():
-        for r in results:
-            lines.append(
-                f"{label:<16}{r.difficulty:>11.2f}{r.n_problems:>10d}{r.success_rate:>10.1%}"
-                f"{r.mean_reward:>9.3f}{r.mean_length:>9.1f}" + (f"  {r.source or '-'}" if sources else "")
-            )
+    for label, rs in rows.items():
+        for r in rs:
+            line = f"{label:<16}{r.difficulty:>11.2f}{r.n_problems:>10d}{r.success_rate:>10.1%}"
+            if ks:
+                line += "".join(f"{'-':>10}" if v is None else f"{v:>10.1%}" for v in (r.sampled_success, r.pass_at_k))
+            line += f"{r.mean_reward:>9.3f}{r.mean_length:>9.1f}"
+            lines.append(line + (f"  {r.source or '-'}" if sources else ""))
     return "\n".join(lines)

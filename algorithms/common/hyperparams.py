@@ -23,7 +23,8 @@ from stable_baselines3.common.utils import LinearSchedule
 SCHEDULABLE = ("learning_rate", "clip_range", "clip_range_high", "ent_coef")
 #: the keys of a preset that are not constructor arguments of the algorithm (``grpo-gym train`` uses them)
 RUN_KEYS = (
-    "n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems", "eval_greedy", "save_path"
+    "n_timesteps", "policy", "n_envs", "env_kwargs", "eval_difficulties", "eval_problems", "eval_greedy",
+    "eval_samples", "save_path",
 )  # fmt: skip
 
 
@@ -179,6 +180,7 @@ def check_run_keys(config: dict[str, Any], where: str) -> None:
         for level in levels or []:
             check_float("eval_difficulties", level, low=0.1, high=1.0)
         check_bool("eval_greedy", config.get("eval_greedy", False))
+        check_int("eval_samples", config.get("eval_samples", 0), low=0)
     except ValueError as error:
         raise ValueError(f"{where}: {error}") from None
     if config.get("policy", "TransformerPolicy") != "TransformerPolicy":
