@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     zoo = commands.add_parser("zoo", help="rl-baselines3-zoo's train (and -optimize) with GRPO registered")
     zoo.add_argument("zoo_args", nargs=argparse.REMAINDER, help="train [rl_zoo3 train arguments]")
     zoo.set_defaults(func=lambda args: _zoo(args.zoo_args))
-    add_deploy_commands(commands)  # distill, quantize, serve
+    add_deploy_commands(commands)  # distill, quantize, export, serve
     add_interop_commands(commands)  # openenv-serve
     add_engine_commands(commands)  # vllm-serve
     return parser

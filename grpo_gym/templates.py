@@ -100,6 +100,11 @@ class PromptFormatter:
         self.prompt_affixes = self._split(self._prompt_text(_PLACEHOLDER))
         self.feedback_affixes = self._split(self._feedback_text(_PLACEHOLDER))
 
+    @property
+    def system(self) -> str | None:
+        """The system message of a prompt rendered by the chat template (the R1-Zero instructions), or ``None``."""
+        return self._system if self.chat else None
+
     def _messages(self, question: str) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self._system}] if self._system else []
         return [*system, {"role": "user", "content": question}]

@@ -506,6 +506,30 @@ class LMBaseAlgorithm(BaseAlgorithm):
                 return
         self.policy.save_pretrained(directory, tokenizer=tokenizer, merge=merge, state_dict=state)
 
+    def save_gguf(self, path: str, type: str = "f16", force: bool = False) -> Path:
+        """Export the policy as a GGUF file that llama.cpp, Ollama and LM Studio run, with an Ollama ``Modelfile``
+        beside it (:func:`~algorithms.deploy.gguf_export.save_gguf`): LoRA adapters merged, the env's tokenizer and
+        training prompt, the policy's sampling settings; a model trained from a GGUF file writes back that file's
+        metadata. Returns the file written.
+
+        :param path: the ``.gguf`` file (an existing one only with ``force``)
+        :param type: ``f32``, ``f16``, ``bf16``, ``q8_0``, ... (:func:`~algorithms.deploy.gguf_export.export_types`)
+        :param force: replace ``path`` and the ``Modelfile`` beside it when they exist
+        """
+        from algorithms.deploy.gguf_export import export_info, save_gguf
+
+        if self.env is None:
+            raise ValueError("save_gguf needs the model's env (its tokenizer): load the model with env=...")
+        state = self._parallel.whole_state_dict(self.policy.model) if self._parallel.sharded else None
+        if not self._dist.is_main:  # gathered to rank 0, which writes (a collective)
+            return Path(path)
+        if self.policy.lora is not None:  # the adapters merged into a copy; the policy keeps them
+            model = self.policy._plain_copy(state).merge_and_unload()
+        else:
+            model = self.policy.model if state is None else self.policy._plain_copy(state)
+        tokenizer = self.env.get_attr("tokenizer", [0])[0]
+        return save_gguf(model, tokenizer, path, type, export_info(self), force)
+
     # ------------------------------------------------------------------ steps every update shares
     def _start_gradient_sync(self) -> None:
         """Several processes, once after the cold start: DDP copies rank 0's weights everywhere and makes its

@@ -146,6 +146,24 @@ def quantize_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_command(args: argparse.Namespace) -> int:
+    """Write a saved model as a GGUF file (llama.cpp, Ollama, LM Studio) and an Ollama ``Modelfile`` beside it."""
+    from algorithms.deploy.gguf_export import MODELFILE, check_output, check_type
+    from algorithms.deploy.loading import saved_algorithm
+
+    check_type(args.type)  # before any work
+    target, _ = check_output(args.gguf, args.force)
+    if not Path(args.model).is_file():
+        raise ValueError(f"model {args.model!r} does not exist: pass a zip saved by grpo-gym train --save-path")
+    model = saved_algorithm(args.model).load(args.model, rollout_engine="builtin", read_optimizer=False)
+    written = model.save_gguf(os.fspath(target), args.type, force=args.force)
+    print(f"{size_on_disk(args.model) / 2**20:8.2f} MiB  {args.model}")
+    print(f"{size_on_disk(written) / 2**20:8.2f} MiB  {written} ({args.type.lower()})")
+    print(f"llama.cpp: llama-cli -m {written}")
+    print(f"Ollama:    cd {written.parent} && ollama create {written.stem} -f {MODELFILE}")
+    return 0
+
+
 def serve_command(args: argparse.Namespace) -> int:
     """Serve a saved model over HTTP until SIGTERM or Ctrl-C."""
     try:
@@ -175,7 +193,7 @@ def serve_command(args: argparse.Namespace) -> int:
 
 
 def add_deploy_commands(commands: Any) -> None:
-    """Add ``distill``, ``quantize`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
+    """Add ``distill``, ``quantize``, ``export`` and ``serve`` to the ``grpo-gym`` sub-command parsers."""
     d = commands.add_parser("distill", help="distil a trained model into a smaller student (--int8-qat: for INT8)")
     d.add_argument("--teacher", required=True, help="a GRPO zip (train --save-path) or a save_pretrained folder")
     d.add_argument("--student", required=True,
@@ -206,6 +224,13 @@ def add_deploy_commands(commands: Any) -> None:
     q.add_argument("--tokenizer", default=None, help="tokenizer folder for a zip trained with a non-built-in one")
     q.add_argument("--overwrite", action="store_true", help="replace --save-path when it is a non-empty folder")
     q.set_defaults(func=quantize_command)
+
+    e = commands.add_parser("export", help="write a saved model as a GGUF file for llama.cpp and Ollama")
+    e.add_argument("model", help="a zip saved by grpo-gym train --save-path")
+    e.add_argument("--gguf", required=True, help="the .gguf file to write (an Ollama Modelfile is written beside it)")
+    e.add_argument("--type", default="f16", help="f32, f16, bf16, q8_0, q4_0, q4_1, q5_0 or q5_1 (default: f16)")
+    e.add_argument("--force", action="store_true", help="replace the .gguf file and the Modelfile if they exist")
+    e.set_defaults(func=export_command)
 
     s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with dynamic batching")
     s.add_argument("model", help="a GRPO zip, a save_pretrained folder or an INT8 export folder")

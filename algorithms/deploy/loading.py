@@ -106,12 +106,9 @@ def load_policy(
             f"model {os.fspath(path)!r} does not exist: pass a GRPO or LMPPO zip (model.save), a save_pretrained "
             "folder, or an INT8 export folder"
         )
-    import algorithms
-    from algorithms.common.saving.model_file import read_model_file
     from algorithms.common.saving.run_file import recorded_tokenizer
 
-    name = read_model_file(location)[0].get("algorithm")  # GRPO or LMPPO: the class that wrote the zip
-    algorithm = getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO  # else: GRPO names it
+    algorithm = saved_algorithm(location)
     # the policy alone: no env, no rollout engine (a run's vLLM is not started to serve it); load refuses NaN or
     # infinite weights
     policy = algorithm.load(
@@ -121,6 +118,16 @@ def load_policy(
     tokenizer = load_tokenizer(recorded, trust_remote_code=trust_remote_code)
     check_tokenizer(policy, tokenizer, what=f"the model {os.fspath(path)!r}")
     return policy, tokenizer
+
+
+def saved_algorithm(path: str | os.PathLike) -> Any:
+    """The class that wrote the zip at ``path`` (GRPO or LMPPO, as the zip records it; GRPO when it records
+    another, whose load then names the class to use)."""
+    import algorithms
+    from algorithms.common.saving.model_file import read_model_file
+
+    name = read_model_file(Path(path))[0].get("algorithm")
+    return getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO
 
 
 #: the file that makes a folder a peft adapter folder
