@@ -14,7 +14,7 @@ from algorithms.cli_arguments import (
     config_of,
 )
 from algorithms.cli_options import reward_funcs_argument
-from algorithms.cli_types import COUNT, DIFFICULTY
+from algorithms.cli_types import COUNT, DIFFICULTY, Integer
 from algorithms.common.env_util import make_env
 from algorithms.common.hyperparams import load_hyperparams
 
@@ -30,7 +30,7 @@ def add_eval_command(commands: Any) -> None:
     ev.add_argument("--n", type=COUNT, default=100, help="held-out problems per difficulty")
     ev.add_argument("--greedy", action="store_true", help="greedy decoding instead of the policy's sampling")
     ev.add_argument(
-        "--samples", type=COUNT, default=0, metavar="K",
+        "--samples", type=Integer(low=0), default=0, metavar="K",
         help="also sample K answers per problem: the greedy success beside the samples' success and pass@K (the "
              "problems one of the K solves: the room reinforcement learning can turn into greedy success)",
     )  # fmt: skip

@@ -3,8 +3,9 @@ with ``grpo-gym train --model <file.gguf>``, exported with ``grpo-gym export --g
 llama.cpp (``llama-cpp-python``).
 
 - **Token for token** (f32, f16): on ``--prompts`` held-out problems (difficulty ``--difficulty``), the greedy
-  completion llama.cpp writes from the file equals ours from the zip (our sampler, greedy), token for token up to EOS
-  or the completion budget. Both start from the same prompt ids; whether llama.cpp's own tokenizer gives those ids
+  completion llama.cpp writes from the file equals ours from the zip (our sampler, greedy; for f16 with the weight
+  matrices rounded to float16, as the file holds them), token for token up to EOS or the completion budget. Both
+  start from the same prompt ids; whether llama.cpp's own tokenizer gives those ids
   from the prompt text is counted too.
 - **Held-out success** (q8_0): ``--n`` held-out problems answered greedily by llama.cpp from the q8_0 file and by ours
   from the zip, each completion scored by the env; the two success rates.
@@ -106,7 +107,8 @@ def main() -> int:
     def prompt_ids(problem: Any) -> list[int]:
         return [int(t) for t in env.env_method("encode_example", problem.prompt_input, "", indices=[0])[0][0]]
 
-    def our_completions(problems: list[Any]) -> list[list[int]]:
+    def our_completions(problems: list[Any], rounded: bool = False) -> list[list[int]]:
+        """Ours, greedy; ``rounded``: with the weight matrices rounded to float16, as the f16 file holds them."""
         import torch as th
 
         from algorithms.common.rollout.batch import left_pad
@@ -116,7 +118,13 @@ def main() -> int:
             prompts = [th.as_tensor(prompt_ids(p)) for p in problems[start : start + 50]]
             ids, mask = left_pad(prompts, policy.pad_token_id)
             with th.no_grad():
+                saved = [p.detach().clone() for p in policy.parameters()] if rounded else []
+                for parameter in policy.parameters() if rounded else []:
+                    if parameter.ndim == 2:
+                        parameter.copy_(parameter.half().float())
                 completions = policy.generate(ids, mask, greedy=True)
+                for parameter, value in zip(policy.parameters() if rounded else [], saved, strict=True):
+                    parameter.copy_(value)
             done += [ours(completions.tokens, completions.lengths, i) for i in range(len(prompts))]
         return done
 
@@ -132,8 +140,8 @@ def main() -> int:
 
     figures: dict[str, Any] = {"source": Path(source).name, "timesteps": args.timesteps, "difficulty": args.difficulty}
     problems = held_out_problems(env, args.prompts, args.difficulty)
-    reference = our_completions(problems)
     for kind in ("f32", "f16"):
+        reference = our_completions(problems, rounded=kind == "f16")
         llm = Llama(model_path=str(work / f"out-{kind}.gguf"), n_ctx=1024, n_threads=2, verbose=False)
         theirs = [llama_completion(llm, prompt_ids(p), budget) for p in problems]
         same_ids = sum(
