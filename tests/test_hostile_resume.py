@@ -201,3 +201,17 @@ def test_resume_takes_the_settings_dict_the_run_was_started_with() -> None:
         resumed_params(["cold_start_kwargs:{'steps': 60}"], saved, {"total_timesteps": 64})
     with pytest.raises(ValueError, match=r"n_groups:8 \(saved: 4\)"):
         resumed_params(["n_groups:8"], saved, {"total_timesteps": 64})
+
+
+def test_a_run_json_with_pass_at_k_results_reads_back_and_a_bad_count_is_refused(tmp_path: Path) -> None:
+    """``eval_samples`` adds the pass@k fields to the results a checkpoint's run.json records before GRPO."""
+    folder = tmp_path / "iteration_0000001"
+    folder.mkdir()
+    row = {"difficulty": 0.3, "n_problems": 4, "success_rate": 0.25, "mean_reward": 0.5, "mean_length": 9.0,
+           "source": "new seeds", "samples": 4, "sampled_success": 0.375, "pass_at_k": 0.75}  # fmt: skip
+    (folder / "run.json").write_text(json.dumps({"total_timesteps": 8, "before": [row, {**row, "samples": 0,
+                                     "sampled_success": None, "pass_at_k": None}]}))  # fmt: skip
+    assert read_run_json(folder)["before"][0]["pass_at_k"] == 0.75
+    (folder / "run.json").write_text(json.dumps({"total_timesteps": 8, "before": [{**row, "samples": -1}]}))
+    with pytest.raises(ValueError, match="'before' must be the held-out results"):
+        read_run_json(folder)

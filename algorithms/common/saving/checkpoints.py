@@ -143,6 +143,8 @@ def write_checkpoint(model: Any, directory: str | os.PathLike, run: dict[str, An
 
 #: the held-out results a run.json records before GRPO, per difficulty: ``EvalResult``'s number fields (and ``source``)
 RESULT_FIELDS = ("difficulty", "n_problems", "success_rate", "mean_reward", "mean_length")
+#: the pass@k fields an ``EvalResult`` adds with ``samples`` (a count, then two numbers or null)
+PASS_AT_K_FIELDS = ("samples", "sampled_success", "pass_at_k")
 
 
 def read_run_json(folder: str | os.PathLike) -> dict[str, Any]:
@@ -172,19 +174,24 @@ def read_run_json(folder: str | os.PathLike) -> dict[str, Any]:
             fields = ", ".join(RESULT_FIELDS)
             raise ValueError(
                 f"{where}: {key!r} must be the held-out results measured {when}, a list of {{{fields}, source}} "
-                f"(numbers, and a text); write [] there to report none, {move}"
+                f"(numbers, and a text; with pass@k also samples, sampled_success, pass_at_k); write [] there to "
+                f"report none, {move}"
             )
     return run
 
 
 def _is_result(row: Any) -> bool:
     """Whether ``row`` is an ``EvalResult`` as ``dataclasses.asdict`` wrote it."""
-    if not isinstance(row, dict) or not set(row) <= {*RESULT_FIELDS, "source"}:
+    if not isinstance(row, dict) or not set(row) <= {*RESULT_FIELDS, *PASS_AT_K_FIELDS, "source"}:
         return False
     numbers = [row.get(key) for key in RESULT_FIELDS]
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers) and isinstance(
-        row.get("source", ""), str
-    )
+    numbers += [row[key] for key in PASS_AT_K_FIELDS[1:] if row.get(key) is not None]
+    samples = row.get("samples", 0)
+    return (
+        all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in numbers)
+        and isinstance(samples, int) and not isinstance(samples, bool) and samples >= 0
+        and isinstance(row.get("source", ""), str)
+    )  # fmt: skip
 
 
 class IterationCheckpoint(BaseCallback):
