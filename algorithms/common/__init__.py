@@ -2,8 +2,8 @@
 
 At the top, the pieces an algorithm is made of, in the order an iteration uses them: ``base_class``
 (``LMBaseAlgorithm``: construction, policy, reference, run state, save/load, the steps every algorithm's ``learn``
-shares, the public face the saving code and the command line read; the iteration itself is the algorithm's
-``learn``, e.g. ``GRPO.learn``), the parts it owns:
+shares and the loop, ``learn``, written once, the public face the saving code and the command line read; an
+algorithm adds its ``_build_batch`` and ``train``), the parts it owns:
 ``rollout_collection`` (``RolloutCollector``: one rollout's collection) and ``overlapped_learning``
 (``OverlappedLoop``: the loop of ``max_staleness >= 1``), ``policies``
 (``TransformerPolicy``), ``cold_start`` (the SFT stage), ``losses`` (the loss terms), ``sampler_correction`` (the

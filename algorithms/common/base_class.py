@@ -13,10 +13,10 @@ contents: :mod:`algorithms.common.saving.run_file`); and the steps every algorit
 ``overlapped`` (:class:`~algorithms.common.overlapped_learning.OverlappedLoop`) runs the loop with sampling overlapping
 the update.
 
-The learning loop is the algorithm's own: :meth:`GRPO.learn <algorithms.grpo.grpo.GRPO.learn>` (collect, score,
-update, log) and :meth:`LMPPO.learn <algorithms.ppo.ppo.LMPPO.learn>`. Each builds its batch from a rollout's rows
-(``_build_batch``: returns and advantages) and updates on it (``train``: minibatches, loss, the guarded step). The cold
-start (:meth:`LMBaseAlgorithm.run_cold_start`) runs before the first rollout.
+The learning loop is written once, :meth:`LMBaseAlgorithm.learn` (collect, score, update, log), as SB3's
+``OnPolicyAlgorithm.learn``; an algorithm builds its batch from a rollout's rows (``_build_batch``: returns and
+advantages) and updates on it (``train``: minibatches, loss, the guarded step). The cold start
+(:meth:`LMBaseAlgorithm.run_cold_start`) runs before the first rollout.
 
 The frozen reference is a copy of the policy's network (``ref_model``), or with LoRA adapters the policy's own
 network with its adapters disabled, i.e. the base model, with no copy (``ref_model`` stays None; see
@@ -579,13 +579,46 @@ class LMBaseAlgorithm(BaseAlgorithm):
         with self.gathered_policy():
             return super().predict(observation, state, episode_start, deterministic)
 
-    # ------------------------------------------------------------------ what the algorithm adds (with its learn)
+    # ------------------------------------------------------------------ the loop, and what an algorithm adds to it
+    def learn(
+        self: SelfLMBaseAlgorithm,
+        total_timesteps: int,
+        callback: MaybeCallback = None,
+        log_interval: int = 1,
+        tb_log_name: str | None = None,
+        reset_num_timesteps: bool = True,
+        progress_bar: bool = False,
+    ) -> SelfLMBaseAlgorithm:
+        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G), as SB3's
+        ``OnPolicyAlgorithm.learn``. Each iteration: collect a rollout and build its batch (:meth:`collect_rollouts`,
+        the algorithm's :meth:`_build_batch`: returns and advantages), count it (:meth:`_next_iteration`: a restore
+        of the collapse guard skips the update), update (the algorithm's :meth:`train`), then
+        :meth:`_end_iteration` (the finite-state check, the engine's weights, the logs). With ``max_staleness >= 1``
+        the same steps run with sampling overlapping the update
+        (:class:`~algorithms.common.overlapped_learning.OverlappedLoop`)."""
+        total_timesteps, callback = self._start_learning(
+            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
+        )
+        if self.overlapped is not None:
+            self.overlapped.run(total_timesteps, callback, log_interval)
+        else:
+            while self.num_timesteps < total_timesteps:
+                if not self.collect_rollouts(self.env, callback):  # a callback stopped training
+                    break
+                if not self._next_iteration(total_timesteps, callback):  # the collapse guard restored a snapshot
+                    continue
+                with deterministic_on_cpu(self.device):
+                    self.train()
+                self._end_iteration(log_interval)
+        callback.on_training_end()
+        return self
+
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
-        """The rollout's rows as the batch the update trains on (the algorithm's returns and advantages)."""
+        """The rollout's rows as the batch the update trains on: the algorithm's returns and advantages."""
         raise NotImplementedError
 
     def train(self) -> None:
-        """Update the policy on the last rollout (the algorithm's loss)."""
+        """Update the policy on the last rollout: the algorithm's loss."""
         raise NotImplementedError
 
     # ------------------------------------------------------------------ one rollout

@@ -1,6 +1,6 @@
 """``RolloutCollector``: the part of a language-model algorithm that collects its rollouts on R1Zero-style envs (the
-algorithm owns one, ``model.rollouts``; its ``learn`` draws the whole iteration, e.g.
-:meth:`~algorithms.grpo.GRPO.learn`).
+algorithm owns one, ``model.rollouts``; ``learn`` draws the whole iteration:
+:meth:`~algorithms.common.base_class.LMBaseAlgorithm.learn`).
 
 :meth:`~RolloutCollector.collect` samples the K x G first turns in one batch, scores them ahead, steps them through
 the env(s) ``n_envs`` at a time, plays the later turns of multi-turn episodes from the KV cache of the turn before,

@@ -1,6 +1,7 @@
 """GRPO: Group Relative Policy Optimization (Shao et al., 2024) with the Stable-Baselines3 API.
 
-One iteration, as :meth:`GRPO.learn` runs it, each step in the module that does it: collect a rollout
+One iteration, as ``learn`` (:meth:`LMBaseAlgorithm.learn <algorithms.common.base_class.LMBaseAlgorithm.learn>`)
+runs it, each step in the module that does it: collect a rollout
 (:mod:`algorithms.common.rollout_collection`; dynamic sampling and the other sampling options:
 :mod:`algorithms.grpo.sampling`), score it (:mod:`algorithms.grpo.advantages`: returns, group-relative advantages,
 the rows kept), update the policy (:mod:`algorithms.grpo.update`, the loss :func:`~algorithms.grpo.update.grpo_loss`;
@@ -10,11 +11,11 @@ replay: :mod:`algorithms.grpo.replay`), log. The original design's controls: :mo
 from __future__ import annotations
 
 import os
-from typing import Any, TypeVar
+from typing import Any
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
@@ -24,14 +25,11 @@ from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuff
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows
-from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import diagnostics, replay, trl_port, update
 from algorithms.grpo.advantages import GroupScoring
 from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling
-
-SelfGRPO = TypeVar("SelfGRPO", bound="GRPO")
 
 
 class GRPO(LMBaseAlgorithm):
@@ -208,40 +206,7 @@ class GRPO(LMBaseAlgorithm):
         """Read a replay buffer written by :meth:`save_replay_buffer` into this model."""
         self.replay_buffer = PrioritizedTrajectoryBuffer.load(path, vocab_size=self.policy.vocab_size)
 
-    # ------------------------------------------------------------------ one iteration
-    def learn(
-        self: SelfGRPO,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str | None = None,
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfGRPO:
-        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G).
-
-        Each iteration: collect a rollout (:class:`~algorithms.common.rollout_collection.RolloutCollector`: K
-        problems, G completions each, stepped through the env for their rewards) and score it (:meth:`_build_batch`:
-        returns, group-relative advantages, the rows kept), update the policy (:meth:`train`), log. With
-        ``max_staleness >= 1`` the same steps run with sampling overlapping the update
-        (:class:`~algorithms.common.overlapped_learning.OverlappedLoop`)."""
-        total_timesteps, callback = self._start_learning(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
-        )
-        if self.overlapped is not None:
-            self.overlapped.run(total_timesteps, callback, log_interval)
-        else:
-            while self.num_timesteps < total_timesteps:
-                if not self.collect_rollouts(self.env, callback):  # a callback stopped training
-                    break
-                if not self._next_iteration(total_timesteps, callback):  # the collapse guard restored a snapshot
-                    continue
-                with deterministic_on_cpu(self.device):
-                    self.train()
-                self._end_iteration(log_interval)  # the finite-state check, the engine's weights, the logs
-        callback.on_training_end()
-        return self
-
+    # ------------------------------------------------------------------ one iteration (LMBaseAlgorithm.learn)
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
         """The rollout's rows as the batch the update trains on: :meth:`GroupScoring.batch
         <algorithms.grpo.advantages.GroupScoring.batch>` (returns, advantages relative to each group, the kept rows)."""

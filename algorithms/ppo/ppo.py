@@ -7,11 +7,11 @@ functions (token rewards, GAE, whitening, the clipped value loss, the loss) are 
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch as th
-from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback, Schedule
+from stable_baselines3.common.type_aliases import GymEnv, Schedule
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
@@ -20,11 +20,8 @@ from algorithms.common.losses import sampler_kl
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
 from algorithms.common.rollout.rows import Rows, log_rollout, turn_returns
-from algorithms.common.runtime.determinism import deterministic_on_cpu
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
-
-SelfLMPPO = TypeVar("SelfLMPPO", bound="LMPPO")
 
 
 class LMPPO(LMBaseAlgorithm):
@@ -119,33 +116,6 @@ class LMPPO(LMBaseAlgorithm):
 
     def _needs_reference(self) -> bool:
         return self.kl_coef > 0
-
-    # ------------------------------------------------------------------ one iteration
-    def learn(
-        self: SelfLMPPO,
-        total_timesteps: int,
-        callback: MaybeCallback = None,
-        log_interval: int = 1,
-        tb_log_name: str | None = None,
-        reset_num_timesteps: bool = True,
-        progress_bar: bool = False,
-    ) -> SelfLMPPO:
-        """Train for at least ``total_timesteps`` completions (rounded up to whole iterations of K x G), as SB3's
-        ``OnPolicyAlgorithm.learn``: each iteration a rollout scored with the value head's GAE
-        (:meth:`collect_rollouts`, :meth:`_build_batch`), the update (:meth:`train`), the logs."""
-        total_timesteps, callback = self._start_learning(
-            total_timesteps, callback, reset_num_timesteps, tb_log_name, progress_bar
-        )
-        if self.overlapped is not None:  # max_staleness >= 1: sampling overlaps the update
-            self.overlapped.run(total_timesteps, callback, log_interval)
-        else:
-            while self.num_timesteps < total_timesteps and self.collect_rollouts(self.env, callback):
-                if self._next_iteration(total_timesteps, callback):  # not after a restore of the collapse guard
-                    with deterministic_on_cpu(self.device):
-                        self.train()
-                    self._end_iteration(log_interval)
-        callback.on_training_end()
-        return self
 
     # ------------------------------------------------------------------ advantages
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
