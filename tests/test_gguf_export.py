@@ -1,4 +1,4 @@
-"""GGUF export (algorithms/deploy/gguf_export.py): files written by ``save_gguf`` / ``GRPO.save_gguf`` /
+"""GGUF export (algorithms/common/saving/gguf_export.py): files written by ``save_gguf`` / ``GRPO.save_gguf`` /
 ``grpo-gym export`` read back by transformers and run by llama.cpp itself (``llama-cpp-python``: skipped with the
 reason where it is not installed), greedy completions compared token for token; the source file's metadata written
 back; the Ollama Modelfile's template against the chat template (rendered by jinja2, as transformers renders it); and
@@ -17,7 +17,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 import grpo_gym
 from algorithms import GRPO
 from algorithms.cli import main
-from algorithms.deploy.gguf_export import ExportInfo, export_types, modelfile_text, ollama_template, save_gguf
+from algorithms.common.saving.gguf_export import ExportInfo, export_types, modelfile_text, ollama_template, save_gguf
 from tests.gguf_files import byte_level_tokenizer, tiny_llama, write_gguf
 from tests.sizes import TINY_KWARGS
 

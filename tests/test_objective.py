@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
+from algorithms.common.advantages import group_advantages, leave_one_out_advantages, uniform_group_mask
 from algorithms.common.losses import aggregate, clipped_surrogate, kl_k3
-from algorithms.grpo.advantages import group_advantages, leave_one_out_advantages, uniform_group_mask
 from algorithms.grpo.update import grpo_loss
 
 F64 = torch.float64

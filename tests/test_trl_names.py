@@ -12,9 +12,9 @@ import pytest
 
 import grpo_gym
 from algorithms import GRPO, LMPPO, TransformerPolicy
+from algorithms.common.advantages import ADVANTAGE_SCALES
 from algorithms.common.losses import AGGREGATION_MODES, IMPORTANCE_LEVELS
 from algorithms.common.trl_names import GRPO_CONFIG, REMOVED, TRAINER_ARGUMENTS, TRL_NAMES, readme_section
-from algorithms.grpo.advantages import ADVANTAGE_SCALES
 from grpo_gym.trl_names import ENV_NAMES
 
 trl = pytest.importorskip("trl")

@@ -12,9 +12,10 @@ import torch as th
 
 import grpo_gym
 from algorithms import GRPO
+from algorithms.common.advantages import group_advantages
 from algorithms.common.generation.sampler import Completions
 from algorithms.common.rollout.rows import Rows, turn_returns, turn_statistics
-from algorithms.grpo.advantages import group_advantages, turn_advantages, turn_weights
+from algorithms.grpo.advantages import turn_advantages, turn_weights
 from grpo_gym import per_turn
 from grpo_gym.gold import answer_text, tool_call_text
 from grpo_gym.validation import ArgumentError

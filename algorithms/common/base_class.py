@@ -508,15 +508,16 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     def save_gguf(self, path: str, type: str = "f16", force: bool = False) -> Path:
         """Export the policy as a GGUF file that llama.cpp, Ollama and LM Studio run, with an Ollama ``Modelfile``
-        beside it (:func:`~algorithms.deploy.gguf_export.save_gguf`): LoRA adapters merged, the env's tokenizer and
-        training prompt, the policy's sampling settings; a model trained from a GGUF file writes back that file's
-        metadata. Returns the file written.
+        beside it (:func:`~algorithms.common.saving.gguf_export.save_gguf`): LoRA adapters merged, the env's
+        tokenizer and training prompt, the policy's sampling settings; a model trained from a GGUF file writes back
+        that file's metadata. Returns the file written.
 
         :param path: the ``.gguf`` file (an existing one only with ``force``)
-        :param type: ``f32``, ``f16``, ``bf16``, ``q8_0``, ... (:func:`~algorithms.deploy.gguf_export.export_types`)
+        :param type: ``f32``, ``f16``, ``bf16``, ``q8_0``, ...
+            (:func:`~algorithms.common.saving.gguf_export.export_types`)
         :param force: replace ``path`` and the ``Modelfile`` beside it when they exist
         """
-        from algorithms.deploy.gguf_export import export_info, save_gguf
+        from algorithms.common.saving.gguf_export import export_info, save_gguf
 
         if self.env is None:
             raise ValueError("save_gguf needs the model's env (its tokenizer): load the model with env=...")

@@ -148,7 +148,7 @@ def quantize_command(args: argparse.Namespace) -> int:
 
 def export_command(args: argparse.Namespace) -> int:
     """Write a saved model as a GGUF file (llama.cpp, Ollama, LM Studio) and an Ollama ``Modelfile`` beside it."""
-    from algorithms.deploy.gguf_export import MODELFILE, check_output, check_type
+    from algorithms.common.saving.gguf_export import MODELFILE, check_output, check_type
     from algorithms.deploy.loading import saved_algorithm
 
     check_type(args.type)  # before any work

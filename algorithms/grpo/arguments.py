@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 
+from algorithms.common.advantages import ADVANTAGE_SCALES
 from algorithms.common.arguments import (
     MOST,
     MOST_STEPS,
@@ -155,7 +156,7 @@ GRPO_OWN = {
         "0.01 decaying to 0.001 over 10,000 updates)", "float | Schedule | UpdateDecay",
     ),
     "advantage_scale": Argument(
-        "group", choice(*advantages.ADVANTAGE_SCALES),
+        "group", choice(*ADVANTAGE_SCALES),
         '``"group"`` (divide by the group std: GRPO), ``"batch"`` (by the rollout std) or ``"none"`` (Dr. GRPO)',
         "str",
     ),

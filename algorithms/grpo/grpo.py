@@ -37,7 +37,7 @@ class GRPO(LMBaseAlgorithm):
 
     One iteration: ``n_groups`` (K) problems, ``group_size`` (G) completions each, all sampled in one batch
     whatever the number of envs; rewards from ``env.step``; advantages relative to each group
-    (:func:`~algorithms.grpo.advantages.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen
+    (:func:`~algorithms.common.advantages.group_advantages`); the clipped surrogate with a k3 KL penalty to a frozen
     reference and an entropy bonus (:func:`~algorithms.grpo.update.grpo_loss`); global gradient clipping; an
     optimizer step per minibatch. No value network: GRPO builds on
     :class:`~algorithms.common.base_class.LMBaseAlgorithm` rather than SB3's ``OnPolicyAlgorithm``, whose

@@ -26,13 +26,13 @@ import torch as th
 from stable_baselines3.common.logger import Logger
 from stable_baselines3.common.vec_env import VecEnv
 
+from algorithms.common.advantages import uniform_group_mask
 from algorithms.common.rollout.prompt_pool import LearnabilityPool
 from algorithms.common.rollout.rows import Rows, turn_returns
 from algorithms.common.rollout_collection import PlayRefill, RolloutSampling
 from algorithms.common.runtime.distributed import Distributed
 from algorithms.common.runtime.seeds import RolloutSeeds
 from algorithms.grpo import controls
-from algorithms.grpo.advantages import uniform_group_mask
 
 
 def refill_slots(uniform: Sequence[bool], rounds_done: int, max_rounds: int) -> list[int]:

@@ -107,6 +107,34 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", encoding: str |
 
 
 @contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary path beside ``path`` for a writer that opens the file itself (the ``gguf`` package's); on success
+    the file written there replaces ``path`` atomically, on an exception it is deleted (:func:`atomic_write` for a
+    writer that takes an open file).
+
+    :raises ValueError: when ``path`` is an existing folder
+    """
+    target = Path(os.fspath(path))
+    if target.is_dir():
+        raise ValueError(f"cannot write the file {os.fspath(target)!r}: it is an existing folder")
+    remove_stale_temporaries(target.parent, target.name)
+    temporary = _temporary_name(target)
+    try:
+        yield temporary
+        with open(temporary, "rb+") as handle:
+            os.fsync(handle.fileno())
+        _copy_permissions(target, temporary)
+        os.replace(temporary, target)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            raise disk_full(error, target) from None
+        raise
+    _fsync_directory(target.parent)
+
+
+@contextlib.contextmanager
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield an empty temporary folder beside ``path``; on success it takes the place of ``path`` atomically.
 

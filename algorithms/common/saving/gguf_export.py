@@ -22,13 +22,13 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from algorithms.common.saving.atomic import atomic_path, atomic_write
 from grpo_gym.gguf import require_gguf
 
 #: the architectures written (llama.cpp's ``llama``: Llama and the models of its layout)
@@ -134,7 +134,7 @@ def save_gguf(model: Any, tokenizer: Any, path: str | os.PathLike, type: str = "
     check_exportable(model)
     target, modelfile = check_output(path, force)
     metadata = _metadata(model, tokenizer, info, kind, gguf)
-    with _replaced(target) as temporary:
+    with atomic_path(target) as temporary:
         writer = gguf.GGUFWriter(os.fspath(temporary), arch="llama")
         for key, (value, vtype, sub) in metadata.items():
             if key != "general.architecture":  # the writer's own
@@ -146,8 +146,8 @@ def save_gguf(model: Any, tokenizer: Any, path: str | os.PathLike, type: str = "
         writer.write_tensors_to_file()
         writer.close()
     text = modelfile_text(target.name, tokenizer, info)
-    with _replaced(modelfile) as temporary:
-        temporary.write_text(text, encoding="utf-8")
+    with atomic_write(modelfile, "w") as handle:
+        handle.write(text)
     return target
 
 
@@ -200,17 +200,6 @@ def check_output(path: str | os.PathLike, force: bool) -> tuple[Path, Path]:
                 f"{os.fspath(output)!r} exists: choose another name, or replace it with --force (force=True in Python)"
             )
     return target, modelfile
-
-
-@contextmanager
-def _replaced(target: Path) -> Iterator[Path]:
-    """A temporary file beside ``target``, renamed over it when the block ends, removed when it raises."""
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        yield temporary
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------ tensors
