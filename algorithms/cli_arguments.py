@@ -10,8 +10,6 @@ from algorithms.cli_types import COUNT, DIFFICULTY, SEED, SOURCE, VERBOSITY, Int
 from algorithms.common.hyperparams import DEFAULT_CONFIG, default_config, load_hyperparams
 from algorithms.engine_commands import add_engine_flags
 
-#: ``--algo``: the algorithm's class name in :mod:`algorithms` and its default config file
-ALGOS = {"grpo": ("GRPO", "grpo.yml"), "ppo": ("LMPPO", "lmppo.yml")}
 ITERATIONS = Integer(low=0)  # an interval in iterations, 0 for never
 
 
@@ -26,21 +24,23 @@ def add_config_arguments(parser: argparse.ArgumentParser, config_default: str | 
 
 
 def add_algo_argument(parser: argparse.ArgumentParser) -> None:
-    help_text = "grpo, or ppo (LMPPO; its default config: zoo_configs/lmppo.yml)"
-    parser.add_argument("--algo", choices=sorted(ALGOS), default="grpo", help=help_text)
+    from algorithms import ALGORITHMS
+
+    names = ", ".join(f"{name} ({cls.__name__}: zoo_configs/{cls.config_file})" for name, cls in ALGORITHMS.items())
+    parser.add_argument("--algo", choices=sorted(ALGORITHMS), default="grpo", help=f"the algorithm: {names}")
 
 
 def algorithm_of(args: argparse.Namespace) -> Any:
     """The class ``--algo`` names (GRPO by default)."""
-    import algorithms
+    from algorithms import ALGORITHMS
 
-    return getattr(algorithms, ALGOS[getattr(args, "algo", "grpo")][0])
+    return ALGORITHMS[getattr(args, "algo", "grpo")]
 
 
 def config_of(args: argparse.Namespace) -> Any:
     """``--config``, or the default config of ``--algo`` when it was left at GRPO's default (or not given)."""
     if args.config in (None, str(DEFAULT_CONFIG)):
-        return default_config(ALGOS[getattr(args, "algo", "grpo")][1])
+        return default_config(algorithm_of(args).config_file)
     return args.config
 
 

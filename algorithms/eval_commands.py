@@ -52,6 +52,12 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.model is not None:
         return _evaluate_source(args)
     args.model = args.saved
+    algorithm = algorithm_of(args)
+    if Path(args.model).is_file():  # the class the zip records (its default config with --preset), whatever --algo
+        from algorithms.deploy.loading import saved_algorithm
+
+        algorithm = saved_algorithm(args.model)
+        args.algo = algorithm.algo_name
     extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.reward_funcs:
         extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
@@ -68,7 +74,7 @@ def evaluate(args: argparse.Namespace) -> int:
             env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
         env_kwargs.update(extra)
     env = make_env(env_id, 1, env_kwargs, args.eval_seed)
-    model = algorithm_of(args).load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
+    model = algorithm.load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
     return _print_results(args, model.policy, env, Path(args.model).stem)
 
 

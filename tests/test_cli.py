@@ -351,6 +351,9 @@ def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path
     with contextlib.redirect_stdout(io.StringIO()) as table:
         assert main(["eval", str(tmp_path / "p.zip"), "--algo", "ppo", "--config", str(config), "--n", "4"]) == 0
     assert [label for label, _, _ in table_rows(table.getvalue())] == ["p"] * 3
+    with contextlib.redirect_stdout(io.StringIO()) as again:  # without --algo: the class the zip records
+        assert main(["eval", str(tmp_path / "p.zip"), "--config", str(config), "--n", "4"]) == 0
+    assert again.getvalue() == table.getvalue()
     assert build_parser().parse_args(["train", "--algo", "ppo"]).algo == "ppo"
 
 

@@ -93,6 +93,23 @@ class LMBaseAlgorithm(BaseAlgorithm):
     policy_aliases: ClassVar[dict[str, type[TransformerPolicy]]] = {"TransformerPolicy": TransformerPolicy}
     policy: TransformerPolicy
 
+    #: the command line's name of an algorithm (``--algo grpo``) and its default rl-zoo3 config in ``zoo_configs/``:
+    #: a subclass that sets ``algo_name`` is registered in :attr:`registry`, where the command line (train, eval,
+    #: serve, export, distill, quantize, zoo) finds it, by that name or by the class name its zip records
+    algo_name: ClassVar[str | None] = None
+    config_file: ClassVar[str | None] = None
+    registry: ClassVar[dict[str, type[LMBaseAlgorithm]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("algo_name"):
+            LMBaseAlgorithm.registry[cls.algo_name] = cls
+
+    @classmethod
+    def registered(cls, class_name: str) -> type[LMBaseAlgorithm] | None:
+        """The registered algorithm whose class is named ``class_name`` (as a zip records it), or ``None``."""
+        return next((algorithm for algorithm in cls.registry.values() if algorithm.__name__ == class_name), None)
+
     #: the constructor's arguments after ``policy`` and ``env`` (each declared once: default, rule, doc); an
     #: algorithm's table adds its own (:mod:`algorithms.common.arguments`)
     arguments: ClassVar[Arguments] = LM_ARGUMENTS

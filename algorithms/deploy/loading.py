@@ -121,13 +121,12 @@ def load_policy(
 
 
 def saved_algorithm(path: str | os.PathLike) -> Any:
-    """The class that wrote the zip at ``path`` (GRPO or LMPPO, as the zip records it; GRPO when it records
-    another, whose load then names the class to use)."""
-    import algorithms
+    """The registered class that wrote the zip at ``path``, by the class name the zip records (GRPO when it
+    records another, whose load then names the class to use)."""
+    from algorithms import GRPO, LMBaseAlgorithm
     from algorithms.common.saving.model_file import read_model_file
 
-    name = read_model_file(Path(path))[0].get("algorithm")
-    return getattr(algorithms, name) if name in ("GRPO", "LMPPO") else algorithms.GRPO
+    return LMBaseAlgorithm.registered(str(read_model_file(Path(path))[0].get("algorithm"))) or GRPO
 
 
 #: the file that makes a folder a peft adapter folder

@@ -51,7 +51,7 @@ class GRPO(LMBaseAlgorithm):
     """
 
     policy: TransformerPolicy
-
+    algo_name, config_file = "grpo", "grpo.yml"
     arguments = GRPO_ARGUMENTS
 
     @GRPO_ARGUMENTS.constructor  # checks this signature is the table's; num_generations=... names ours

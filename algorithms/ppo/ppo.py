@@ -49,7 +49,7 @@ class LMPPO(LMBaseAlgorithm):
     """
 
     policy: TransformerPolicy
-
+    algo_name, config_file = "ppo", "lmppo.yml"
     arguments = LMPPO_ARGUMENTS
 
     @LMPPO_ARGUMENTS.constructor  # checks this signature is the table's; beta=... names ours (kl_coef)
