@@ -250,16 +250,34 @@ def test_every_argument_is_declared_once_with_a_rule_and_a_docstring_entry() -> 
         GRPO_ARGUMENTS["group_size"].rule("group_size", 1)
 
 
-def test_a_written_signature_that_drifts_from_its_table_is_refused_at_import() -> None:
-    """The constructors' signatures are written out in full (what readers, IDEs and static tools see); the
-    table's decorator refuses one whose defaults or names differ from the table, naming the argument."""
+def test_the_constructor_takes_its_signature_from_the_table() -> None:
+    """An algorithm writes ``__init__(self, policy, env, **kwargs)``: the table gives the signature (``inspect`` and
+    ``help`` see every argument with its default), the keywords arrive with the defaults filled in, and a constructor
+    written another way is refused at import, naming the form."""
+    import inspect
+
+    from algorithms import LMPPO
     from algorithms.grpo.arguments import GRPO_ARGUMENTS
 
-    def __init__(self, policy, env, learning_rate=1e-05, n_groups=5, _init_setup_model=True):
+    assert inspect.signature(GRPO) == GRPO_ARGUMENTS.signature().replace(
+        parameters=list(GRPO_ARGUMENTS.signature().parameters.values())[1:]
+    )
+    assert inspect.signature(LMPPO).parameters["n_groups"].default == 32
+    received = {}
+
+    @GRPO_ARGUMENTS.constructor
+    def __init__(self, policy, env, **kwargs):
+        received.update(policy=policy, env=env, **kwargs)
+
+    __init__(object(), "TransformerPolicy", None, n_groups=5)
+    assert received["n_groups"] == 5 and received["group_size"] == 8 and received["_init_setup_model"] is True
+    assert set(received) == {"policy", "env", *GRPO_ARGUMENTS, "_init_setup_model"}
+
+    def written_out(self, policy, env, learning_rate=1e-05, n_groups=5, _init_setup_model=True):
         pass
 
-    with pytest.raises(TypeError, match=r"signature differs from its argument table: .*n_groups: written n_groups=5, "):
-        GRPO_ARGUMENTS.constructor(__init__)
+    with pytest.raises(TypeError, match=r"must be written \(self, policy, env, \*\*kwargs\)"):
+        GRPO_ARGUMENTS.constructor(written_out)
 
 
 def test_k_and_g_set_on_a_built_model_are_refused_naming_the_constructor_and_load() -> None:

@@ -3,9 +3,9 @@ here (:class:`Argument`), and an algorithm's table (:class:`Arguments`) is the s
 (:data:`~algorithms.common.lm_arguments.LM_ARGUMENTS`) with its own added (``algorithms/grpo/arguments.py``,
 ``algorithms/ppo/arguments.py``).
 
-The table is what the constructor's signature must be (SB3's flat keyword API: each constructor writes its
-parameters out in full, for readers, ``inspect``, ``help`` and static tools, and :meth:`Arguments.constructor` refuses
-one that differs from its table), its docstring's ``:param:`` lines (:meth:`Arguments.docstring`)
+The table is the constructor's signature (SB3's flat keyword API: an algorithm writes ``__init__(self, policy, env,
+**kwargs)`` and :meth:`Arguments.constructor` gives it the table's signature, which ``inspect`` and ``help`` show,
+and every argument with its default), its docstring's ``:param:`` lines (:meth:`Arguments.docstring`)
 and its checks (:meth:`Arguments.check`: each value by its rule, once, in its canonical type), and
 :meth:`~algorithms.common.base_class.LMBaseAlgorithm.save` records the arguments it lists.
 
@@ -356,28 +356,32 @@ class Arguments(Mapping[str, Argument]):
         return f"\n{indent}".join(lines)
 
     def constructor(self, init: Callable[..., None]) -> Callable[..., None]:
-        """Check that ``init``'s own signature (written out in full, SB3's way, for readers, IDEs and static tools)
-        is the table's (:meth:`signature`: the same names, order, defaults and annotations), and wrap it: a name it
-        does not take raises a ``TypeError`` naming ours for a TRL name, where a flat name of an earlier version
-        lives now, or the close matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
+        """The constructor of an algorithm whose ``__init__`` is written ``(self, policy, env, **kwargs)``: it gets
+        the table's signature (:meth:`signature`: what ``inspect``, ``help`` and IDEs that read it show, and what
+        ``save`` records), and every argument as a keyword, defaults filled in; a name it does not take raises a
+        ``TypeError`` naming ours for a TRL name, where a flat name of an earlier version lives now, or the close
+        matches (:func:`~algorithms.common.trl_names.with_trl_hints`)."""
         signature, arguments = self.signature(), self
-        written = inspect.signature(init)
-        if written != signature:
-            differ = [
-                f"{name}: written {written.parameters.get(name)}, declared {signature.parameters.get(name)}"
-                for name in dict.fromkeys([*written.parameters, *signature.parameters])
-                if written.parameters.get(name) != signature.parameters.get(name)
-            ]
-            raise TypeError(f"{init.__qualname__}'s signature differs from its argument table: " + "; ".join(differ))
+        written = [p.name for p in inspect.signature(init).parameters.values()]
+        if written != ["self", *HEAD, "kwargs"]:
+            raise TypeError(f"{init.__qualname__} must be written (self, policy, env, **kwargs), got {written}")
 
-        hinted = with_trl_hints(init)
+        def bound_init(*args: Any, **kwargs: Any) -> None:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            values = dict(bound.arguments)
+            init(values.pop("self"), values.pop("policy"), values.pop("env"), **values)
 
-        @functools.wraps(hinted)
+        bound_init.__signature__ = signature  # type: ignore[attr-defined]
+        hinted = with_trl_hints(bound_init)  # a name the signature does not take: refused, naming the fix
+
+        @functools.wraps(init)
         def constructor(self: Any, *args: Any, **kwargs: Any) -> None:
             # a TRL name (vllm_mode) gets TRL's hint, which says the same
             arguments.refuse_moved(kwargs, f"{type(self).__name__}()", keep=TRL_NAMES)
             hinted(self, *args, **kwargs)
 
+        constructor.__signature__ = signature  # type: ignore[attr-defined]
         return constructor
 
     def refuse_moved(self, given: Mapping[str, Any], where: str, keep: Collection[str] = ()) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
@@ -28,7 +28,7 @@ from algorithms.common.rollout.rows import Rows
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import diagnostics, replay, trl_port, update
 from algorithms.grpo.advantages import GroupScoring
-from algorithms.grpo.arguments import ENT_COEF_DECAY, GRPO_ARGUMENTS
+from algorithms.grpo.arguments import GRPO_ARGUMENTS
 from algorithms.grpo.sampling import GRPOSampling
 
 
@@ -54,52 +54,10 @@ class GRPO(LMBaseAlgorithm):
     algo_name, config_file = "grpo", "grpo.yml"
     arguments = GRPO_ARGUMENTS
 
-    @GRPO_ARGUMENTS.constructor  # checks this signature is the table's; num_generations=... names ours
-    def __init__(
-        self,
-        policy: str | type[TransformerPolicy],
-        env: GymEnv | str | None,
-        learning_rate: float | Schedule = 1e-05,
-        n_groups: int = 4,
-        group_size: int = 8,
-        n_epochs: int = 1,
-        batch_size: int | None = None,
-        clip_range: float | Schedule = 0.2,
-        clip_range_high: float | Schedule | None = None,
-        beta: float = 0.04,
-        ent_coef: float | Schedule | UpdateDecay = ENT_COEF_DECAY,
-        advantage_scale: str = "group",
-        loss_aggregation: str = "sequence",
-        importance_level: str = "token",
-        dynamic_sampling: bool = False,
-        max_resample_rounds: int = 3,
-        mask_truncated: bool = False,
-        advantage_baseline: str = "group",
-        controls_kwargs: dict[str, Any] | None = None,
-        max_grad_norm: float = 0.5,
-        gamma: float = 0.99,
-        sharding: str | None = None,
-        distributed_kwargs: dict[str, Any] | None = None,
-        mixed_precision: str | dict[str, str] = "auto",
-        sampler_correction: str | None = "auto",
-        sampler_correction_cap: float = 2.0,
-        max_staleness: int = 0,
-        turn_kwargs: dict[str, Any] | None = None,
-        rollout_engine: str = "builtin",
-        rollout_engine_kwargs: dict[str, Any] | None = None,
-        cold_start: bool | str = "auto",
-        cold_start_kwargs: dict[str, Any] | None = None,
-        collapse_guard: str | bool | dict[str, Any] | None = "auto",
-        stats_window_size: int = 100,
-        tensorboard_log: str | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        verbose: int = 0,
-        seed: int | None = None,
-        device: th.device | str = "auto",
-        _init_setup_model: bool = True,
-    ) -> None:
+    @GRPO_ARGUMENTS.constructor  # the table's signature; num_generations=... names ours
+    def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **kwargs: Any) -> None:
         # every argument checked once, by its rule, and stored by name
-        super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(locals()))
+        super().__init__(policy, env, **GRPO_ARGUMENTS.values_in(kwargs))
         #: the advantages step, rows to the batch the update trains on: see :mod:`algorithms.grpo.advantages`
         self.scoring = GroupScoring(
             group_size=self.group_size,  # as its rule read it (8.0 is 8)
@@ -119,7 +77,7 @@ class GRPO(LMBaseAlgorithm):
         )
         self.replay_buffer: PrioritizedTrajectoryBuffer | None = None
         self._prompt_pool: LearnabilityPool | None = None
-        if _init_setup_model:
+        if kwargs["_init_setup_model"]:
             self._setup_model()
 
     # ------------------------------------------------------------------ setup, save and load

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
-from stable_baselines3.common.type_aliases import GymEnv, Schedule
+from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
@@ -52,49 +52,10 @@ class LMPPO(LMBaseAlgorithm):
     algo_name, config_file = "ppo", "lmppo.yml"
     arguments = LMPPO_ARGUMENTS
 
-    @LMPPO_ARGUMENTS.constructor  # checks this signature is the table's; beta=... names ours (kl_coef)
-    def __init__(
-        self,
-        policy: str | type[TransformerPolicy],
-        env: GymEnv | str | None,
-        learning_rate: float | Schedule = 1e-05,
-        n_groups: int = 32,
-        group_size: int = 1,
-        curriculum: bool = False,
-        n_epochs: int = 4,
-        batch_size: int | None = None,
-        clip_range: float | Schedule = 0.2,
-        clip_range_vf: float | Schedule | None = 0.2,
-        ent_coef: float | Schedule = 0.0,
-        vf_coef: float = 0.1,
-        gae_lambda: float = 0.95,
-        normalize_advantage: bool = True,
-        kl_coef: float = 0.05,
-        kl_placement: str = "reward",
-        target_kl: float | None = None,
-        max_grad_norm: float = 0.5,
-        gamma: float = 1.0,
-        sharding: str | None = None,
-        distributed_kwargs: dict[str, Any] | None = None,
-        mixed_precision: str | dict[str, str] = "auto",
-        sampler_correction: str | None = "auto",
-        sampler_correction_cap: float = 2.0,
-        max_staleness: int = 0,
-        turn_kwargs: dict[str, Any] | None = None,
-        rollout_engine: str = "builtin",
-        rollout_engine_kwargs: dict[str, Any] | None = None,
-        cold_start: bool | str = "auto",
-        cold_start_kwargs: dict[str, Any] | None = None,
-        collapse_guard: str | bool | dict[str, Any] | None = "auto",
-        stats_window_size: int = 100,
-        tensorboard_log: str | None = None,
-        policy_kwargs: dict[str, Any] | None = None,
-        verbose: int = 0,
-        seed: int | None = None,
-        device: th.device | str = "auto",
-        _init_setup_model: bool = True,
-    ) -> None:
-        kwargs = LMPPO_ARGUMENTS.values_in(locals())
+    @LMPPO_ARGUMENTS.constructor  # the table's signature; beta=... names ours (kl_coef)
+    def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **kwargs: Any) -> None:
+        setup = kwargs["_init_setup_model"]
+        kwargs = LMPPO_ARGUMENTS.values_in(kwargs)
         policy_kwargs = {} if kwargs["policy_kwargs"] is None else kwargs["policy_kwargs"]
         if isinstance(policy_kwargs, dict):  # anything else: the argument's rule names the fix
             if policy_kwargs.get("value_head", True) is not True:
@@ -104,7 +65,7 @@ class LMPPO(LMBaseAlgorithm):
         self._explained_variance = float("nan")
         self._sampler_kl = float("nan")  # train/sampler_kl of the last rollout
         self._sampler_clipped = float("nan")  # train/sampler_clipped_fraction of the last rollout (with TIS)
-        if _init_setup_model:
+        if setup:
             self._setup_model()
 
     def _setup_model(self) -> None:
