@@ -58,8 +58,8 @@ from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
 from algorithms.common.overlapped_learning import OverlappedLoop
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch
-from algorithms.common.rollout.rows import TEXT_ONLY, Rows
+from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
+from algorithms.common.rollout.rows import TEXT_ONLY, Rows, log_rollout, turn_returns
 from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, WeightVersions
 from algorithms.common.rollout_collection import Collected, RolloutCollector, RolloutSampling
 from algorithms.common.runtime.determinism import deterministic_on_cpu
@@ -632,8 +632,27 @@ class LMBaseAlgorithm(BaseAlgorithm):
         return self
 
     def _build_batch(self, rows: Rows, generation_seconds: float) -> RolloutBatch:
-        """The rollout's rows as the batch the update trains on: the algorithm's returns and advantages."""
+        """The rollout's rows (this process's groups) as the batch the update trains on: the algorithm's returns and
+        advantages, ``(N,)`` per row or ``(N, C)`` per token (:meth:`_episode_returns` and :meth:`_rows_batch` do the
+        common part and the rollout's logs)."""
         raise NotImplementedError
+
+    def _episode_returns(self, rows: Rows, generation_seconds: float) -> th.Tensor:
+        """``(E, U)`` each turn's discounted return to the end of its episode, for this process's ``E`` episodes
+        (column 0: the episodes' returns, ``[rows.episodes, rows.turns]`` each row's); the rollout's ``rollout/*``
+        logs, on every process's returns."""
+        to_go = turn_returns(rows, self._local_groups * self.group_size, self.gamma)  # (E, U)
+        everyone = self._dist.gather(to_go[:, 0]).view(-1, self.group_size)  # (K, G) of every process
+        log_rollout(self.logger, self._dist, everyone, rows.masks, rows.infos, generation_seconds)
+        return to_go
+
+    def _rows_batch(self, rows: Rows, advantages: th.Tensor, returns: th.Tensor) -> RolloutBatch:
+        """Every row of the rollout as a batch, with ``advantages`` and ``returns`` per episode ``(E,)``: each turn
+        gets its episode's; the groups numbered across processes."""
+        n_episodes = self._local_groups * self.group_size
+        groups = self._dist.rank * self._local_groups + th.arange(n_episodes) // self.group_size  # (E,)
+        keep = list(range(len(rows.episodes)))
+        return rows_to_batch(rows, keep, advantages, returns, groups, self.policy.pad_token_id, self.device)
 
     def train(self) -> None:
         """Update the policy on the last rollout: the algorithm's loss."""

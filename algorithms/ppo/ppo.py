@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch as th
 from stable_baselines3.common.type_aliases import GymEnv
 from stable_baselines3.common.utils import FloatSchedule, explained_variance
@@ -18,8 +17,9 @@ from algorithms.common import sampler_correction as correction
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.losses import sampler_kl
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
-from algorithms.common.rollout.rows import Rows, log_rollout, turn_returns
+from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.rows import Rows
+from algorithms.common.update_step import PolicyOutputs, update_policy
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
@@ -84,15 +84,9 @@ class LMPPO(LMBaseAlgorithm):
 
         Each row's score is its turn's return to the end of the episode (one turn: the env's reward); the per-token
         KL penalty and the score make the token rewards (:func:`objective.token_rewards`)."""
-        n_episodes = self._local_groups * self.group_size
-        to_go = turn_returns(rows, n_episodes, self.gamma)  # (E, U): each turn's return to the end of its episode
-        episodes = to_go[:, 0]  # (E,) for the logs
-        log_rollout(self.logger, self._dist, self._dist.gather(episodes).view(-1, self.group_size), rows.masks,
-                    rows.infos, generation_seconds)  # fmt: skip
-        zeros = th.zeros(n_episodes)
-        groups = self._dist.rank * self._local_groups + th.arange(n_episodes) // self.group_size  # (E,)
-        batch = rows_to_batch(rows, list(range(len(rows.episodes))), zeros, zeros, groups, self.policy.pad_token_id,
-                              self.device)  # fmt: skip
+        to_go = self._episode_returns(rows, generation_seconds)  # (E, U): each turn's return to the episode's end
+        zeros = th.zeros(len(to_go))
+        batch = self._rows_batch(rows, zeros, zeros)
         mask = batch.completion_mask
         with th.no_grad():
             args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, mask)
@@ -126,73 +120,39 @@ class LMPPO(LMBaseAlgorithm):
     # ------------------------------------------------------------------ update
     def train(self) -> None:
         """``n_epochs`` passes over the rollout in minibatches of ``batch_size`` completions; each minibatch one
-        optimizer step on the clipped surrogate + ``vf_coef`` x the value loss (SB3's ``target_kl`` stop)."""
-        assert self._rollout is not None, "collect_rollouts() must run before train()"
-        self.policy.set_training_mode(True)
-        self._update_learning_rate(self.policy.optimizer)
+        optimizer step on the clipped surrogate + ``vf_coef`` x the value loss (SB3's ``target_kl`` stop), through
+        the shared update step (:func:`~algorithms.common.update_step.update_policy`)."""
         progress = self._current_progress_remaining
         clip_range, ent_coef = self.clip_range(progress), self.ent_coef(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
-        self._start_gradient_sync()
-        history: dict[str, list[float]] = {}
-        stopped = False
-        for _ in range(self.n_epochs):
-            parts = minibatches(self._rollout, self.batch_size, False, "token", self._minibatch_generator, self._dist)
-            for minibatch, share in parts:
-                loss, stats = self._loss(minibatch, clip_range, clip_range_vf, ent_coef)
-                approx_kl = self._dist.sum(float(stats["approx_kl"])) / self._dist.world_size
-                if self.target_kl is not None and approx_kl > 1.5 * self.target_kl:
-                    stopped = True  # SB3: stop before this step; every rank sees the same mean and stops with it
-                    break
-                grad_norm = self._optimizer_step(loss * share)
-                if th.isfinite(grad_norm):
-                    stats["grad_norm"] = grad_norm
-                for key, value in {"loss": loss, **stats}.items():
-                    history.setdefault(key, []).append(float(value.detach()))
-            if stopped:
-                break
-        self._log_train(history, clip_range, clip_range_vf, stopped)
 
-    def _loss(self, minibatch: RolloutBatch, clip_range: float, clip_range_vf: float | None, ent_coef: float):
-        """The minibatch's loss and stats under the current weights (one forward: log-probs and values)."""
-        args = (minibatch.prompt_ids, minibatch.prompt_mask, minibatch.completion_ids, minibatch.completion_mask)
-        log_probs, entropy, values = self.policy.log_probs(*args, with_entropy=ent_coef != 0, with_values=True)
-        assert minibatch.values is not None
-        loss, stats = objective.ppo_loss(
-            log_probs,
-            minibatch.old_log_probs,
-            minibatch.advantages,  # (B, C)
-            values,
-            minibatch.values,
-            minibatch.returns,  # (B, C)
-            minibatch.completion_mask,
-            clip_range=clip_range,
-            clip_range_vf=clip_range_vf,
-            vf_coef=self.vf_coef,
-            ent_coef=ent_coef,
-            entropy=entropy,
-            ref_logp=minibatch.ref_log_probs,
-            kl_coef=self.kl_coef,
-            sampler_weights=minibatch.sampler_weights,
-        )
-        if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
-            stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
-        return loss, stats
+        def loss(minibatch: RolloutBatch, outputs: PolicyOutputs) -> tuple[th.Tensor, dict[str, th.Tensor]]:
+            assert minibatch.values is not None
+            return objective.ppo_loss(
+                outputs.log_probs, minibatch.old_log_probs, minibatch.advantages, outputs.values, minibatch.values,
+                minibatch.returns, minibatch.completion_mask, clip_range=clip_range, clip_range_vf=clip_range_vf,
+                vf_coef=self.vf_coef, ent_coef=ent_coef, entropy=outputs.entropy, ref_logp=minibatch.ref_log_probs,
+                kl_coef=self.kl_coef, sampler_weights=minibatch.sampler_weights,
+            )  # fmt: skip
 
-    def _log_train(
-        self, history: dict[str, list[float]], clip_range: float, clip_range_vf: float | None, stopped: bool
-    ) -> None:
-        for key, value in history.items():
-            self.logger.record(f"train/{key}", float(np.mean(value)))
+        stopped = []
+
+        def too_far(stats: dict[str, th.Tensor]) -> bool:  # SB3: stop before this step; every rank sees the same mean
+            approx_kl = self._dist.sum(float(stats["approx_kl"])) / self._dist.world_size
+            stopped.append(self.target_kl is not None and approx_kl > 1.5 * self.target_kl)
+            return stopped[-1]
+
+        update_policy(self, loss, self.n_epochs, self.batch_size, "token", ent_coef != 0, True, too_far)
+        self._log_train(clip_range, clip_range_vf, any(stopped))
+
+    def _log_train(self, clip_range: float, clip_range_vf: float | None, stopped: bool) -> None:
+        """What LMPPO logs beside the shared update's ``train/*``."""
         self.logger.record("train/explained_variance", self._explained_variance)
-        self.logger.record("train/sampler_kl", self._sampler_kl)
+        self.logger.record("train/sampler_kl", self._sampler_kl)  # measured on the whole rollout, before the update
         if self._sampler_correction == "tis":
             self.logger.record("train/sampler_clipped_fraction", self._sampler_clipped)
-        self.logger.record("train/skipped_steps", self._skipped_steps)
-        self.logger.record("train/optimizer_steps", len(history.get("loss", [])))
         self.logger.record("train/early_stop", float(stopped))
         self.logger.record("train/kl_coef", self.kl_coef)
         self.logger.record("train/clip_range", clip_range)
         if clip_range_vf is not None:
             self.logger.record("train/clip_range_vf", clip_range_vf)
-        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
