@@ -7,8 +7,9 @@ from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.schedules import UpdateDecay
 from algorithms.grpo import GRPO, TransformerPolicy
 from algorithms.ppo import LMPPO
+from algorithms.rloo import RLOO
 
 #: every algorithm by its command-line name (``--algo``)
 ALGORITHMS = LMBaseAlgorithm.registry
 
-__all__ = ["ALGORITHMS", "GRPO", "LMPPO", "TransformerPolicy", "UpdateDecay"]
+__all__ = ["ALGORITHMS", "GRPO", "LMPPO", "RLOO", "TransformerPolicy", "UpdateDecay"]

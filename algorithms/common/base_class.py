@@ -98,6 +98,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
     #: serve, export, distill, quantize, zoo) finds it, by that name or by the class name its zip records
     algo_name: ClassVar[str | None] = None
     config_file: ClassVar[str | None] = None
+    #: the dynamic curriculum: off unless an algorithm takes the ``curriculum`` argument
+    curriculum: bool = False
     registry: ClassVar[dict[str, type[LMBaseAlgorithm]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
