@@ -17,8 +17,8 @@ from stable_baselines3.common.vec_env import DummyVecEnv
 import grpo_gym
 from algorithms import ALGORITHMS, RLOO
 from algorithms.cli import main
+from algorithms.common.losses import PolicyOutputs
 from algorithms.common.rollout.batch import RolloutBatch
-from algorithms.common.update_step import PolicyOutputs
 from algorithms.rloo.rloo import rloo_loss
 from tests.sizes import ENV_KWARGS, TINY_KWARGS
 

@@ -45,6 +45,7 @@ from stable_baselines3.common.utils import configure_logger, get_system_info, sa
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
+from algorithms.common import sampler_correction as correction
 from algorithms.common.arguments import Arguments
 from algorithms.common.callbacks import CurriculumCallback
 from algorithms.common.cold_start import check_pretrained, supervised_finetune
@@ -52,13 +53,14 @@ from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guard
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
 from algorithms.common.lm_arguments import LM_ARGUMENTS
+from algorithms.common.losses import LossFunction, PolicyOutputs, sampler_kl
 from algorithms.common.model.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
 from algorithms.common.overlapped_learning import OverlappedLoop
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch, rows_to_batch
+from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, log_rollout, turn_returns
 from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, WeightVersions
 from algorithms.common.rollout_collection import Collected, RolloutCollector, RolloutSampling
@@ -659,6 +661,72 @@ class LMBaseAlgorithm(BaseAlgorithm):
     def train(self) -> None:
         """Update the policy on the last rollout: the algorithm's loss."""
         raise NotImplementedError
+
+    def _update_policy(
+        self,
+        loss: LossFunction,
+        n_epochs: int = 1,
+        batch_size: int | None = None,
+        aggregation: str = "token",
+        with_entropy: bool = False,
+        with_values: bool = False,
+        stop: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> dict[str, list[float]]:
+        """The update step every algorithm that gives its loss shares (LMPPO's, RLOO's): ``n_epochs`` passes over the
+        last rollout in minibatches of ``batch_size`` rows (``None``: the whole rollout; this process's rows, each
+        minibatch weighted by its share of every process's loss), an optimizer step on ``loss`` each (the guarded
+        step: clipping, a non-finite step skipped and counted); the sampler correction (when on and the batch has no
+        weights yet); the ``train/*`` logs (each stat's mean, the sampler KL, the steps skipped and taken). Returns
+        each stat's values per step. GRPO's update adds replay, the correction from its own forward pass and the
+        diagnostics' group-by-group steps (:mod:`algorithms.grpo.update`).
+
+        :param loss: the algorithm's loss (:data:`~algorithms.common.losses.LossFunction`)
+        :param aggregation: how the loss reduces its tokens (``"token"``: the minibatches weighted by tokens, else rows)
+        :param with_entropy: the outputs carry the entropies (an entropy bonus)
+        :param with_values: the outputs carry the value head's estimates
+        :param stop: called with a minibatch's stats before its step; True ends the update there (SB3's
+            ``target_kl``)
+        """
+        policy, batch = self.policy, self._rollout
+        assert batch is not None, "collect_rollouts() must run before train()"
+        policy.set_training_mode(True)
+        self._update_learning_rate(policy.optimizer)
+        self._start_gradient_sync()
+        measured = None
+        if self._sampler_correction is not None and batch.sampler_weights is None:  # against the update's weights
+            batch, measured = correction.correct_fresh_rollout(
+                policy, batch, self.sampler_correction_cap, self._sampler_correction
+            )
+        history: dict[str, list[float]] = {}
+        for _ in range(n_epochs):
+            for minibatch, share in minibatches(batch, batch_size, False, aggregation, self._minibatch_generator,
+                                                self._dist):  # fmt: skip
+                mask = minibatch.completion_mask
+                args = (minibatch.prompt_ids, minibatch.prompt_mask, minibatch.completion_ids, mask)
+                outputs = PolicyOutputs(*policy.log_probs(*args, with_entropy=with_entropy, with_values=with_values))
+                if measured is None:  # before any step: the update's weights are the sampler's
+                    measured = sampler_kl(outputs.log_probs.detach(), minibatch.old_log_probs, mask)
+                value, stats = loss(minibatch, outputs)
+                if stop is not None and stop(stats):
+                    return self._log_update(history, measured)
+                grad_norm = self._optimizer_step(value * share)
+                if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
+                    stats["grad_norm"] = grad_norm
+                if "entropy" not in stats:  # no entropy bonus: estimated from the sampled tokens, -E[log p]
+                    stats["entropy"] = -minibatch.old_log_probs[mask].mean()
+                for key, item in {"loss": value, **stats}.items():
+                    history.setdefault(key, []).append(float(item.detach()) if th.is_tensor(item) else float(item))
+        return self._log_update(history, measured)
+
+    def _log_update(self, history: dict[str, list[float]], measured: th.Tensor | None) -> dict[str, list[float]]:
+        for key, values in history.items():
+            self.logger.record(f"train/{key}", float(np.mean(values)))
+        if measured is not None:
+            self.logger.record("train/sampler_kl", float(measured))
+        self.logger.record("train/skipped_steps", self._skipped_steps)
+        self.logger.record("train/optimizer_steps", len(history.get("loss", [])))
+        self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
+        return history
 
     # ------------------------------------------------------------------ one rollout
     def collect_rollouts(self, env: VecEnv, callback: BaseCallback) -> bool:

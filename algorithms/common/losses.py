@@ -15,6 +15,10 @@ Yu et al. 2025 (arXiv 2503.14476), clip-higher and the token-level loss; Dr. GRP
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -22,6 +26,21 @@ from grpo_gym.validation import check_choice
 
 AGGREGATION_MODES = ("sequence", "token", "constant")
 IMPORTANCE_LEVELS = ("token", "sequence")
+
+
+@dataclass(frozen=True)
+class PolicyOutputs:
+    """What an algorithm's loss reads of the policy's forward pass on a minibatch: per-token log-probs ``(B, C)``
+    under the current weights, entropies ``(B, C)`` and the value head's estimates ``(B, C)`` when asked."""
+
+    log_probs: Tensor
+    entropy: Tensor | None = None
+    values: Tensor | None = None
+
+
+#: an algorithm's loss, ``(minibatch, outputs) -> (loss, what to log)``: what
+#: :meth:`~algorithms.common.base_class.LMBaseAlgorithm._update_policy` steps the optimizer on
+LossFunction = Callable[[Any, PolicyOutputs], tuple[Tensor, dict[str, Any]]]
 
 
 def check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:

@@ -15,11 +15,10 @@ from stable_baselines3.common.utils import FloatSchedule, explained_variance
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.base_class import LMBaseAlgorithm
-from algorithms.common.losses import sampler_kl
+from algorithms.common.losses import PolicyOutputs, sampler_kl
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.rows import Rows
-from algorithms.common.update_step import PolicyOutputs, update_policy
 from algorithms.ppo import objective
 from algorithms.ppo.arguments import LMPPO_ARGUMENTS
 
@@ -121,7 +120,7 @@ class LMPPO(LMBaseAlgorithm):
     def train(self) -> None:
         """``n_epochs`` passes over the rollout in minibatches of ``batch_size`` completions; each minibatch one
         optimizer step on the clipped surrogate + ``vf_coef`` x the value loss (SB3's ``target_kl`` stop), through
-        the shared update step (:func:`~algorithms.common.update_step.update_policy`)."""
+        the shared update step (:meth:`~algorithms.common.base_class.LMBaseAlgorithm._update_policy`)."""
         progress = self._current_progress_remaining
         clip_range, ent_coef = self.clip_range(progress), self.ent_coef(progress)
         clip_range_vf = self.clip_range_vf(progress) if self.clip_range_vf is not None else None
@@ -142,7 +141,7 @@ class LMPPO(LMBaseAlgorithm):
             stopped.append(self.target_kl is not None and approx_kl > 1.5 * self.target_kl)
             return stopped[-1]
 
-        update_policy(self, loss, self.n_epochs, self.batch_size, "token", ent_coef != 0, True, too_far)
+        self._update_policy(loss, self.n_epochs, self.batch_size, "token", ent_coef != 0, True, too_far)
         self._log_train(clip_range, clip_range_vf, any(stopped))
 
     def _log_train(self, clip_range: float, clip_range_vf: float | None, stopped: bool) -> None:

@@ -22,10 +22,9 @@ from algorithms.common.advantages import leave_one_out_advantages
 from algorithms.common.arguments import MOST, Argument, integer, number
 from algorithms.common.base_class import LMBaseAlgorithm
 from algorithms.common.lm_arguments import LM_ARGUMENTS
-from algorithms.common.losses import aggregate, kl_k3
+from algorithms.common.losses import PolicyOutputs, aggregate, kl_k3
 from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.common.rollout.rows import Rows
-from algorithms.common.update_step import PolicyOutputs, update_policy
 
 #: RLOO's constructor arguments: the shared ones, with ``beta`` its own and G at least 2 (the baseline needs one other)
 RLOO_ARGUMENTS = LM_ARGUMENTS.extended(
@@ -83,5 +82,5 @@ class RLOO(LMBaseAlgorithm):
 
     def train(self) -> None:
         """One optimizer step on the whole rollout (:func:`rloo_loss`)."""
-        update_policy(self, lambda batch, outputs: rloo_loss(batch, outputs, self.beta))
+        self._update_policy(lambda batch, outputs: rloo_loss(batch, outputs, self.beta))
         self.logger.record("train/beta", self.beta)
