@@ -177,11 +177,14 @@ def main() -> int:
 
 def report(figures: dict[str, Any], args: argparse.Namespace) -> str:
     """The results section: the command, the machine, the figures."""
-    command = shlex.join(["python", "benchmarks/gguf_roundtrip.py", *sys.argv[1:]])
+    shown = ["--timesteps", str(args.timesteps), "--difficulty", str(args.difficulty), "--prompts", str(args.prompts),
+             "--n", str(args.n), *(["--params", *args.params] if args.params else [])]  # fmt: skip
+    command = shlex.join(["python", "benchmarks/gguf_roundtrip.py", *shown, "--results", "benchmarks/RESULTS.md"])
     n, k = args.n, args.prompts
     return "\n".join([
-        f"`{command}` on {datetime.date.today()}, {cpu_name()} ({cpu_flags()}), 2 cores, nothing else running; "
-        f"{figures['minutes']:.1f} minutes. {figures['source']} trained by `grpo-gym train --model` (the `pretrained` "
+        f"`{command}` on {datetime.date.today()}, {cpu_name()} ({cpu_flags()}), 2 cores; {figures['minutes']:.1f} "
+        "minutes of wall-clock (a correctness check, not a timing: other work may share the machine). "
+        f"{figures['source']} trained by `grpo-gym train --model` (the `pretrained` "
         f"preset, {figures['timesteps']} GRPO completions), exported by `grpo-gym export --gguf`, run in "
         "llama-cpp-python 0.3.36.", "",
         "| check | figure |", "|---|---|",
