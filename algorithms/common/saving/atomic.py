@@ -74,7 +74,8 @@ def disk_full(error: OSError, target: Path) -> OSError:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], mode: str = "wb", encoding: str | None = None) -> Iterator[IO[Any]]:
-    """Open a temporary file beside ``path`` for writing; on success it replaces ``path`` atomically.
+    """Open a temporary file beside ``path`` for writing; on success it replaces ``path`` atomically
+    (:func:`atomic_path`).
 
     :param path: the file to write (its folder must exist)
     :param mode: ``"wb"`` (bytes, default) or ``"w"`` (text)
@@ -83,34 +84,18 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "wb", encoding: str |
     """
     if mode not in _WRITE_MODES:
         raise ValueError(f"mode must be one of {_WRITE_MODES}, got {mode!r}")
-    target = Path(os.fspath(path))
-    if target.is_dir():
-        raise ValueError(f"cannot write the file {os.fspath(target)!r}: it is an existing folder")
-    remove_stale_temporaries(target.parent, target.name)
-    temporary = _temporary_name(target)
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        _copy_permissions(target, temporary)
+    with atomic_path(path) as temporary:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         kwargs = {} if "b" in mode else {"encoding": encoding or "utf-8", "newline": ""}
         with os.fdopen(fd, mode, **kwargs) as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
-            raise disk_full(error, target) from None
-        raise
-    _fsync_directory(target.parent)
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that opens the file itself (the ``gguf`` package's); on success
-    the file written there replaces ``path`` atomically, on an exception it is deleted (:func:`atomic_write` for a
-    writer that takes an open file).
+    the file written there is flushed to disk (fsync) and replaces ``path`` atomically, with ``path``'s permissions;
+    on an exception it is deleted (a full disk named as such).
 
     :raises ValueError: when ``path`` is an existing folder
     """
