@@ -41,7 +41,13 @@ import torch as th
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CallbackList
 from stable_baselines3.common.type_aliases import GymEnv, MaybeCallback
-from stable_baselines3.common.utils import configure_logger, get_system_info, safe_mean, update_learning_rate
+from stable_baselines3.common.utils import (
+    FloatSchedule,
+    configure_logger,
+    get_system_info,
+    safe_mean,
+    update_learning_rate,
+)
 from stable_baselines3.common.vec_env import VecEnv
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0, so Algorithm("TransformerPolicy", "R1Zero-v0") works)
@@ -75,6 +81,7 @@ from algorithms.common.saving import checks, run_file
 from algorithms.common.saving.checkpoints import MODEL
 from algorithms.common.saving.model_file import encode, read_model_file
 from algorithms.common.saving.sharded import load_policy
+from algorithms.common.schedules import UpdateDecay
 
 SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
 #: the arguments SB3's ``BaseAlgorithm`` takes and stores itself (``stats_window_size`` as ``_stats_window_size``)
@@ -102,6 +109,9 @@ class LMBaseAlgorithm(BaseAlgorithm):
     config_file: ClassVar[str | None] = None
     #: the dynamic curriculum: off unless an algorithm takes the ``curriculum`` argument
     curriculum: bool = False
+    #: the algorithm's arguments that take a constant or an SB3 schedule (``clip_range``, ...): made functions of the
+    #: remaining progress at setup, as SB3's PPO does
+    schedules: ClassVar[tuple[str, ...]] = ()
     registry: ClassVar[dict[str, type[LMBaseAlgorithm]]] = {}
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -173,8 +183,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     # ------------------------------------------------------------------ setup
     def _setup_model(self) -> None:
-        """Seeds, the rollouts' randomness, the policy, mixed precision, the reference."""
+        """Seeds, the rollouts' randomness, the policy, mixed precision, the reference; the :attr:`schedules`
+        arguments as functions of the remaining progress (SB3's ``FloatSchedule``)."""
         self._setup_lr_schedule()
+        for name in self.schedules:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, UpdateDecay):  # UpdateDecay counts updates itself
+                setattr(self, name, FloatSchedule(value))
         self.set_random_seed(self.seed)
         # one seed for the whole job (every rank draws the same numbers): see RolloutSeeds
         seed = self.seed if self.seed is not None else int(self._dist.gather_objects(int(th.randint(2**62, (1,))))[0])

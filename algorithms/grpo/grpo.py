@@ -16,7 +16,6 @@ from typing import Any
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import GymEnv
-from stable_baselines3.common.utils import FloatSchedule
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.base_class import LMBaseAlgorithm
@@ -52,6 +51,7 @@ class GRPO(LMBaseAlgorithm):
 
     policy: TransformerPolicy
     algo_name, config_file = "grpo", "grpo.yml"
+    schedules = ("clip_range", "clip_range_high", "ent_coef")
     arguments = GRPO_ARGUMENTS
 
     @GRPO_ARGUMENTS.constructor  # the table's signature; num_generations=... names ours
@@ -83,11 +83,6 @@ class GRPO(LMBaseAlgorithm):
     # ------------------------------------------------------------------ setup, save and load
     def _setup_model(self) -> None:
         super()._setup_model()
-        self.clip_range = FloatSchedule(self.clip_range)
-        if self.clip_range_high is not None:
-            self.clip_range_high = FloatSchedule(self.clip_range_high)
-        if not isinstance(self.ent_coef, UpdateDecay):
-            self.ent_coef = FloatSchedule(self.ent_coef)
         if self.advantage_baseline == "value" and self.policy.value_net is None:
             raise ValueError("advantage_baseline='value' needs a value head: policy_kwargs={'value_head': True}")
         refills = self.dynamic_sampling and self.max_resample_rounds > 0

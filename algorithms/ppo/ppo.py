@@ -11,7 +11,7 @@ from typing import Any
 
 import torch as th
 from stable_baselines3.common.type_aliases import GymEnv
-from stable_baselines3.common.utils import FloatSchedule, explained_variance
+from stable_baselines3.common.utils import explained_variance
 
 from algorithms.common import sampler_correction as correction
 from algorithms.common.base_class import LMBaseAlgorithm
@@ -49,6 +49,7 @@ class LMPPO(LMBaseAlgorithm):
 
     policy: TransformerPolicy
     algo_name, config_file = "ppo", "lmppo.yml"
+    schedules = ("clip_range", "clip_range_vf", "ent_coef")
     arguments = LMPPO_ARGUMENTS
 
     @LMPPO_ARGUMENTS.constructor  # the table's signature; beta=... names ours (kl_coef)
@@ -66,13 +67,6 @@ class LMPPO(LMBaseAlgorithm):
         self._sampler_clipped = float("nan")  # train/sampler_clipped_fraction of the last rollout (with TIS)
         if setup:
             self._setup_model()
-
-    def _setup_model(self) -> None:
-        super()._setup_model()
-        self.clip_range = FloatSchedule(self.clip_range)
-        if self.clip_range_vf is not None:
-            self.clip_range_vf = FloatSchedule(self.clip_range_vf)
-        self.ent_coef = FloatSchedule(self.ent_coef)
 
     def _needs_reference(self) -> bool:
         return self.kl_coef > 0
