@@ -91,6 +91,12 @@ ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
 GUARD_PREFIX = "collapse_guard/"  # the collapse guard's snapshot among a saved run's tensors
 
 
+def record_step(history: dict[str, list[float]], loss: th.Tensor, stats: dict[str, Any]) -> None:
+    """Append one optimizer step's loss and stats to an update's ``history`` (name -> one float per step)."""
+    for key, value in {"loss": loss, **stats}.items():
+        history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
+
+
 class LMBaseAlgorithm(BaseAlgorithm):
     """Base class of the language-model algorithms (:class:`~algorithms.grpo.GRPO`, the PPO baseline): see the
     module docstring.
@@ -729,11 +735,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
                     stats["grad_norm"] = grad_norm
                 if "entropy" not in stats:  # no entropy bonus: estimated from the sampled tokens, -E[log p]
                     stats["entropy"] = -minibatch.old_log_probs[mask].mean()
-                for key, item in {"loss": value, **stats}.items():
-                    history.setdefault(key, []).append(float(item.detach()) if th.is_tensor(item) else float(item))
+                record_step(history, value, stats)
         return self._log_update(history, measured)
 
     def _log_update(self, history: dict[str, list[float]], measured: th.Tensor | None) -> dict[str, list[float]]:
+        """The ``train/*`` logs every update writes: each stat's mean over its steps, the sampler KL measured before
+        the first step, the steps skipped (non-finite) and taken, the update count."""
         for key, values in history.items():
             self.logger.record(f"train/{key}", float(np.mean(values)))
         if measured is not None:

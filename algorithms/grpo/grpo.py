@@ -18,7 +18,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import GymEnv
 
 from algorithms.common import sampler_correction as correction
-from algorithms.common.base_class import LMBaseAlgorithm
+from algorithms.common.base_class import LMBaseAlgorithm, record_step
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch
@@ -214,14 +214,13 @@ class GRPO(LMBaseAlgorithm):
                     sampler_kl = update.minibatch_sampler_kl(ran, log_probs)
                 if ran.slots is not None:
                     drifts.update(replay.drift(log_probs.detach(), ran))
-                for key, value in {"loss": loss, **stats}.items():
-                    history.setdefault(key, []).append(float(value.detach()) if th.is_tensor(value) else float(value))
+                record_step(history, loss, stats)
         if self.replay_buffer is not None:
             replay.update_and_store(self.replay_buffer, fresh, drawn, drifts, self._iteration)
-        history["sampler_kl"] = [float(sampler_kl)]
         if clipped is not None:
             history["sampler_clipped_fraction"] = [float(clipped)]
-        update.log_train(self.logger, history, settings, self._skipped_steps, self._n_updates, self.diagnostics)
+        self._log_update(history, sampler_kl)
+        update.log_train(self.logger, history, settings, self.diagnostics)
 
     def _loss_settings(self) -> update.LossSettings:
         """The loss's coefficients at the current progress (and update count, for :class:`UpdateDecay`)."""

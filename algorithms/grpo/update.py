@@ -238,15 +238,8 @@ def grpo_loss(
     return loss, stats
 
 
-def log_train(
-    logger: Logger,
-    history: dict[str, list[float]],
-    settings: LossSettings,
-    skipped_steps: int,
-    n_updates: int,
-    diagnostics: bool,
-) -> None:
-    """Record the update's means (``train/<stat>``), its counters and coefficients; with the diagnostics, warn
+def log_train(logger: Logger, history: dict[str, list[float]], settings: LossSettings, diagnostics: bool) -> None:
+    """Record what GRPO's update logs beside the shared ``train/*`` (its coefficients); with the diagnostics, warn
     when the policy's entropy fell below 0.5."""
     if diagnostics and np.mean(history["entropy"]) < controls.ENTROPY_WARNING:
         warnings.warn(
@@ -254,10 +247,5 @@ def log_train(
             "(diagnostics)",
             stacklevel=3,
         )
-    for key, values in history.items():
-        logger.record(f"train/{key}", float(np.mean(values)))
-    logger.record("train/skipped_steps", skipped_steps)
-    logger.record("train/optimizer_steps", len(history.get("loss", [])))  # per rollout: groups when sequential
     logger.record("train/ent_coef", settings.ent_coef)
     logger.record("train/clip_range", settings.clip_low)
-    logger.record("train/n_updates", n_updates, exclude="tensorboard")
