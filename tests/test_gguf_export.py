@@ -233,13 +233,18 @@ def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer
     assert "PARAMETER temperature 0.7" in text
 
 
-def test_a_chat_template_of_another_shape_is_refused_by_name(tokenizer):
+def test_a_chat_template_of_another_shape_is_refused_by_name_before_anything_is_written(tmp_path, llama, tokenizer):
     import copy
 
     odd = copy.deepcopy(tokenizer)
     odd.chat_template = "{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'user' %}!{% endif %}{% endfor %}"
     with pytest.raises(ValueError, match="prefix \\+ content \\+ suffix"):
         ollama_template(odd)
+    with pytest.raises(ValueError, match="prefix \\+ content \\+ suffix"):
+        save_gguf(llama, odd, tmp_path / "odd.gguf")
+    with pytest.raises(ValueError, match='system prompt holds """'):
+        save_gguf(llama, tokenizer, tmp_path / "odd.gguf", info=ExportInfo(system='say """hi"""'))
+    assert list(tmp_path.iterdir()) == []
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -308,6 +313,15 @@ def test_the_command_line_exports_a_saved_model(tmp_path, llama, tokenizer, caps
     with pytest.raises(SystemExit, match="2"):
         main(["export", str(tmp_path / "run.zip"), "--gguf", str(tmp_path / "x.gguf"), "--type", "q9"])
     assert "choose one of" in capsys.readouterr().err and not (tmp_path / "x.gguf").exists()
+    with pytest.raises(SystemExit, match="2"):  # the missing input named first, before the outputs
+        main(["export", str(tmp_path / "missing.zip"), "--gguf", str(out)])
+    assert "does not exist: pass a zip saved by grpo-gym train" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "Modelfile").write_text("FROM ./mine.gguf\n")
+    with pytest.raises(SystemExit, match="2"):  # another export's Modelfile in the folder: kept
+        main(["export", str(tmp_path / "run.zip"), "--gguf", str(tmp_path / "other" / "run.gguf")])
+    assert "export into another folder, or replace it with --force" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["Modelfile"]
     capsys.readouterr()
     evaluation = ["--n", "4", "--difficulty", "0.1", "--greedy"]
     assert main(["eval", str(tmp_path / "run.zip"), *evaluation]) == 0

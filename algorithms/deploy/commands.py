@@ -151,10 +151,10 @@ def export_command(args: argparse.Namespace) -> int:
     from algorithms.common.saving.gguf_export import MODELFILE, check_output, check_type
     from algorithms.deploy.loading import saved_algorithm
 
-    check_type(args.type)  # before any work
-    target, _ = check_output(args.gguf, args.force)
-    if not Path(args.model).is_file():
+    if not Path(args.model).is_file():  # before any work: the input, the type, then the outputs
         raise ValueError(f"model {args.model!r} does not exist: pass a zip saved by grpo-gym train --save-path")
+    check_type(args.type)
+    target, _ = check_output(args.gguf, args.force)
     model = saved_algorithm(args.model).load(args.model, rollout_engine="builtin", read_optimizer=False)
     written = model.save_gguf(os.fspath(target), args.type, force=args.force)
     print(f"{size_on_disk(args.model) / 2**20:8.2f} MiB  {args.model}")

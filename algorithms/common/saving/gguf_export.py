@@ -134,6 +134,7 @@ def save_gguf(model: Any, tokenizer: Any, path: str | os.PathLike, type: str = "
     check_exportable(model)
     target, modelfile = check_output(path, force)
     metadata = _metadata(model, tokenizer, info, kind, gguf)
+    text = modelfile_text(target.name, tokenizer, info)  # before any write: a template it cannot translate stops here
     with atomic_path(target) as temporary:
         writer = gguf.GGUFWriter(os.fspath(temporary), arch="llama")
         for key, (value, vtype, sub) in metadata.items():
@@ -145,7 +146,6 @@ def save_gguf(model: Any, tokenizer: Any, path: str | os.PathLike, type: str = "
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-    text = modelfile_text(target.name, tokenizer, info)
     with atomic_write(modelfile, "w") as handle:
         handle.write(text)
     return target
@@ -192,13 +192,15 @@ def check_output(path: str | os.PathLike, force: bool) -> tuple[Path, Path]:
     if not target.parent.is_dir():
         raise ValueError(f"the folder of {os.fspath(path)!r} does not exist: create it first")
     modelfile = target.parent / MODELFILE
-    for output in (target, modelfile):
+    fixes = {
+        target: "choose another name",
+        modelfile: "the Modelfile goes beside the .gguf file: export into another folder",
+    }
+    for output, fix in fixes.items():
         if output.is_dir():
-            raise ValueError(f"{os.fspath(output)!r} is a folder: choose another name")
+            raise ValueError(f"{os.fspath(output)!r} is a folder: {fix}")
         if output.exists() and not force:
-            raise ValueError(
-                f"{os.fspath(output)!r} exists: choose another name, or replace it with --force (force=True in Python)"
-            )
+            raise ValueError(f"{os.fspath(output)!r} exists: {fix}, or replace it with --force (force=True in Python)")
     return target, modelfile
 
 
@@ -422,6 +424,9 @@ def modelfile_text(gguf_name: str, tokenizer: Any, info: ExportInfo) -> str:
     else:
         before, after = info.prompt_affixes or ("", "")
         template, system = f"{_literal(before)}{{{{ .Prompt }}}}{_literal(after)}", None
+    for name, value in (("chat template", template), ("system prompt", system or "")):
+        if '"""' in value:
+            raise ValueError(f'the {name} holds """, which a Modelfile cannot quote: edit it out of the {name}')
     lines = [f"# Ollama: ollama create NAME -f {MODELFILE}", f"FROM ./{gguf_name}", f'TEMPLATE """{template}"""']
     if system:
         lines.append(f'SYSTEM """{system}"""')
