@@ -196,6 +196,12 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     except ValueError as error:  # a damaged model.zip: the checkpoint before it may be whole
         moved = f"or move {os.fspath(folder)!r} away to resume from the one before"
         raise ValueError(f"--resume: {error}, {moved}") from None
+    from algorithms import ALGORITHMS
+
+    wrote = next((name for name, cls in ALGORITHMS.items() if cls.__name__ == saved.algorithm), None)
+    if saved.algorithm != algorithm_of(args).__name__:  # the algorithm first: its arguments would differ anyway
+        fix = f"resume it with --algo {wrote}" if wrote else "resume it with the version of grpo-gym that wrote it"
+        raise ValueError(f"--resume: the checkpoint {os.fspath(folder)!r} is a {saved.algorithm} run: {fix}")
     flags: dict[str, Any] = {}
     apply_source_flags(args, flags)  # the env settings --model, --task, ... name: the run's, or refused
     record = (saved.env or {}).get("record") or {}  # the env arguments the checkpoint records, when it does

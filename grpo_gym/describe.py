@@ -186,8 +186,9 @@ def _check_recorded_funcs(recorded: Any) -> None:
 def _still_missing(need: str, kwargs: dict[str, Any]) -> bool:
     if need.startswith("task_kwargs."):
         return (kwargs["task_kwargs"] or {}).get(need.split(".", 1)[1]) == MUST_PASS
-    if need == "reward_funcs":
-        return any(fn == MUST_PASS for fn in (kwargs["reward_funcs"] or {}).values())
+    if need == "reward_funcs":  # a list (["module:function", ...]) names every function it holds
+        funcs = kwargs["reward_funcs"]
+        return isinstance(funcs, dict) and any(fn == MUST_PASS for fn in funcs.values())
     return kwargs.get(need) == MUST_PASS
 
 

@@ -288,6 +288,11 @@ def test_eval_of_a_run_made_in_python_names_its_reward_functions(tmp_path: Path,
     assert table_rows(capsys.readouterr().out) == [("r", 0.1, 2)]
     assert main([*argv, "--reward-funcs", f"exact={__name__}:exact"]) == 0
     capsys.readouterr()
+    for spec, words in (("nosuch:fn", "cannot import 'nosuch'"), ("os:nosuchfn", "'os' has no 'nosuchfn'"),
+                        ("nocolon", "must look like 'package.module:name'")):  # fmt: skip
+        with pytest.raises(SystemExit):  # a list-form value: its own clear error, not a crash
+            main([*argv, "--reward-funcs", spec])
+        assert words in capsys.readouterr().err
 
 
 def test_parser_defaults() -> None:
@@ -342,7 +347,8 @@ def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path
 
     config = write_config(tmp_path)
     out = io.StringIO()
-    argv = ["train", "--algo", "ppo", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "-n", "8"]
+    argv = ["train", "--algo", "ppo", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "-n", "8",
+            "--checkpoint-every", "1"]  # fmt: skip
     with contextlib.redirect_stdout(out):
         assert main([*argv, "--no-progress-bar", "-params", "n_epochs:1"]) == 0
     assert "LMPPO: 8 completions" in out.getvalue()
@@ -355,6 +361,10 @@ def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path
         assert main(["eval", str(tmp_path / "p.zip"), "--config", str(config), "--n", "4"]) == 0
     assert again.getvalue() == table.getvalue()
     assert build_parser().parse_args(["train", "--algo", "ppo"]).algo == "ppo"
+    resume = ["train", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "--resume", "-n", "16"]
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:  # without --algo ppo
+        main(resume)
+    assert "is a LMPPO run: resume it with --algo ppo" in err.getvalue()
 
 
 def test_eval_every_prints_and_logs_held_out_success_along_the_way(tmp_path: Path) -> None:
