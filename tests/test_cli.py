@@ -347,13 +347,13 @@ def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path
 
     config = write_config(tmp_path)
     out = io.StringIO()
-    argv = ["train", "--algo", "ppo", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "-n", "8",
+    argv = ["train", "--algo", "ppo", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "-n", "16",
             "--checkpoint-every", "1"]  # fmt: skip
     with contextlib.redirect_stdout(out):
         assert main([*argv, "--no-progress-bar", "-params", "n_epochs:1"]) == 0
-    assert "LMPPO: 8 completions" in out.getvalue()
+    assert "LMPPO: 16 completions" in out.getvalue()
     model = LMPPO.load(tmp_path / "p.zip")
-    assert model.num_timesteps == 8 and model.n_epochs == 1 and model.policy.value_net is not None
+    assert model.num_timesteps == 16 and model.n_epochs == 1 and model.policy.value_net is not None
     with contextlib.redirect_stdout(io.StringIO()) as table:
         assert main(["eval", str(tmp_path / "p.zip"), "--algo", "ppo", "--config", str(config), "--n", "4"]) == 0
     assert [label for label, _, _ in table_rows(table.getvalue())] == ["p"] * 3
@@ -361,7 +361,7 @@ def test_train_with_algo_ppo_saves_an_lmppo_model_that_eval_reads(tmp_path: Path
         assert main(["eval", str(tmp_path / "p.zip"), "--config", str(config), "--n", "4"]) == 0
     assert again.getvalue() == table.getvalue()
     assert build_parser().parse_args(["train", "--algo", "ppo"]).algo == "ppo"
-    resume = ["train", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "--resume", "-n", "16"]
+    resume = ["train", "--config", str(config), "--save-path", str(tmp_path / "p.zip"), "--resume"]
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:  # without --algo ppo
         main(resume)
     assert "is a LMPPO run: resume it with --algo ppo" in err.getvalue()
