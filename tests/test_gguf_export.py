@@ -149,6 +149,12 @@ def test_the_built_in_tiny_model_exports_and_llama_cpp_reads_its_tokenizer(tmp_p
     assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids  # characters, bytes, the template tags
     assert llama_cpp_greedy(llm, ids, 12) == hf_greedy(model.policy.model, ids, 12, tokenizer.eos_token_id)
     llm.close()
+    from grpo_gym.gguf import load_gguf_model, load_gguf_tokenizer
+
+    again = load_gguf_tokenizer(path)  # read back into grpo-gym: the built-in tokenizer itself
+    assert again.get_vocab() == tokenizer.get_vocab() and again(text)["input_ids"] == ids
+    back = load_gguf_model(path)
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in model.policy.model.state_dict().items())
     modelfile = (tmp_path / "Modelfile").read_text()
     assert "FROM ./tiny.gguf" in modelfile and "{{ .Prompt }}" in modelfile and 'PARAMETER stop "<eos>"' in modelfile
 
