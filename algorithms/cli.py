@@ -196,11 +196,13 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     except ValueError as error:  # a damaged model.zip: the checkpoint before it may be whole
         moved = f"or move {os.fspath(folder)!r} away to resume from the one before"
         raise ValueError(f"--resume: {error}, {moved}") from None
-    from algorithms import ALGORITHMS
+    from algorithms import LMBaseAlgorithm
 
-    wrote = next((name for name, cls in ALGORITHMS.items() if cls.__name__ == saved.algorithm), None)
+    wrote = LMBaseAlgorithm.registered(saved.algorithm)
     if saved.algorithm != algorithm_of(args).__name__:  # the algorithm first: its arguments would differ anyway
-        fix = f"resume it with --algo {wrote}" if wrote else "resume it with the version of grpo-gym that wrote it"
+        fix = (
+            f"resume it with --algo {wrote.algo_name}" if wrote else f"resume it in Python with {saved.algorithm}.load"
+        )
         raise ValueError(f"--resume: the checkpoint {os.fspath(folder)!r} is a {saved.algorithm} run: {fix}")
     flags: dict[str, Any] = {}
     apply_source_flags(args, flags)  # the env settings --model, --task, ... name: the run's, or refused

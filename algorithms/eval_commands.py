@@ -52,12 +52,13 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.model is not None:
         return _evaluate_source(args)
     args.model = args.saved
-    algorithm = algorithm_of(args)
-    if Path(args.model).is_file():  # the class the zip records (its default config with --preset), whatever --algo
-        from algorithms.deploy.loading import saved_algorithm
+    from algorithms.deploy.loading import saved_algorithm
 
+    try:  # the class the zip records (its default config with --preset), whatever --algo says
         algorithm = saved_algorithm(args.model)
         args.algo = algorithm.algo_name
+    except ValueError:  # no readable zip: the flags' algorithm, whose load names what is wrong with the file
+        algorithm = algorithm_of(args)
     extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.reward_funcs:
         extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)

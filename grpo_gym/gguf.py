@@ -249,16 +249,11 @@ def _nbytes(gguf: Any, kind: int, count: int) -> int:
 
 
 def load_gguf_tokenizer(path: str | os.PathLike) -> Any:
-    """The tokenizer a GGUF file carries (vocabulary, merges, special tokens, chat template), via transformers; the
-    built-in character tokenizer itself for a file that holds its vocabulary (a built-in model exported by
-    ``save_gguf``: transformers would read it as a SentencePiece vocabulary, with tokens and a leading space added)."""
+    """The tokenizer a GGUF file carries (vocabulary, merges, special tokens, chat template), via transformers (the
+    built-in vocabulary is read by :func:`grpo_gym.tokenizer.gguf_tokenizer`)."""
     from transformers import AutoTokenizer
 
     info = check_gguf(path, what="tokenizer")
-    if holds_builtin_vocabulary(info.path):
-        from grpo_gym.tokenizer import build_char_tokenizer
-
-        return build_char_tokenizer()
     folder, name = os.path.split(os.path.abspath(info.path))
     try:
         return AutoTokenizer.from_pretrained(folder, gguf_file=name)
@@ -267,18 +262,6 @@ def load_gguf_tokenizer(path: str | os.PathLike) -> Any:
             f"transformers could not read the tokenizer of {info.path} ({type(error).__name__}: {error}); pass "
             "tokenizer= a Hugging Face tokenizer folder of the same model (--tokenizer on the command line)"
         ) from error
-
-
-def holds_builtin_vocabulary(path: str | os.PathLike) -> bool:
-    """Whether a GGUF file's vocabulary is the built-in character tokenizer's, as the GGUF export writes it (the
-    space as ``▁``)."""
-    from grpo_gym.tokenizer import BUILTIN_VOCAB
-
-    metadata, _, _ = read_header(os.fspath(path))
-    if metadata.get("tokenizer.ggml.model") != "llama" or metadata.get("tokenizer.ggml.tokens") != len(BUILTIN_VOCAB):
-        return False
-    field = require_gguf().GGUFReader(os.fspath(path)).fields["tokenizer.ggml.tokens"]
-    return [token.replace("▁", " ") for token in field.contents()] == list(BUILTIN_VOCAB)
 
 
 def load_gguf_model(path: str | os.PathLike, dtype: Any = None) -> Any:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grpo_gym.gguf import is_gguf, load_gguf_tokenizer
+from grpo_gym.gguf import check_gguf, is_gguf, load_gguf_tokenizer, read_header, require_gguf
 from grpo_gym.hub import check_hf_source
 from grpo_gym.validation import ArgumentError, check_int
 
@@ -98,7 +98,7 @@ def load_tokenizer(
             f"got {type(tokenizer).__name__}"
         )
     if is_gguf(tokenizer):
-        tokenizer = load_gguf_tokenizer(tokenizer)  # the vocabulary and chat template the file carries
+        tokenizer = gguf_tokenizer(tokenizer)  # the vocabulary and chat template the file carries
     elif isinstance(tokenizer, (str, os.PathLike)):
         from transformers import AutoTokenizer
 
@@ -223,3 +223,21 @@ def _bytes_text(run: bytearray, count: int) -> str:
         return run.decode("utf-8")
     except UnicodeDecodeError:
         return "\ufffd" * count
+
+
+def gguf_tokenizer(path: str | os.PathLike) -> PreTrainedTokenizerBase:
+    """The tokenizer a GGUF file carries (:func:`grpo_gym.gguf.load_gguf_tokenizer`), or the built-in character
+    tokenizer itself for a file that holds its vocabulary (a built-in model's GGUF export: transformers would read it
+    as a SentencePiece vocabulary, adding two tokens and a leading space)."""
+    info = check_gguf(path, what="tokenizer")
+    return build_char_tokenizer() if holds_builtin_vocabulary(info.path) else load_gguf_tokenizer(info.path)
+
+
+def holds_builtin_vocabulary(path: str | os.PathLike) -> bool:
+    """Whether a GGUF file's vocabulary is the built-in character tokenizer's, as the GGUF export writes it (the
+    space as ``▁``)."""
+    metadata, _, _ = read_header(os.fspath(path))
+    if metadata.get("tokenizer.ggml.model") != "llama" or metadata.get("tokenizer.ggml.tokens") != len(BUILTIN_VOCAB):
+        return False
+    field = require_gguf().GGUFReader(os.fspath(path)).fields["tokenizer.ggml.tokens"]
+    return [token.replace("▁", " ") for token in field.contents()] == list(BUILTIN_VOCAB)

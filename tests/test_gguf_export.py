@@ -149,9 +149,10 @@ def test_the_built_in_tiny_model_exports_and_llama_cpp_reads_its_tokenizer(tmp_p
     assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids  # characters, bytes, the template tags
     assert llama_cpp_greedy(llm, ids, 12) == hf_greedy(model.policy.model, ids, 12, tokenizer.eos_token_id)
     llm.close()
-    from grpo_gym.gguf import load_gguf_model, load_gguf_tokenizer
+    from grpo_gym.gguf import load_gguf_model
+    from grpo_gym.tokenizer import gguf_tokenizer
 
-    again = load_gguf_tokenizer(path)  # read back into grpo-gym: the built-in tokenizer itself
+    again = gguf_tokenizer(path)  # read back into grpo-gym: the built-in tokenizer itself
     assert again.get_vocab() == tokenizer.get_vocab() and again(text)["input_ids"] == ids
     back = load_gguf_model(path)
     assert all(torch.equal(back.state_dict()[k], v) for k, v in model.policy.model.state_dict().items())
@@ -237,6 +238,8 @@ def test_the_modelfile_template_renders_what_the_chat_template_renders(tokenizer
     assert text.splitlines()[1:3] == ["FROM ./m.gguf", f'TEMPLATE """{template.splitlines()[0]}']
     assert 'SYSTEM """Think first."""' in text and 'PARAMETER stop "<|im_end|>"' in text
     assert "PARAMETER temperature 0.7" in text
+    plain = modelfile_text("m.gguf", chat, ExportInfo(chat=False, prompt_affixes=("Q: ", "\nA: <think>")))
+    assert 'TEMPLATE """Q: {{ .Prompt }}\nA: <think>"""' in plain and "im_start" not in plain  # as trained: no chat
 
 
 def test_a_chat_template_of_another_shape_is_refused_by_name_before_anything_is_written(tmp_path, llama, tokenizer):
@@ -321,7 +324,7 @@ def test_the_command_line_exports_a_saved_model(tmp_path, llama, tokenizer, caps
     assert "choose one of" in capsys.readouterr().err and not (tmp_path / "x.gguf").exists()
     with pytest.raises(SystemExit, match="2"):  # the missing input named first, before the outputs
         main(["export", str(tmp_path / "missing.zip"), "--gguf", str(out)])
-    assert "does not exist: pass a zip saved by grpo-gym train" in capsys.readouterr().err
+    assert "no model file at" in capsys.readouterr().err
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "Modelfile").write_text("FROM ./mine.gguf\n")
     with pytest.raises(SystemExit, match="2"):  # another export's Modelfile in the folder: kept

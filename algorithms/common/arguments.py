@@ -393,5 +393,6 @@ class Arguments(Mapping[str, Argument]):
                 raise TypeError(f"{where}: {moved}")
 
     def values_in(self, names: Mapping[str, Any]) -> dict[str, Any]:
-        """The table's arguments as ``names`` holds them: a constructor passes its ``locals()`` on whole."""
+        """The table's arguments as ``names`` holds them: a constructor passes its ``kwargs`` on whole (the
+        constructor's other keywords, ``_init_setup_model``, left out)."""
         return {name: names[name] for name in self}

@@ -110,7 +110,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     #: the command line's name of an algorithm (``--algo grpo``) and its default rl-zoo3 config in ``zoo_configs/``:
     #: a subclass that sets ``algo_name`` is registered in :attr:`registry`, where the command line (train, eval,
-    #: serve, export, distill, quantize, zoo) finds it, by that name or by the class name its zip records
+    #: serve, export, distill, quantize) finds it, by that name or by the class name its zip records
     algo_name: ClassVar[str | None] = None
     config_file: ClassVar[str | None] = None
     #: the dynamic curriculum: off unless an algorithm takes the ``curriculum`` argument
@@ -123,6 +123,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.__dict__.get("algo_name"):
+            if not cls.config_file:
+                raise TypeError(f"{cls.__name__} sets algo_name: set config_file too (its config in zoo_configs/)")
             LMBaseAlgorithm.registry[cls.algo_name] = cls
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -151,16 +152,16 @@ def export_command(args: argparse.Namespace) -> int:
     from algorithms.common.saving.gguf_export import MODELFILE, check_output, check_type
     from algorithms.deploy.loading import saved_algorithm
 
-    if not Path(args.model).is_file():  # before any work: the input, the type, then the outputs
-        raise ValueError(f"model {args.model!r} does not exist: pass a zip saved by grpo-gym train --save-path")
+    algorithm = saved_algorithm(args.model)  # before any work: the input, the type, then the outputs
     check_type(args.type)
     target, _ = check_output(args.gguf, args.force)
-    model = saved_algorithm(args.model).load(args.model, rollout_engine="builtin", read_optimizer=False)
+    model = algorithm.load(args.model, rollout_engine="builtin", read_optimizer=False)
     written = model.save_gguf(os.fspath(target), args.type, force=args.force)
     print(f"{size_on_disk(args.model) / 2**20:8.2f} MiB  {args.model}")
     print(f"{size_on_disk(written) / 2**20:8.2f} MiB  {written} ({args.type.lower()})")
-    print(f"llama.cpp: llama-cli -m {written}")
-    print(f"Ollama:    cd {written.parent} && ollama create {written.stem} -f {MODELFILE}")
+    print(f"llama.cpp: {shlex.join(['llama-cli', '-m', os.fspath(written)])}")
+    create = shlex.join(["ollama", "create", written.stem, "-f", MODELFILE])
+    print(f"Ollama:    cd {shlex.quote(os.fspath(written.parent))} && {create}")
     return 0
 
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from grpo_gym.gguf import is_gguf, load_gguf_tokenizer
+from grpo_gym.gguf import is_gguf
+from grpo_gym.tokenizer import gguf_tokenizer
 
 #: embedding rows a model may add beyond its tokenizer without shipping it: up to the next multiple of this
 PADDING_MULTIPLE = 128
@@ -46,7 +47,7 @@ def model_tokenizer(source: Any) -> Any | None:
         return None
     path = os.fspath(source)
     if is_gguf(path):  # a GGUF file carries its tokenizer
-        return load_gguf_tokenizer(path) if os.path.isfile(path) else None
+        return gguf_tokenizer(path) if os.path.isfile(path) else None
     if os.path.isdir(path) and not has_tokenizer(path):
         return None
     from transformers import AutoTokenizer

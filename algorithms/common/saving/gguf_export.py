@@ -66,8 +66,10 @@ class ExportInfo:
     :param description: ``general.description``: how it was trained
     :param source: the GGUF file it was trained from, whose metadata is written back (``None``: none)
     :param base_model: ``general.base_model.0.name``: what it was trained from
+    :param chat: the prompts were rendered by the tokenizer's chat template (the Modelfile translates it), else
+        written as ``prompt_affixes`` around the question
     :param system: the system prompt it was trained with (the Modelfile's ``SYSTEM``), or ``None``
-    :param prompt_affixes: the text before and after the question in training, for a tokenizer without a chat template
+    :param prompt_affixes: the text before and after the question in training (without the chat template)
     :param sampling: the Modelfile's ``PARAMETER`` lines (``temperature``, ``top_p``, ``top_k``, ``num_predict``)
     """
 
@@ -75,6 +77,7 @@ class ExportInfo:
     description: str = ""
     source: str | None = None
     base_model: str | None = None
+    chat: bool = True
     system: str | None = None
     prompt_affixes: tuple[str, str] | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
@@ -104,6 +107,7 @@ def export_info(algorithm: Any) -> ExportInfo:
         description=description,
         source=gguf_source,
         base_model=base,
+        chat=formatter.chat,
         system=formatter.system,
         prompt_affixes=formatter.prompt_affixes,
         sampling={
@@ -417,9 +421,9 @@ def _literal(text: str) -> str:
 
 def modelfile_text(gguf_name: str, tokenizer: Any, info: ExportInfo) -> str:
     """An Ollama ``Modelfile`` for the GGUF file ``gguf_name`` beside it: ``FROM``, the template (the chat
-    template's, or the training prompt around ``.Prompt`` without one), the system prompt, the stop tokens and
-    the sampling parameters the model was trained with."""
-    if isinstance(getattr(tokenizer, "chat_template", None), str):
+    template's when training used it, else the training prompt around ``.Prompt``), the system prompt, the stop
+    tokens and the sampling parameters the model was trained with."""
+    if info.chat and isinstance(getattr(tokenizer, "chat_template", None), str):
         template, system = ollama_template(tokenizer), info.system
     else:
         before, after = info.prompt_affixes or ("", "")
