@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from algorithms.common.saving.gguf_export import permute_rotary
+
 #: the chat template of the tiny model's tokenizer (ChatML, as SmolLM2's)
 CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n'}}"
@@ -77,13 +79,6 @@ def tiny_llama(vocab_size: int, seed: int = 0) -> Any:
     return LlamaForCausalLM(config).eval()
 
 
-def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's layout of a query or key projection (its rotary halves interleaved per head)."""
-    return (
-        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-    )
-
-
 def write_gguf(
     model: Any,
     tokenizer: Any,
@@ -140,9 +135,9 @@ def write_gguf(
         base, _, suffix = name.rpartition(".")
         data = tensor.detach().float().numpy()
         if base.endswith("q_proj"):
-            data = _permute(data, config.num_attention_heads)
+            data = permute_rotary(data, config.num_attention_heads)
         elif base.endswith("k_proj"):
-            data = _permute(data, config.num_key_value_heads)
+            data = permute_rotary(data, config.num_key_value_heads)
         target = f"{names.get_name(base)}.{suffix}"
         if data.ndim == 1 or kind == gguf.GGMLQuantizationType.F32:
             writer.add_tensor(target, data.astype(np.float32))
