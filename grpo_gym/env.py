@@ -14,6 +14,7 @@ from grpo_gym.actions import action_space, completion_ids, observation_space, sp
 from grpo_gym.context import ContextWindow
 from grpo_gym.describe import describe_env, env_kwargs_from_record
 from grpo_gym.env_state import StateLimits, make_state, problem_state, read_state
+from grpo_gym.episode_order import EpisodeOrder
 from grpo_gym.gold import gold_examples
 from grpo_gym.rewards import CompositeReward, RewardModelScorer
 from grpo_gym.rewards.composite import TurnInput
@@ -73,7 +74,9 @@ class R1ZeroEnv(gym.Env):
     and ``on_reward_error`` decides: ``"zero"`` scores it 0, ``"raise"`` re-raises; ``reward_fn.error_counts``.
 
     **Episode end.** ``terminated`` when the answer is correct or the turn budget is spent (the budget is part
-    of the task). ``truncated`` when the context window cannot hold another turn.
+    of the task). ``truncated`` when the context window cannot hold another turn. A step before ``reset`` or after
+    the episode ended raises :class:`~grpo_gym.episode_order.ResetNeeded` (Gymnasium's ``ResetNeeded``): a finished
+    episode is never scored again (:mod:`grpo_gym.episode_order`).
 
     **Tools** (``tools=[fn, ...]``; :mod:`grpo_gym.tools`, :mod:`grpo_gym.turns`): a completion holding
     ``<tool_call>`` is a tool turn: its calls run, their results are appended, and the model goes on until it answers
@@ -211,6 +214,8 @@ class R1ZeroEnv(gym.Env):
         self._prompt_affix_ids = tuple(self.codec.encode(text) for text in self.formatter.prompt_affixes)
         self._feedback_affix_ids = tuple(self.codec.encode(text) for text in self.formatter.feedback_affixes)
         self.problem: Problem | None = None
+        #: whether an episode is in progress, its steps and how it ended (a step is refused outside one)
+        self.order = EpisodeOrder(type(self).__name__)
         self._pending: list[int] = []  # token mode: the tokens of the unfinished turn
         self._turn = 0
         self._transcript: list[str] = []
@@ -238,9 +243,7 @@ class R1ZeroEnv(gym.Env):
         """
         level = self.difficulty if difficulty is None else check_difficulty(difficulty)
         seed = int(self.np_random.integers(2**63 - 1)) if seed is None else check_int("seed", seed, low=0)
-        problem = self.task.sample(level, np.random.default_rng(seed))
-        problem.seed = seed
-        return problem
+        return self.task.sample_seeded(level, seed)
 
     def eval_problems(self, n: int, difficulty: float, seed: int = 0) -> list[Problem]:
         """The task's held-out problems (:meth:`Task.eval_problems`): fresh seeds, or the eval split of data."""
@@ -344,6 +347,8 @@ class R1ZeroEnv(gym.Env):
                 "turn": self._turn,
                 "transcript": list(self._transcript),
                 "tools": self.tool_session.state(),
+                "steps": self.order.steps,
+                "ended": self.order.ended,
             }
         weights, errors = self.reward_fn.weights, self.reward_fn.error_counts
         task_state = self.task.get_state()
@@ -376,6 +381,10 @@ class R1ZeroEnv(gym.Env):
         self.window.reset(saved.window)
         self._pending, self._turn, self._transcript = saved.pending, saved.turn, saved.transcript
         self.tool_session.reset(*saved.tool_counts)
+        if saved.problem is None:
+            self.order.forget()
+        else:
+            self.order.start(*saved.progress)
 
     def _spec(self) -> dict[str, Any]:
         """What a saved state must have been saved by (see :mod:`grpo_gym.env_state`)."""
@@ -417,13 +426,20 @@ class R1ZeroEnv(gym.Env):
         self._turn = 0
         self.tool_session.reset()
         self._transcript = [prompt_text]
+        self.order.start()
         info = {"problem": self.problem, "prompt": prompt_text, "prompt_truncated": prompt_cut}
         return self.window.observation(), info
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
-        """Apply a completion (sequence mode) or one token (token mode); see the class docstring."""
-        if self.problem is None:
-            raise RuntimeError("call reset() before step()")
+        """Apply a completion (sequence mode) or one token (token mode); see the class docstring. Outside an episode
+        (before ``reset``, after its end) :class:`~grpo_gym.episode_order.ResetNeeded`."""
+        self.order.check()
+        result = self._step(action)
+        self.order.stepped(result[2], result[3])
+        return result
+
+    def _step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """:meth:`step` within an episode."""
         if self.action_mode == "sequence":
             return self._finish_turn(completion_ids(action, self.max_new_tokens, self.codec.vocab_size))
         token = token_id(action, self.codec.vocab_size)

@@ -3,7 +3,7 @@
 The state is a plain, JSON-serialisable ``dict`` (``json.dumps`` works on it; no pickle)::
 
     {
-      "format": "grpo-gym-env-state/1",
+      "format": "grpo-gym-env-state/2",
       "spec": {"task", "context_length", "max_new_tokens", "action_mode", "max_turns", "vocab_size"},
       "np_random": {...},            # the env's problem generator: numpy's bit_generator.state (e.g. PCG64)
       "difficulty": 0.35,            # the current level
@@ -11,13 +11,20 @@ The state is a plain, JSON-serialisable ``dict`` (``json.dumps`` works on it; no
       "reward_error_counts": {"syntax": 0, "consistency": 0, "task": 0},
       "task": None,                  # the task's own sampler state (Task.get_state()), None for built-in tasks
       "warned": {"prompt_cut": False},
-      "episode": None | {            # the episode in progress (None before the first reset)
+      "episode": None | {            # the episode in progress or ended (None before the first reset)
         "problem": {"seed": 123, "difficulty": 0.35}     # remade by the task from its seed, or
                    | {"fields": {...Problem fields...}}, # stored whole when it has no seed (pinned rows)
         "window": [ids...], "pending": [ids...], "turn": 1, "transcript": ["prompt text", ...],
-        "tools": None | {"calls": 1, "turns": 1}         # an env with tools: the episode's tool calls and turns
+        "tools": None | {"calls": 1, "turns": 1},        # an env with tools: the episode's tool calls and turns
+        "steps": 1, "ended": None | "terminated" | "truncated"  # its steps; how it ended (then it takes no step)
       }
     }
+
+A state holds every field above (and its episode, every one of its fields): one that lacks any was edited or damaged,
+and is refused naming them (a default in its place would continue another run than the one saved). A state of an
+earlier format (:data:`OLDER_STATE_FORMATS`) lacks the fields added since, which take their defaults with a warning
+naming them: a ``grpo-gym-env-state/1`` episode may have no ``tools`` (None: no tool calls), no ``steps`` (its turns
+are taken) and no ``ended`` (None: it goes on).
 
 ``spec`` is checked on ``set_state``: a state restores only into an env built with the same task name, window,
 completion budget, action mode, turn budget and vocabulary size (anything else raises ``ValueError`` naming
@@ -34,16 +41,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from grpo_gym.episode_order import ENDINGS
 from grpo_gym.tasks import Problem, Task, check_difficulty
 from grpo_gym.tasks.base import check_prompt
-from grpo_gym.validation import check_bool, check_int, check_mapping
+from grpo_gym.validation import check_bool, check_int, check_mapping, user_stacklevel
 
-STATE_FORMAT = "grpo-gym-env-state/1"
+#: the format of the states this version writes: a state of it holds every field of :data:`STATE_FIELDS` and
+#: :data:`EPISODE_FIELDS`; a field added later makes a new format, so that the states written before it read as older
+STATE_FORMAT = "grpo-gym-env-state/2"
+#: the formats earlier versions wrote, each with the episode fields it may lack (added since): each takes its default
+#: (:data:`EPISODE_DEFAULTS`), with a warning naming it
+OLDER_STATE_FORMATS = {"grpo-gym-env-state/1": ("tools", "steps", "ended")}
+#: the defaults of the episode fields an older state lacks, as a warning names them
+EPISODE_DEFAULTS = {"tools": "None (no tool calls)", "steps": "its turns", "ended": "None (it goes on)"}
+#: the fields every state holds
+STATE_FIELDS = ("spec", "np_random", "difficulty", "reward_weights", "reward_error_counts", "task", "warned", "episode")
+#: the fields every saved episode holds
+EPISODE_FIELDS = ("problem", "window", "pending", "turn", "transcript", "tools", "steps", "ended")
 _BIT_GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
 
 
@@ -83,7 +103,8 @@ def make_state(
     episode: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The state dict (see the module docstring) from an env's values; ``episode`` is ``{"problem":
-    problem_state(...), "window", "pending", "turn", "transcript", "tools"}`` or None before the first reset."""
+    problem_state(...), "window", "pending", "turn", "transcript", "tools", "steps", "ended"}`` or None before the
+    first reset."""
     return {
         "format": STATE_FORMAT,
         "spec": spec,
@@ -113,6 +134,7 @@ class SavedState:
     turn: int
     transcript: list[str]
     tool_counts: tuple[int, int]  # the episode's tool calls and tool turns ((0, 0) without tools)
+    progress: tuple[int, str | None]  # the episode's steps, and how it ended (None: it goes on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,9 +157,10 @@ class StateLimits:
 def read_state(state: Any, limits: StateLimits) -> SavedState:
     """Every part of a saved state checked against the env it is for, as the values the env applies; a
     ``ValueError`` naming the part that does not fit (nothing is changed: the env applies only what this returns)."""
-    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in (STATE_FORMAT, *OLDER_STATE_FORMATS):
         found = state.get("format") if isinstance(state, dict) else type(state).__name__
         raise ValueError(f"not an R1ZeroEnv state (format {found!r}, expected {STATE_FORMAT!r})")
+    _check_complete(state, limits.reward_names)
     spec, saved = limits.spec, state.get("spec")
     saved = saved if isinstance(saved, dict) else {}
     differences = {k: (v, spec.get(k)) for k, v in saved.items() if spec.get(k) != v}
@@ -146,18 +169,49 @@ def read_state(state: Any, limits: StateLimits) -> SavedState:
         raise ValueError(f"the state was saved by a different env ({shown or 'spec keys differ'})")
     warned = state.get("warned", {})
     if isinstance(warned, dict):
-        warned_cut = check_bool("state['warned']['prompt_cut']", warned.get("prompt_cut", False))
+        warned_cut = check_bool("state['warned']['prompt_cut']", warned.get("prompt_cut"))
     else:
         warned_cut = check_bool("state['warned']", warned)
     return SavedState(
         np_random=_generator(state.get("np_random")),
         difficulty=check_difficulty(state.get("difficulty"), name="state['difficulty']"),
         reward_weights=limits.check_weights(state.get("reward_weights")),
-        reward_error_counts=_error_counts(limits.reward_names, state.get("reward_error_counts", {})),
+        reward_error_counts=_error_counts(limits.reward_names, state.get("reward_error_counts")),
         task_state=state.get("task"),
         warned_cut=warned_cut,
         **_checked_episode(limits, state.get("episode")),
     )
+
+
+def _check_complete(state: dict[str, Any], reward_names: tuple[str, ...]) -> None:
+    """Refuse a state that lacks a field every state of its format holds (module docstring), naming each; warn, naming
+    them, when a state of an earlier format lacks the episode fields added since (they take their defaults)."""
+    added = OLDER_STATE_FORMATS.get(state["format"], ())
+    missing = [f"state[{key!r}]" for key in STATE_FIELDS if key not in state]
+    parts = {"warned": ("prompt_cut",), "reward_weights": reward_names, "reward_error_counts": reward_names}
+    for part, keys in parts.items():
+        found = state.get(part)
+        if isinstance(found, dict):  # (what is not a dict is refused where the part is read)
+            missing += [f"state[{part!r}][{key!r}]" for key in keys if key not in found]
+    episode, older = state.get("episode"), []
+    if isinstance(episode, dict):
+        for key in EPISODE_FIELDS:
+            if key not in episode:
+                if key in added:
+                    older.append(f"state['episode'][{key!r}] (default {EPISODE_DEFAULTS[key]})")
+                else:
+                    missing.append(f"state['episode'][{key!r}]")
+    if missing:
+        raise ValueError(
+            f"the R1ZeroEnv state lacks {', '.join(missing)}, which every state of format {state['format']!r} holds: "
+            "it was edited or damaged; use another save (a checkpoint's previous iteration, or the run's --save-path)"
+        )
+    if older:
+        warnings.warn(
+            f"the R1ZeroEnv state was written by an earlier version of grpo-gym (format {state['format']!r}) and "
+            f"records no {', '.join(older)}: each takes its default; save it again to record them",
+            stacklevel=user_stacklevel(),
+        )
 
 
 def _error_counts(names: tuple[str, ...], counts: Any) -> dict[str, int]:
@@ -166,10 +220,11 @@ def _error_counts(names: tuple[str, ...], counts: Any) -> dict[str, int]:
 
 
 def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
-    """The episode in progress, checked: its problem, window and pending ids, turn, transcript and tool counts."""
+    """The episode, checked: its problem, window and pending ids, turn, transcript, tool counts, steps and end."""
     empty = np.zeros(0, dtype=np.int64)
     if episode is None:
-        return {"problem": None, "window": empty, "pending": [], "turn": 0, "transcript": [], "tool_counts": (0, 0)}
+        nothing = {"pending": [], "turn": 0, "transcript": [], "tool_counts": (0, 0), "progress": (0, None)}
+        return {"problem": None, "window": empty, **nothing}
     if not isinstance(episode, dict):
         raise ValueError(f"state['episode'] must be None or a dict, got {type(episode).__name__}")
     try:
@@ -188,6 +243,10 @@ def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
         raise ValueError("state['episode']['transcript'] must be a list of texts")
     turn = check_int("state['episode']['turn']", episode.get("turn"), low=0, high=limits.max_turns)
     tool_counts = _tool_counts(limits.max_tool_calls, episode.get("tools"), turn)
+    steps = check_int("state['episode']['steps']", episode.get("steps", turn), low=0)  # an older state's: its turns
+    ended = episode.get("ended")
+    if ended not in (None, *ENDINGS):
+        raise ValueError(f"state['episode']['ended'] must be None, 'terminated' or 'truncated', got {ended!r:.100}")
     return {
         "problem": problem,
         **ids,
@@ -195,6 +254,7 @@ def _checked_episode(limits: StateLimits, episode: Any) -> dict[str, Any]:
         "turn": turn,
         "transcript": list(transcript),
         "tool_counts": tool_counts,
+        "progress": (steps, ended),
     }
 
 

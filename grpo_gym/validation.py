@@ -60,6 +60,14 @@ class ArgumentError(ValueError, TypeError):
     """A bad argument value. Both a ``ValueError`` and a ``TypeError``, so existing handlers of either catch it."""
 
 
+class ReturnTypeError(TypeError, ValueError):
+    """User code (a reward function, a task's ``sample`` or ``verify``, a wrapped env's ``step``) returned a value of a
+    type its contract does not name (the text ``"0.5"`` for a reward): a bug in that code, not in the model's output,
+    so raised (whatever ``on_reward_error`` says), naming the code and the value. A ``TypeError`` and a ``ValueError``
+    (the command line reports those without a traceback); not an :class:`ArgumentError`, which a server answers as
+    the client's mistake."""
+
+
 #: the project's packages: a warning about what the user passed names the first line outside them (the user's)
 PACKAGES = tuple(f"{Path(__file__).resolve().parents[1] / package}{os.sep}" for package in ("algorithms", "grpo_gym"))
 
@@ -74,9 +82,12 @@ def user_stacklevel() -> int:
     return level
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """``repr`` of a value for a message, capped, with its type when the repr hides it (``'4'`` vs ``4``)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        text = f"<an integer of {value.bit_length()} bits>" if isinstance(value, int) else f"<{type(value).__name__}>"
     if len(text) > 80:
         text = text[:77] + "..."
     kind = type(value).__name__
@@ -100,7 +111,7 @@ def _number(x: float) -> str:
 
 
 def _fail(name: str, value: Any, wanted: str, hint: str = "") -> ArgumentError:
-    return ArgumentError(f"{name} must be {wanted}, got {_show(value)}{'; ' + hint if hint else ''}")
+    return ArgumentError(f"{name} must be {wanted}, got {show_value(value)}{'; ' + hint if hint else ''}")
 
 
 def _in_range(x: float, low: float | None, high: float | None, low_open: bool, high_open: bool) -> bool:

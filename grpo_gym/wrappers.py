@@ -8,12 +8,16 @@ named as in verifiers' ``GymEnv``. It gives the env R1ZeroEnv's spaces and the m
 - the first observation is shown in the template (``"compact"``: ``User: <text>\\nAssistant: ``), each later one as
   a user turn after the model's completion; the context window, left-padded, is the observation (as R1ZeroEnv's);
 - an action is a completion (``max_new_tokens`` token ids, cut at EOS); the wrapped env's reward, ``terminated`` and
-  ``truncated`` pass through, and so does its ``info`` (``is_success`` included);
+  ``truncated`` pass through, and so does its ``info`` (``is_success`` included). A reward that is not a real number
+  (``"0.5"``) or flags that are not bools are the env's bug, raised naming it; a reward that is not finite or beyond
+  float32's range scores 0 with the reason in ``info["reward_errors"]``, as a reward function's does;
 - a completion ``action_parser`` refuses (it raises) is not sent to the wrapped env: the turn scores
   ``invalid_action_reward``, ``info["action_error"]`` says why, and the model reads ``Invalid action: <reason>``
   and tries again; ``max_turns`` model turns end the episode (``truncated``), as does a full window;
 - a "problem" is the seed of an episode: :meth:`sample_problem` draws one, ``reset(options={"problem": p})``
   resets the wrapped env with ``seed=p.seed``; held-out problems are fixed seeds (:meth:`eval_problems`);
+- a step before ``reset`` or after the episode ended raises :class:`~grpo_gym.episode_order.ResetNeeded`, before
+  the wrapped env is stepped (:mod:`grpo_gym.episode_order`): a finished episode is never scored again;
 - ``tools`` (:mod:`grpo_gym.tools`: functions, built-in names, or a :class:`~grpo_gym.tools.Toolbox` such as an
   OpenEnv server's MCP tools): the prompt shows them as R1ZeroEnv's does, and a completion holding ``<tool_call>``
   is a tool turn run here, as in R1ZeroEnv: its calls run, their results are appended, the wrapped env is not
@@ -26,6 +30,7 @@ There are no gold solutions for a cold start: train with ``cold_start=False``, o
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -34,12 +39,14 @@ import numpy as np
 
 from grpo_gym.actions import action_space, completion_ids, observation_space, split_completion, text_action
 from grpo_gym.context import ContextWindow
+from grpo_gym.episode_order import EpisodeOrder
+from grpo_gym.rewards.values import reward_number
 from grpo_gym.tasks.base import Problem, Task, Verdict, check_difficulty
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
 from grpo_gym.tools import DEFAULT_TIMEOUT, Toolbox, error_text
 from grpo_gym.turns import ToolSession
-from grpo_gym.validation import check_float, check_int
+from grpo_gym.validation import ReturnTypeError, check_bool, check_float, check_int, show_value
 
 
 class EpisodeSeeds(Task):
@@ -128,8 +135,11 @@ class LMEnvWrapper(gym.Wrapper):
         self.action_space = action_space(self.codec.vocab_size, self.max_new_tokens, "sequence")
         self.window = ContextWindow(self.context_length, self.codec.pad_id)
         self.problem: Problem | None = None
+        #: whether an episode is in progress, its steps and how it ended (a step is refused outside one)
+        self.order = EpisodeOrder(type(self).__name__)
         self._turn = 0
         self._seeds = np.random.default_rng()
+        self._warned_reward = False
 
     # ------------------------------------------------------------------ what the algorithms call
     def set_difficulty(self, difficulty: float) -> None:
@@ -163,16 +173,22 @@ class LMEnvWrapper(gym.Wrapper):
         problem = (options or {}).get("problem")
         self.problem = problem if isinstance(problem, Problem) else self.sample_problem()
         obs, info = self.env.reset(seed=self.problem.seed)
-        text = self.formatter.prompt(self.obs_to_text(obs))
+        text = self.formatter.prompt(self._text(obs))
         self.window.reset(self.codec.encode(text)[-self.context_length :])
         self._turn = 0
         self.tool_session.reset()
+        self.order.start()
         return self.window.observation(), {**info, "prompt": text, "problem": self.problem}
 
     def step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
         """One completion: parsed into the wrapped env's action and stepped (see the module docstring)."""
-        if self.problem is None:
-            raise RuntimeError("call reset() before step()")
+        self.order.check()
+        result = self._step(action)
+        self.order.stepped(result[2], result[3])
+        return result
+
+    def _step(self, action: Any) -> tuple[dict[str, np.ndarray], float, bool, bool, dict[str, Any]]:
+        """:meth:`step` within an episode."""
         body, length = split_completion(completion_ids(action, self.max_new_tokens, self.codec.vocab_size), self.codec)
         completion = self.codec.decode(body)
         self._turn += 1
@@ -191,7 +207,8 @@ class LMEnvWrapper(gym.Wrapper):
             info: dict[str, Any] = {"action_error": reason, "is_success": False}
         else:
             obs, reward, terminated, truncated, info = self.env.step(parsed)
-            message = self.obs_to_text(obs)
+            reward, info = self._checked_step(reward, terminated, truncated, info)
+            message = self._text(obs)
         info = {**info, "completion": completion, "completion_length": length, "turn": self._turn}
         fits = self.window.append(body)
         if not (terminated or truncated):
@@ -199,6 +216,36 @@ class LMEnvWrapper(gym.Wrapper):
             answers = self._turn - self.tool_session.turns
             truncated = not fits or self.window.free <= self.max_new_tokens or answers >= self.max_turns
         return self.window.observation(), float(reward), bool(terminated), bool(truncated), info
+
+    def _text(self, obs: Any) -> str:
+        """``obs_to_text(obs)``; a value that is not text is refused, naming it (it was "'int' object is not
+        iterable")."""
+        text = self.obs_to_text(obs)
+        if not isinstance(text, str):
+            raise ReturnTypeError(
+                f"obs_to_text returned {show_value(text)} for the observation {show_value(obs)}, not a str: it renders "
+                "an observation as the text the model reads"
+            )
+        return text
+
+    def _checked_step(self, reward: Any, terminated: Any, truncated: Any, info: Any) -> tuple[float, Any]:
+        """The wrapped env's reward as a float, and its ``info``. A reward that is not a real number, or flags that
+        are not bools, are the env's bug: raised, naming it. A reward that is not finite or lies beyond float32's
+        range scores 0 with the reason in ``info["reward_errors"]["env"]`` (warned once), as a reward function's."""
+        what = f"the wrapped env's step ({type(self.env.unwrapped).__name__})"
+        contract = "a Gymnasium env's step returns (observation, reward: float, terminated: bool, truncated: bool, ...)"
+        for name, flag in (("terminated", terminated), ("truncated", truncated)):
+            check_bool(f"{what}: {name}", flag, hint=contract)
+        try:
+            return reward_number(what, reward, contract), info
+        except ReturnTypeError:
+            raise
+        except ValueError as error:  # this step's reward error
+            if not self._warned_reward:
+                self._warned_reward = True
+                note = "it scores 0 (further such rewards are in info['reward_errors'])"
+                warnings.warn(f"{error}; {note}", RuntimeWarning, stacklevel=3)
+            return 0.0, {**info, "reward_errors": {"env": error_text(error)}}
 
     def _tool_turn(
         self, body: np.ndarray, length: int, completion: str

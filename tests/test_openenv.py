@@ -294,6 +294,7 @@ def test_a_stuck_or_killed_server_is_a_clear_error_within_the_timeout() -> None:
         assert time.monotonic() - started < 6
         os.kill(process.pid, signal.SIGCONT)
         alive.step(alive.encode_action("<answer>1</answer>"))  # the other session goes on
+        alive.reset(seed=2)  # a new episode: the server is killed in the middle of it
         process.kill()  # a server killed mid-episode
         process.wait(10)
         started = time.monotonic()

@@ -384,9 +384,8 @@ class BrokenScorer:
     ("result", "error"),
     [
         (OSError("model file gone"), "OSError: model file gone"),
-        ([0.5], "ValueError: the reward model returned 1 scores for 2 completions"),
-        (["high", "low"], "ValueError: could not convert string to float: 'high'"),
-        ([math.inf, 0.5], "ValueError: the reward model returned a non-finite score"),
+        ([0.5], "ValueError: the reward model returned 1 rewards for 2 completions"),
+        ([math.inf, 0.5], "ValueError: the reward model returned a non-finite reward (inf)"),
     ],
 )
 def test_reward_model_errors_are_per_completion(task: SumTask, problem: Problem, result: object, error: str) -> None:

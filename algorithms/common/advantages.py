@@ -55,18 +55,19 @@ def group_advantages(rewards: Tensor, scale: str = "group", eps: float = 1e-4) -
     """
     check_choice("scale", scale, ADVANTAGE_SCALES)
     check_rewards(rewards)
-    rewards = rewards if rewards.is_floating_point() else rewards.to(th.get_default_dtype())
+    dtype = rewards.dtype if rewards.is_floating_point() else th.get_default_dtype()
     if rewards.shape[1] < 2 or rewards.numel() == 0:  # the std of one value is NaN: no signal anyway
-        return th.zeros_like(rewards)
-    centred = rewards - rewards.mean(dim=1, keepdim=True)  # (K, G)
+        return th.zeros_like(rewards, dtype=dtype)
+    wide = rewards.double()  # (K, G): a float32 std of rewards near its range (3e38, -3e38) overflows to inf
+    centred = wide - wide.mean(dim=1, keepdim=True)  # (K, G)
     if scale == "group":
-        advantages = centred / (rewards.std(dim=1, keepdim=True) + eps)  # (K, G) / (K, 1)
+        advantages = centred / (wide.std(dim=1, keepdim=True) + eps)  # (K, G) / (K, 1)
     elif scale == "batch":
-        advantages = centred / (rewards.std() + eps)  # (K, G) / ()
+        advantages = centred / (wide.std() + eps)  # (K, G) / ()
     else:
         advantages = centred  # (K, G): Dr. GRPO
     uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1): the mean can be 1 ulp off r, force 0
-    return th.where(uniform, 0.0, advantages)  # (K, G)
+    return th.where(uniform, 0.0, advantages).to(dtype)  # (K, G)
 
 
 def leave_one_out_advantages(rewards: Tensor) -> Tensor:
@@ -82,7 +83,8 @@ def leave_one_out_advantages(rewards: Tensor) -> Tensor:
     group = rewards.shape[1]
     if group < 2:
         raise ValueError(f"leave-one-out advantages need at least 2 completions per group, got G={group}.")
-    rewards = rewards if rewards.is_floating_point() else rewards.to(th.get_default_dtype())
-    others_mean = (rewards.sum(dim=1, keepdim=True) - rewards) / (group - 1)  # (K, G)
+    dtype = rewards.dtype if rewards.is_floating_point() else th.get_default_dtype()
+    wide = rewards.double()  # (K, G): a float32 sum of rewards near its range overflows
+    others_mean = (wide.sum(dim=1, keepdim=True) - wide) / (group - 1)  # (K, G)
     uniform = uniform_group_mask(rewards).unsqueeze(1)  # (K, 1)
-    return th.where(uniform, 0.0, rewards - others_mean)  # (K, G)
+    return th.where(uniform, 0.0, wide - others_mean).to(dtype)  # (K, G)

@@ -69,11 +69,12 @@ def turn_weights(returns: Tensor, scale: str = "group", relative: bool = True, e
         return returns.new_ones(k)
     if g < 2:
         return returns.new_zeros(k)
+    wide = returns.double()  # a float32 std of returns near its range overflows (as in group_advantages)
     if scale == "group":
-        return th.where(uniform_group_mask(returns), 0.0, 1.0 / (returns.std(dim=1) + eps))  # (K,)
+        return th.where(uniform_group_mask(returns), 0.0, 1.0 / (wide.std(dim=1) + eps)).to(returns.dtype)  # (K,)
     if bool(returns.amax() == returns.amin()):
         return returns.new_zeros(k)
-    return (1.0 / (returns.std() + eps)).expand(k).clone()  # (K,)
+    return (1.0 / (wide.std() + eps)).to(returns.dtype).expand(k).clone()  # (K,)
 
 
 def turn_advantages(

@@ -31,7 +31,7 @@ def winning_groups(group_rewards: Tensor) -> Tensor:
 
     :param group_rewards: ``(K, G)`` rewards (returns) of each group's completions
     """
-    means = group_rewards.mean(dim=1)  # (K,)
+    means = group_rewards.double().mean(dim=1)  # (K,) float64: a float32 sum of rewards near its range overflows
     best = means.max()
     if bool((means == best).all()):
         return torch.zeros_like(means, dtype=torch.bool)
@@ -144,7 +144,7 @@ def competition(returns: Tensor, mode: str, coef: float, between_variance: float
     :param between_variance: the running mean so far (0: none yet)
     """
     if mode == "adaptive":
-        between = float(returns.mean(1).var(unbiased=False))
+        between = float(returns.double().mean(1).var(unbiased=False))  # float64: huge rewards' variance stays finite
         coef = adaptive_competition_coef(between, between_variance, base=coef)
         between_variance = 0.9 * between_variance + 0.1 * between if between_variance else between
     return Competition(competition_scale(returns, coef), coef, between_variance)  # scale: (K,)

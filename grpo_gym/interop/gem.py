@@ -9,10 +9,12 @@ returns the tool's output as the next observation).
   the env GRPO trains on: :class:`GemTextEnv` turns it into a Gymnasium env, :class:`~grpo_gym.wrappers.LMEnvWrapper`
   renders its observations to the prompt (``User: <observation>``, the later ones as user turns) and sends the
   completion as its action (``action_parser``; the text by default). GEM's reward, ``terminated`` and
-  ``truncated`` pass through, and so does ``info``; ``is_success`` is GEM's ``info["correct"]`` where the env
+  ``truncated`` pass through (a reward that is not a real number, or a flag that is not a bool, is the GEM env's
+  bug, raised naming it and the value), and so does ``info``; ``is_success`` is GEM's ``info["correct"]`` where the env
   gives it, else an episode that ended with GEM's success reward (1). A GEM tool wrapper plays its tool turns
-  itself, as steps. GEM seeds Python's and numpy's global generators at each seeded reset; the seed it gets is the
-  episode's modulo 2**32 (numpy's range).
+  itself, as steps. A step after the episode ended, or before ``reset``, is refused before it reaches the GEM env
+  (:class:`~grpo_gym.episode_order.ResetNeeded`). GEM seeds Python's and numpy's global generators at each seeded
+  reset; the seed it gets is the episode's modulo 2**32 (numpy's range).
 - **Serve ours**: importing this module registers ``"grpo_gym:R1Zero-v0"`` (:data:`GEM_ID`) with GEM, so
   ``gem.make("grpo_gym:R1Zero-v0", task="countdown")`` and ``gem.make_vec`` build :class:`R1ZeroGemEnv`.
 """
@@ -20,6 +22,7 @@ returns the tool's output as the next observation).
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any
 
 import gymnasium as gym
@@ -32,8 +35,10 @@ try:
 except ImportError as error:  # pragma: no cover - the extra is not installed
     raise ImportError(f"grpo_gym.interop.gem needs GEM ({error}): pip install 'grpo-gym[gem]'") from error
 
+from grpo_gym.episode_order import EpisodeOrder
 from grpo_gym.interop.r1zero_text import R1ZeroText, text_env
-from grpo_gym.validation import ArgumentError
+from grpo_gym.rewards.values import real_number
+from grpo_gym.validation import ArgumentError, ReturnTypeError, check_bool
 from grpo_gym.wrappers import LMEnvWrapper
 
 GEM_ID = "grpo_gym:R1Zero-v0"
@@ -65,23 +70,37 @@ class GemTextEnv(gym.Env):
             raise ArgumentError(f"env must be a GEM id or a gem.Env, got {type(env).__name__}")
         self.gem_env = env
         self.env_id = getattr(env, "env_id", type(env.unwrapped).__name__)
+        #: whether an episode is in progress, its steps and how it ended (a step is refused outside one)
+        self.order = EpisodeOrder(type(self).__name__)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """GEM's reset, with ``seed`` (modulo 2**32) when given."""
         super().reset(seed=seed)
         obs, info = self.gem_env.reset(seed=None if seed is None else int(seed) % 2**32)
+        self.order.start()
         return obs, dict(info)
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """GEM's step; ``info["is_success"]`` added (module docstring)."""
+        self.order.check()
         obs, reward, terminated, truncated, info = self.gem_env.step(action)
+        what = f"the step of the GEM env {self.env_id!r}"
+        contract = "a GEM env's step returns (observation, reward: float, terminated: bool, truncated: bool, info)"
+        try:  # inf or NaN pass: LMEnvWrapper scores them 0, with the reason
+            reward = real_number(what, reward, contract)
+        except ReturnTypeError:
+            raise
+        except ValueError:  # an integer beyond float's range (10**400): infinite, scored 0 as well
+            reward = math.inf if reward > 0 else -math.inf
+        terminated = bool(check_bool(f"{what}: terminated", terminated, hint=contract))
+        truncated = bool(check_bool(f"{what}: truncated", truncated, hint=contract))
         info = dict(info)
         if "is_success" not in info:
-            ended = bool(terminated or truncated)
             correct = info.get("correct")
-            won = ended and float(reward) >= LanguageGameReward.success_reward
+            won = (terminated or truncated) and reward >= LanguageGameReward.success_reward
             info["is_success"] = bool(correct) if isinstance(correct, bool) else won
-        return obs, float(reward), bool(terminated), bool(truncated), info
+        self.order.stepped(terminated, truncated)
+        return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
         """Close the GEM env when it can be closed (a math env's worker pool)."""
@@ -109,6 +128,7 @@ class R1ZeroGemEnv(GemEnv):
     the completion: the next observation is the bare message the model reads (the task's feedback after a wrong
     answer in a multi-turn episode, the tool results after a tool turn, ``info["use_tool"]`` then), or GEM's
     terminal marker once the episode ended; the reward, ``terminated``, ``truncated`` and ``info`` are the env's.
+    A step after the episode ended raises :class:`~grpo_gym.episode_order.ResetNeeded` (it is not scored again).
 
     :param seed: the seed of the first reset when it is given none (GEM's ``make_vec`` passes one per env)
     :param env_kwargs: ``R1ZeroEnv``'s arguments, over :data:`GEM_DEFAULTS` and the text budgets

@@ -8,7 +8,11 @@ its own env instance; ``reset(seed)`` and ``step(action)`` answer with an observ
   for a URL, or the client you pass: ``EchoEnv(base_url=...)``, ``MCPToolClient``, ours ``R1ZeroClient``).
   ``reset(seed=...)`` resets the session with that seed; ``step(action)`` sends the action; the server's
   ``reward`` (0 when it gives none) and ``done`` (as ``terminated``; an observation's ``truncated`` field, as ours
-  has, splits it) pass through, and ``info`` holds the observation's ``is_success`` when it has one.
+  has, splits it) pass through, and ``info`` holds the observation's ``is_success`` when it has one. A reward that is
+  not a real number (``"0.5"``) or a ``done`` that is not a bool is the server's bug, raised naming it and the value
+  (:class:`~grpo_gym.validation.ReturnTypeError`, an ``ArgumentError`` for ``done``). A step (or a
+  tool call) after ``done``, or before ``reset``, is refused here, before it reaches the server
+  (:class:`~grpo_gym.episode_order.ResetNeeded`): a server that would score a finished episode again never sees it.
 - :func:`openenv_env`: that session in :class:`~grpo_gym.wrappers.LMEnvWrapper`, the env GRPO trains on:
   ``obs_to_text`` renders an observation to the prompt (:func:`observation_text` by default), ``action_parser``
   makes a completion the action (default: the text as the only free-text field of the server's action schema,
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -44,12 +49,16 @@ except ImportError as error:  # pragma: no cover - the extra is not installed
     message = f"grpo_gym.interop.openenv needs openenv-core ({error}): pip install 'grpo-gym[openenv]'"
     raise ImportError(message) from error
 
+from grpo_gym.episode_order import EpisodeOrder
 from grpo_gym.interop.mcp import mcp_result, mcp_schemas, remote_toolbox
+from grpo_gym.rewards.values import real_number
 from grpo_gym.tools import ToolsUnavailable
-from grpo_gym.validation import ArgumentError, check_float
+from grpo_gym.validation import ArgumentError, ReturnTypeError, check_bool, check_float
 from grpo_gym.wrappers import LMEnvWrapper
 
 DEFAULT_TIMEOUT = 30.0
+#: what a server's answer to a step holds, for the message when it holds something else
+STEP_CONTRACT = "an OpenEnv observation's reward is a float (or None) and its done a bool"
 _SKIPPED = {"done", "reward", "metadata"}
 
 
@@ -113,7 +122,9 @@ class OpenEnvTextEnv(gym.Env):
         self.timeout = float(getattr(client.async_client, "_message_timeout", self.timeout))  # the one it applies
         self.reset_kwargs = dict(reset_kwargs or {})
         self._closed: str | None = None
-        self._tool_reward = 0.0
+        self._tool_rewards: list[Any] = []
+        #: whether an episode is in progress, its steps and how it ended (a step is refused outside one)
+        self.order = EpisodeOrder(type(self).__name__)
         self._call("connect", client.connect)
 
     # ------------------------------------------------------------------ gymnasium API
@@ -122,21 +133,40 @@ class OpenEnvTextEnv(gym.Env):
         super().reset(seed=seed)
         kwargs = {**self.reset_kwargs, **({} if seed is None else {"seed": int(seed)})}
         result = self._call("reset", self.client.reset, **kwargs)
-        self._tool_reward = 0.0
+        self._tool_rewards = []
+        self.order.start()
         return result.observation, {}
 
     def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
         """Send ``action``; the server's observation, reward, done (see the module docstring)."""
+        self.order.check()
         result = self._call("step", self.client.step, action)
         fields = observation_fields(result.observation)
         fields = fields if isinstance(fields, Mapping) else {}
-        reward = float(result.reward or 0.0) + self._tool_reward
-        info: dict[str, Any] = {"server_reward": result.reward, "tool_reward": self._tool_reward}
-        self._tool_reward = 0.0
+        tool_reward = sum((self._reward("call_tool", value) for value in self._tool_rewards), 0.0)
+        reward = self._reward("step", result.reward) + tool_reward  # inf or NaN pass: LMEnvWrapper scores them 0
+        info: dict[str, Any] = {"server_reward": result.reward, "tool_reward": tool_reward}
+        self._tool_rewards = []
         if isinstance(fields.get("is_success"), bool):
             info["is_success"] = fields["is_success"]
-        truncated = bool(result.done) and fields.get("truncated") is True
-        return result.observation, reward, bool(result.done) and not truncated, truncated, info
+        done = check_bool(f"the OpenEnv server at {self.url}: step's done", result.done, hint=STEP_CONTRACT)
+        truncated = bool(done) and fields.get("truncated") is True
+        terminated = bool(done) and not truncated
+        self.order.stepped(terminated, truncated)
+        return result.observation, reward, terminated, truncated, info
+
+    def _reward(self, what: str, value: Any) -> float:
+        """The server's reward for ``what`` (``"step"``, ``"call_tool"``) as a float, 0 for None; one that is not a
+        real number (``"0.5"``) is the server's bug: :class:`~grpo_gym.validation.ReturnTypeError`, naming it."""
+        if value is None:
+            return 0.0
+        where, verb = f"the OpenEnv server at {self.url}", f"answered {what} with the reward"
+        try:  # inf or NaN pass: LMEnvWrapper scores them 0, with the reason
+            return real_number(where, value, STEP_CONTRACT, verb=verb)
+        except ReturnTypeError:
+            raise
+        except ValueError:  # an integer beyond float's range (10**400 in the JSON): infinite, scored 0 as well
+            return math.inf if value > 0 else -math.inf
 
     def close(self) -> None:
         """Close the session (the server frees its env)."""
@@ -170,12 +200,14 @@ class OpenEnvTextEnv(gym.Env):
 
     def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         """Run one MCP call on the session (``CallToolAction``); its result, or ``RuntimeError`` with the server's
-        error (which the model reads). A failed session raises :class:`~grpo_gym.tools.ToolsUnavailable`."""
+        error (which the model reads). A failed session raises :class:`~grpo_gym.tools.ToolsUnavailable`; a call
+        outside an episode, :class:`~grpo_gym.episode_order.ResetNeeded`."""
+        self.order.check()
         try:
             result = self._call("call_tool", self.client.step, CallToolAction(tool_name=name, arguments=arguments))
         except OpenEnvError as error:
             raise ToolsUnavailable(str(error)) from error
-        self._tool_reward += float(result.reward or 0.0)
+        self._tool_rewards.append(result.reward)  # checked by the next step (here, an error would be the model's)
         fields = observation_fields(result.observation)
         fields = fields if isinstance(fields, Mapping) else {"result": fields}
         error = fields.get("error")

@@ -18,6 +18,8 @@ A session (:class:`R1ZeroEnvironment`):
   the model's ``<tool_call>`` would: it counts against ``max_tool_calls`` and its result joins the context), and
   answers with MCP's ``CallToolObservation``. A completion holding ``<tool_call>`` is a tool turn too. Tools go
   through ``step`` (OpenEnv's simulation mode), not the JSON-RPC ``/mcp`` route.
+- a completion or a tool call after ``done`` is refused, naming the fix (reset): a finished episode is never scored
+  again (:mod:`grpo_gym.episode_order`); the WebSocket answers with an error message, plain HTTP with a 400.
 
 An env served as text gets :data:`~grpo_gym.interop.r1zero_text.TEXT_DEFAULTS` (4096 new tokens) unless given.
 Every session builds its own env: a reward model in ``env_kwargs`` is loaded once per session.
@@ -41,6 +43,7 @@ except ImportError as error:  # pragma: no cover - the extra is not installed
     raise ImportError(message) from error
 
 from grpo_gym.env import R1ZeroEnv
+from grpo_gym.episode_order import ResetNeeded
 from grpo_gym.interop.openenv_models import R1ZeroAction, R1ZeroObservation, tool_list
 from grpo_gym.interop.r1zero_text import R1ZeroText, TextTurn, text_env
 from grpo_gym.validation import ArgumentError, check_int
@@ -89,6 +92,7 @@ class R1ZeroEnvironment(Environment):
                 "env (they are stateless), so a /step never follows a /reset; open a session on the WebSocket (/ws), "
                 "as R1ZeroClient and OpenEnv's EnvClient do, to reset and step"
             )
+        self.text.env.order.check()  # a finished episode: a completion or a tool call is not scored again
         self._state.step_count += 1
         if action.type == "call_tool":
             return self._call_tool(action)
@@ -238,12 +242,14 @@ def create_r1zero_app(
     app.add_middleware(_QuietDisconnect)
     app.add_middleware(_DropDepartedWork)
     app.add_exception_handler(ArgumentError, _client_mistake)
+    app.add_exception_handler(ResetNeeded, _client_mistake)
     return app
 
 
 async def _client_mistake(request: Any, error: Exception) -> Any:
-    """A request the env refuses (an unknown reset argument, a difficulty out of range, a step before a reset):
-    400 with the reason and the fix as ``detail``, one access-log line, no traceback; the server keeps serving."""
+    """A request the env refuses (an unknown reset argument, a difficulty out of range, a step before a reset or
+    after the episode ended): 400 with the reason and the fix as ``detail``, one access-log line, no traceback; the
+    server keeps serving."""
     from fastapi.responses import JSONResponse
 
     return JSONResponse(status_code=400, content={"detail": str(error)})

@@ -7,12 +7,18 @@ task that cannot say what a reasoning concluded; length without a token budget).
 *extracted* answer string (never the whole completion) and never executes it (model output is data). An exception raised
 by a task's methods propagates: :class:`CompositeReward` catches it per component, counts it, reports it in
 ``RewardResult.errors`` and applies its ``on_error`` policy (see :mod:`grpo_gym.rewards.composite`), so one buggy
-verifier is visible and cannot crash training.
+verifier is visible and cannot crash training; a verdict of the wrong type (``correct`` not a bool, a ``score`` that
+is not a number) is the verifier's bug, :class:`~grpo_gym.validation.ReturnTypeError`, raised.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+import numpy as np
+
+from grpo_gym.rewards.values import real_number
+from grpo_gym.validation import ReturnTypeError, show_value
 
 if TYPE_CHECKING:
     from grpo_gym.rewards.parsing import ParsedCompletion
@@ -93,15 +99,23 @@ def task_score(task: Task, problem: Problem, parsed: ParsedCompletion) -> tuple[
     :param problem: the problem the completion answers
     :param parsed: the parsed completion; only ``parsed.answer`` reaches the verifier
     :return: ``(score, reason)``: ``"correct"``, or the verifier's reason
+    :raises ReturnTypeError: when the verdict's ``correct`` is not a bool or its ``score`` not a number
     :raises Exception: whatever ``task.verify`` raises (``CompositeReward`` catches it)
     """
     if parsed.answer is None:
         return 0.0, f"no unambiguous answer ({parsed.reason})"
     verdict = task.verify(problem, parsed.answer)
+    what = f"task {task.name!r}'s verify"
+    if not isinstance(getattr(verdict, "correct", None), (bool, np.bool_)):
+        shown = show_value(verdict) if not hasattr(verdict, "correct") else f"correct={show_value(verdict.correct)}"
+        raise ReturnTypeError(
+            f"{what} returned {shown}: it must return Verdict(correct, reason, score) with correct a bool "
+            "(grpo_gym.tasks.base.Verdict)"
+        )
     correct, reason = bool(verdict.correct), str(verdict.reason)
     score = getattr(verdict, "score", None)
     if score is not None:
-        score = float(score)
+        score = real_number(f"{what} (its Verdict's score)", score, "partial credit is a number in [0, 1], or None")
         if not 0.0 <= score <= 1.0:  # nan fails too
             raise ValueError(f"the verifier's partial credit must be in [0, 1], got {score}")
         if score == 1.0:

@@ -30,11 +30,13 @@ on) and counts it (:attr:`CompositeReward.unscored_batches`); those completions 
 are refused when the reward is made.
 
 Errors: an exception raised while scoring one component (a task's verifier or consistency hooks, the reward model,
-a reward function, a function's bad output, a call past ``reward_timeout``) is caught for that component alone. It is
+a reward function, a non-finite value, a call past ``reward_timeout``) is caught for that component alone. It is
 counted (:attr:`CompositeReward.error_counts`, per completion), reported in ``RewardResult.errors`` (component name ->
 ``"ExceptionType: message"``) and in that component's reason, warned about once per :class:`CompositeReward` (so
 once per env) with the exception text, and then ``on_error`` decides: ``"zero"`` (default) scores that component 0
-and goes on, ``"raise"`` re-raises it.
+and goes on, ``"raise"`` re-raises it. A value of the wrong type from user code (a reward function's ``"0.5"``, a
+verdict whose ``correct`` is not a bool; :mod:`grpo_gym.rewards.values`) is a bug in that code, not in the completion:
+:class:`~grpo_gym.validation.ReturnTypeError` propagates whatever ``on_error`` says.
 """
 
 from __future__ import annotations
@@ -47,12 +49,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from grpo_gym.rewards.components import consistency_score, length_score, syntax_score, task_score
-from grpo_gym.rewards.functions import MAX_REWARD, RewardLogs, call_reward_funcs, check_reward_funcs, is_per_turn
+from grpo_gym.rewards.functions import RewardLogs, call_reward_funcs, check_reward_funcs, is_per_turn
 from grpo_gym.rewards.parsing import MAX_COMPLETION_CHARS, ParsedCompletion, completion_text, parse_completion
 from grpo_gym.rewards.reward_model import RewardModelScorer
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, call_with_timeout, check_reward_timeout
+from grpo_gym.rewards.values import MAX_REWARD, reward_values
 from grpo_gym.tasks.base import scores_with_user_code
-from grpo_gym.validation import ArgumentError, check_choice, check_float, check_int, check_mapping
+from grpo_gym.validation import ArgumentError, ReturnTypeError, check_choice, check_float, check_int, check_mapping
 
 if TYPE_CHECKING:
     from grpo_gym.tasks.base import Problem, Task
@@ -380,22 +383,20 @@ class CompositeReward:
             for name in self.env_components
         }
 
-    def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException]:
+    def _model_scores(self, prompts: list[str], texts: list[str]) -> list[float | BaseException | None]:
         """One score per completion from the reward model, or the exception it raised (for each completion)."""
         model = self.reward_model
         if isinstance(model, RewardModelScorer):  # before the clock starts: the limit is on scoring, not on loading;
             model.load()  # a model that cannot load is the run's error, not a consistency of 0 at every step
         try:
             raw = call_with_timeout(lambda: model.score(prompts, texts), self.reward_timeout, "the reward model")
-            scores = [float(value) for value in raw]
-            if len(scores) != len(texts):
-                raise ValueError(f"the reward model returned {len(scores)} scores for {len(texts)} completions")
+            return reward_values("the reward model", raw, len(texts), allow_none=False)
+        except ReturnTypeError:
+            raise
         except Exception as exc:
             if self.on_error == "raise":
                 self._failed("consistency", exc)  # counts, warns and re-raises
             return [exc] * len(texts)
-        bad = ValueError("the reward model returned a non-finite score")
-        return [score if math.isfinite(score) else bad for score in scores]
 
     def _function_scores(
         self,
@@ -490,6 +491,8 @@ class CompositeReward:
         try:
             score, reason = fn(*args)
             return (None if score is None else float(score)), str(reason), None
+        except ReturnTypeError:  # the task's code returned a value of the wrong type: its bug, whatever on_error
+            raise
         except Exception as exc:
             return self._failed(name, exc)
 

@@ -36,11 +36,14 @@ reward for a call that ran or a penalty for one that failed. Which return each t
 choice (GRPO's ``turn_credit``).
 
 Not passed: TRL's ``environments`` (its tool-calling environments). ``None`` in the returned list means "not
-applicable": that completion's component is left out of the weighted sum, as in TRL. Numbers (booleans count as
-0/1) must be finite and within float32's range (:data:`MAX_REWARD`, about 3.4e38: rollouts store rewards in float32);
-another value scores 0 with the reason, like any reward error. ``async def`` functions (and callables whose
-``__call__`` is async) are awaited; several are gathered concurrently on one event loop that runs in a daemon thread
-of this process, as TRL does.
+applicable": that completion's component is left out of the weighted sum, as in TRL. Each value is a real number
+(booleans count as 0/1; numpy numbers and one-element tensors pass): a number that is not finite or lies beyond
+float32's range (:data:`~grpo_gym.rewards.values.MAX_REWARD`, about 3.4e38: rollouts store rewards in float32) scores
+0 for that completion with the reason, like any reward error; a value of another type (the text ``"0.5"``, the
+extracted answer instead of a score) or an output that is not a list is a bug in the function:
+:class:`~grpo_gym.validation.ReturnTypeError`, raised whatever ``on_reward_error`` says. ``async def``
+functions (and callables whose ``__call__`` is async) are awaited; several are gathered concurrently on one event
+loop that runs in a daemon thread of this process, as TRL does.
 
 A function must accept ``**kwargs`` (the env passes all of the above), must not take arguments positionally only,
 and may require by name only arguments the env passes; :func:`check_reward_function` says so when the env is made.
@@ -52,16 +55,14 @@ import asyncio
 import copy
 import functools
 import inspect
-import math
 import os
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
 from grpo_gym.rewards.timeouts import DEFAULT_REWARD_TIMEOUT, LOOP_GRACE, call_with_timeout, timeout_error
-from grpo_gym.validation import ArgumentError
+from grpo_gym.rewards.values import real_number, reward_values
+from grpo_gym.validation import ArgumentError, ReturnTypeError
 
 PASSED = (
     "prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric", "turn", "turn_completions",
@@ -237,7 +238,7 @@ class RewardLogs:
 
     def log_metric(self, name: str, value: float) -> None:
         """TRL's ``log_metric``: one number for the batch (shown per completion in ``info["reward_metrics"]``)."""
-        self.metrics[str(name)] = float(value)
+        self.metrics[str(name)] = real_number(f"log_metric({name!r}, value)", value, "log one number", verb="got")
 
     def log_extra(self, column: str, values: Sequence[Any]) -> None:
         """TRL's ``log_extra``: one value per completion (``info["reward_extra"][column]``)."""
@@ -245,42 +246,6 @@ class RewardLogs:
         if len(values) != self.n:
             raise ValueError(f"log_extra({column!r}, ...) got {len(values)} values for {self.n} completions")
         self.extra[str(column)] = values
-
-
-MAX_REWARD = float(np.finfo(np.float32).max)
-"""The largest reward magnitude a component may have: float32's largest number (rollouts store rewards in float32)."""
-
-
-def _values(name: str, output: Any, n: int) -> list[float | BaseException | None]:
-    """A function's output as one value per completion: a float, ``None``, or the error that value is."""
-    if isinstance(output, (str, bytes)) or (not isinstance(output, Sequence) and not hasattr(output, "tolist")):
-        raise TypeError(f"reward function {name!r} returned {type(output).__name__}, not a list of floats")
-    output = output.tolist() if hasattr(output, "tolist") else list(output)
-    if not isinstance(output, list):  # a numpy scalar (np.float64(1.0)): one number, as a float would be
-        raise TypeError(
-            f"reward function {name!r} returned one {type(output).__name__}, not a list of floats (one per completion)"
-        )
-    if len(output) != n:
-        raise ValueError(f"reward function {name!r} returned {len(output)} rewards for {n} completions")
-    values: list[float | BaseException | None] = []
-    for value in output:
-        try:
-            number = None if value is None else float(value)
-        except (TypeError, ValueError):
-            values.append(TypeError(f"reward function {name!r} returned {value!r}, not a number or None"))
-            continue
-        if number is not None and not math.isfinite(number):
-            values.append(ValueError(f"reward function {name!r} returned a non-finite reward ({number})"))
-        elif number is not None and abs(number) > MAX_REWARD:
-            values.append(
-                ValueError(
-                    f"reward function {name!r} returned {number:g}, beyond float32's range (+-{MAX_REWARD:.4g}) in "
-                    "which rollouts store rewards; return a smaller scale"
-                )
-            )
-        else:
-            values.append(number)
-    return values
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
@@ -347,7 +312,9 @@ def call_reward_funcs(
             if inspect.isawaitable(output):
                 pending[name] = output
                 continue
-            results[name] = _values(name, output, n)
+            results[name] = reward_values(f"reward function {name!r}", output, n)
+        except ReturnTypeError:
+            raise
         except Exception as exc:
             results[name] = [exc] * n
     if pending:
@@ -355,7 +322,9 @@ def call_reward_funcs(
             try:
                 if isinstance(output, BaseException):
                     raise output
-                results[name] = _values(name, output, n)
+                results[name] = reward_values(f"reward function {name!r}", output, n)
+            except ReturnTypeError:
+                raise
             except Exception as exc:
                 results[name] = [exc] * n
     return {name: results[name] for name in funcs}

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from grpo_gym.validation import check_float, check_int, unicode_error
+from grpo_gym.validation import ReturnTypeError, check_float, check_int, show_value, unicode_error
 
 MIN_DIFFICULTY = 0.1
 MAX_DIFFICULTY = 1.0
@@ -189,6 +189,11 @@ class Task(ABC):
         """
         seed = check_int("seed", seed, low=0)
         problem = self.sample(check_difficulty(difficulty), np.random.default_rng(seed))
+        if not isinstance(problem, Problem):
+            raise ReturnTypeError(
+                f"task {self.name!r}'s sample returned {show_value(problem)}, not a grpo_gym.tasks.Problem: return "
+                "Problem(prompt, answer, task, difficulty)"
+            )
         problem.seed = seed
         return problem
 
