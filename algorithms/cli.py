@@ -168,6 +168,7 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     """A new run (cold start when due, held-out results before GRPO) or the newest checkpoint of ``directory``."""
     from algorithms.common.evaluation import format_table
     from algorithms.common.saving.checkpoints import MODEL, REPLAY, read_run_json, resume_point
+    from algorithms.common.saving.checks import check_saved_arguments
     from algorithms.common.saving.run_file import read_saved_run
 
     if not args.resume:
@@ -208,15 +209,26 @@ def _start_or_resume(args: argparse.Namespace, directory: Path, say: Any) -> tup
     apply_source_flags(args, flags)  # the env settings --model, --task, ... name: the run's, or refused
     record = (saved.env or {}).get("record") or {}  # the env arguments the checkpoint records, when it does
     env_record = record.get("kwargs") if isinstance(record.get("kwargs"), dict) else None
-    recorded = algorithm_of(args).arguments.regrouped(saved.arguments)  # as today's names hold an earlier version's
-    taken = resumed_params(args.hyperparams, recorded, run, env_record, flags.get("env_kwargs"))
+    try:  # arguments regrouped as today's names hold an earlier version's; a file lacking some is refused here
+        check_saved_arguments(saved, algorithm_of(args), os.fspath(folder / MODEL))
+    except ValueError as error:
+        raise ValueError(
+            f"--resume: {error}, or move {os.fspath(folder)!r} away to resume from the one before"
+        ) from None
+    taken = resumed_params(args.hyperparams, saved.arguments, run, env_record, flags.get("env_kwargs"))
     model, env, plan = _setup(args, load=folder / MODEL)
     say = main_says(model, say)
     for note in skipped:
         say(note, flush=True)
     if taken:
         say(f"resuming with the saved settings; -params taken: {', '.join(taken)}", flush=True)
-    if (folder / REPLAY).exists():
+    if getattr(model, "replay_buffer", None) is not None:  # a run with replay: its buffer is part of the checkpoint
+        if not (folder / REPLAY).is_file():
+            raise ValueError(
+                f"--resume: {os.fspath(folder)!r} has no {REPLAY} (the replay buffer, which every checkpoint of a run "
+                f"with controls_kwargs['replay_ratio'] > 0 holds): restore it, or move {os.fspath(folder)!r} away to "
+                "resume from the one before"
+            )
         model.load_replay_buffer(folder / REPLAY)
     say(f"resuming from {folder} at {model.num_timesteps} of {run['total_timesteps']} completions", flush=True)
     return model, env, {**plan, "run": run, "sft_seconds": 0.0, "resumed_from": folder}

@@ -10,7 +10,9 @@ writes the dequantized floating-point weights, not GGUF).
 
 Before transformers reads a file, :func:`check_gguf` reads its header and names the fix for a file that is missing,
 truncated or not GGUF, for an architecture transformers cannot build from GGUF, for a tensor type the ``gguf``
-package cannot dequantize, and for sizes beyond :data:`grpo_gym.hub.MODEL_LIMITS`.
+package cannot dequantize, for sizes beyond :data:`grpo_gym.hub.MODEL_LIMITS`, and for a folder named ``*.gguf``;
+after, :func:`load_gguf_model` refuses a file that lacks some of the model's tensors
+(:func:`grpo_gym.hub.check_loaded_weights`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from grpo_gym.hub import check_loaded_weights, check_model_config
 
 SUFFIX = ".gguf"
 INSTALL = 'pip install "grpo-gym[gguf]"'
@@ -192,6 +196,13 @@ def check_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
     :param what: what the file is used as, for messages (``"model"``, ``"tokenizer"``)
     """
     where = os.fspath(path)
+    if os.path.isdir(where):
+        inside = sorted(name for name in os.listdir(where) if is_gguf(name))[:3]
+        raise ValueError(
+            f"GGUF path {where!r} is a folder, not a file: pass "
+            + (f"a .gguf file inside it ({', '.join(inside)})" if inside else "the path of a .gguf file")
+            + ", or a Hugging Face model folder by a name that does not end in .gguf"
+        )
     if not os.path.isfile(where):
         raise ValueError(
             f"GGUF file {where!r} does not exist: pass the path of a .gguf file (a {what} from llama.cpp or Ollama), "
@@ -233,8 +244,6 @@ def check_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
         name: metadata[f"{architecture}.{key}"] for key, name in _SIZES.items() if f"{architecture}.{key}" in metadata
     }
     config.setdefault("vocab_size", metadata.get("tokenizer.ggml.tokens", 0))
-    from grpo_gym.hub import check_model_config
-
     check_model_config(config, f"GGUF file {where!r}")
     return GGUFInfo(where, architecture, dict(types), "tokenizer.chat_template" in metadata, config)
 
@@ -277,13 +286,17 @@ def load_gguf_model(path: str | os.PathLike, dtype: Any = None) -> Any:
     info = check_gguf(path)
     folder, name = os.path.split(os.path.abspath(info.path))
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else (dtype or torch.float32)
+    fix = "pass the model's Hugging Face folder or hub name instead"
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype, **_dequantized())
+        model, loading = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=name, dtype=dtype, output_loading_info=True, **_dequantized()
+        )
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as error:
         raise ValueError(
-            f"transformers could not load the model of {info.path} ({type(error).__name__}: {error}); pass the "
-            "model's Hugging Face folder or hub name instead"
+            f"transformers could not load the model of {info.path} ({type(error).__name__}: {error}); {fix}"
         ) from error
+    again = f"export it again from the whole model (llama.cpp's convert_hf_to_gguf.py), or {fix}"
+    check_loaded_weights(loading, model, f"GGUF file {info.path!r}", again)
     if getattr(model, "is_quantized", False):  # an older transformers marks the dequantized model quantized, and
         model.hf_quantizer = None  # save_pretrained refuses such a model: its weights are plain tensors, the mark goes
         model.is_quantized = False

@@ -19,12 +19,15 @@ caller opted in) to every ``from_pretrained``. So:
 - **Bounded models.** A model config's dimensions stay within :data:`MODEL_LIMITS` (e.g. at most 1024 layers, a
   hidden size of 65536), and a lower bound of its size (``vocab * hidden + layers * 2 * hidden * (hidden +
   intermediate)`` parameters at 2 bytes each) must fit this machine's memory: checked before any weight is allocated.
+- **Whole weights.** A model whose files lack some of its weights (:func:`check_loaded_weights`) is refused:
+  transformers would leave those at their random initial values, with only a log report to say so.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -154,6 +157,41 @@ def check_hf_source(
     return kwargs
 
 
+def check_hub_reachable(source: str | os.PathLike, what: str) -> None:
+    """Before ``from_pretrained`` may download: a hub name with nothing of it in the local cache fails at once, naming
+    the fix, when the hub cannot be reached (``HF_HUB_OFFLINE`` set, or its host does not resolve), rather than after
+    transformers' minute of retries. A folder, a path or a cached name passes."""
+    source = os.fspath(source)
+    if os.path.isdir(source) or _files(source):
+        return
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except HFValidationError:  # a path (a folder that is gone): not a hub lookup, the caller says what is missing
+        return
+    fix = (
+        "download it where there is a network (huggingface-cli download NAME --local-dir FOLDER) and pass the "
+        "folder, or pass a local folder or .gguf file"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            f"{what} {source!r} is not a folder here and not in the Hugging Face cache, and HF_HUB_OFFLINE is set: "
+            f"{fix}"
+        )
+    host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
+    try:
+        socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+    except OSError as error:
+        raise ValueError(
+            f"{what} {source!r} is not a folder here and not in the Hugging Face cache, and the hub ({host}) cannot "
+            f"be reached ({error.strerror or error}): {fix}"
+        ) from None
+
+
 _OPT_IN = {
     "tokenizer folder": "grpo_gym.load_tokenizer({path}, trust_remote_code=True)",
     "reward model folder": "grpo_gym.RewardModelScorer({path}, trust_remote_code=True)",
@@ -247,4 +285,20 @@ def check_model_config(config: Mapping[str, Any], where: str) -> None:
             f"{where} describes a model of at least {needed / 2 / 1e9:.1f} billion parameters "
             f"({needed / 2**30:.1f} GiB in 16-bit floats), more than this machine's {memory / 2**30:.1f} GiB of "
             "memory: pass a smaller model"
+        )
+
+
+def check_loaded_weights(info: Mapping[str, Any], model: Any, where: str, fix: str) -> None:
+    """``ValueError`` naming ``where``, how many of ``model``'s weights its source lacks (up to three by name) and
+    ``fix``, when ``from_pretrained`` (``output_loading_info=True``, whose ``info`` this is) found weights missing:
+    transformers starts those from random values and says so only in a log report, so a file without its tensors
+    would evaluate and train as an untrained model."""
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        shown = ", ".join(repr(key) for key in missing[:3]) + (
+            f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        )
+        raise ValueError(
+            f"{where} lacks {len(missing)} of the model's {len(model.state_dict())} weights ({shown}): they would "
+            f"keep the random values a new model starts with; {fix}"
         )

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from grpo_gym.gguf import check_gguf, is_gguf, load_gguf_tokenizer, read_header, require_gguf
-from grpo_gym.hub import check_hf_source
+from grpo_gym.hub import check_hf_source, check_hub_reachable
 from grpo_gym.validation import ArgumentError, check_int
 
 if TYPE_CHECKING:  # transformers is imported lazily: `import grpo_gym` stays light
@@ -103,6 +103,7 @@ def load_tokenizer(
         from transformers import AutoTokenizer
 
         safety = check_hf_source(tokenizer, trust_remote_code=trust_remote_code, what="tokenizer folder")
+        check_hub_reachable(tokenizer, "tokenizer")
         try:
             tokenizer = AutoTokenizer.from_pretrained(os.fspath(tokenizer), **safety)
         except (OSError, ValueError) as error:

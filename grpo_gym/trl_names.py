@@ -112,7 +112,7 @@ def hint(algorithm: str, name: str, accepted: set[str], names: Mapping[str, TrlN
 
 def _equivalent(algorithm: str, entry: TrlName, accepted: set[str]) -> str:
     """What ``algorithm`` has for the TRL name of ``entry``."""
-    own = algorithm == "LMPPO" and entry.lmppo is not None  # LMPPO's own equivalent: GRPO's note does not apply
+    own = algorithm.split(".")[0] == "LMPPO" and entry.lmppo is not None  # LMPPO's (or LMPPO.load's) own equivalent
     note = f" ({entry.note})" if entry.note and not own else ""
     ours = entry.lmppo if own else entry.ours
     if entry.where == "none":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -86,6 +87,7 @@ def write_gguf(
     quantization: str = "F32",
     architecture: str = "llama",
     chat_template: bool = True,
+    leave_out: Collection[str] = (),
 ) -> str:
     """Write ``model`` (a Llama) and ``tokenizer`` (byte-level BPE) to a GGUF file at ``path``; returns the path.
 
@@ -94,6 +96,7 @@ def write_gguf(
     :param architecture: the ``general.architecture`` written (another than ``"llama"`` makes a file transformers
         cannot build, for the error tests)
     :param chat_template: write the tokenizer's chat template
+    :param leave_out: the model's tensors (its state dict's names) not written, for the error tests
     """
     import gguf
 
@@ -130,7 +133,7 @@ def write_gguf(
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, config.num_hidden_layers)
     kind = gguf.GGMLQuantizationType[quantization]
     for name, tensor in model.state_dict().items():
-        if name == "lm_head.weight" and config.tie_word_embeddings:
+        if (name == "lm_head.weight" and config.tie_word_embeddings) or name in leave_out:
             continue
         base, _, suffix = name.rpartition(".")
         data = tensor.detach().float().numpy()

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import io
 import json
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
@@ -79,9 +81,12 @@ from algorithms.common.runtime.sharding import clip_grad_norm, copy_weights, loa
 from algorithms.common.sampler_correction import resolve_sampler_correction
 from algorithms.common.saving import checks, run_file
 from algorithms.common.saving.checkpoints import MODEL
-from algorithms.common.saving.model_file import encode, read_model_file
+from algorithms.common.saving.model_file import FORMAT, encode, read_model_file
 from algorithms.common.saving.sharded import load_policy
 from algorithms.common.schedules import UpdateDecay
+from algorithms.common.trl_names import TRL_NAMES
+from grpo_gym.trl_names import hint
+from grpo_gym.validation import ArgumentError, user_stacklevel
 
 SelfLMBaseAlgorithm = TypeVar("SelfLMBaseAlgorithm", bound="LMBaseAlgorithm")
 #: the arguments SB3's ``BaseAlgorithm`` takes and stores itself (``stats_window_size`` as ``_stats_window_size``)
@@ -161,6 +166,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
         self._parallel = parallelism(self.sharding, self._dist, self.device, self.gradient_compression)
         self._placeholder = False  # this rank's groups were all left out: one weightless row keeps ranks in step
         self._skipped_steps = 0
+        self._warned_skipped = False  # a step skipped for non-finite gradients is warned of once
         self.ref_model: th.nn.Module | None = None
         self._n_updates = 0
         self._iteration = 0
@@ -305,6 +311,18 @@ class LMBaseAlgorithm(BaseAlgorithm):
         "_token_info",
     )
 
+    #: the run-state entries every file holds besides :attr:`state_attributes` (what :meth:`get_run_state` adds;
+    #: subclasses add theirs): a file of the current format that lacks one is refused (the env's states, the
+    #: curriculum's, the collapse guard's and the weight versions are written when the run has them)
+    run_state_keys: ClassVar[tuple[str, ...]] = (
+        "_sampling_seed",
+        "problem_rng",
+        "ep_info_buffer",
+        "ep_success_buffer",
+        "numpy_rng",
+        "python_rng",
+    )
+
     #: the state attributes the update changes (with ``max_staleness`` a save during a rollout takes them after it)
     learner_attributes: ClassVar[tuple[str, ...]] = ("_n_updates", "_skipped_steps")
 
@@ -419,7 +437,8 @@ class LMBaseAlgorithm(BaseAlgorithm):
         names = (type(self).__name__, self.policy_class.__name__)
         spaces = (self.observation_space, self.action_space)
         state = self._boundary or self.get_run_state()
-        run_file.write_run(path, names, spaces, self._constructor_arguments(), state, self.env, parameters)
+        run_file.write_run(path, names, spaces, self._constructor_arguments(), state, self.env, parameters,
+                           reference=self.ref_model is not None)  # fmt: skip
 
     @classmethod
     def load(  # type: ignore[override]
@@ -439,7 +458,12 @@ class LMBaseAlgorithm(BaseAlgorithm):
         """Load a model written by :meth:`save`, safely: its ``data`` is JSON and its tensors are read with
         ``weights_only=True``; an entry that would need unpickling (a user's own schedule function) is refused
         with an error naming it, unless ``custom_objects`` supplies it or ``allow_pickle=True`` (only for a file
-        you trust). ``kwargs`` override saved constructor arguments (e.g. ``tensorboard_log``) or set attributes.
+        you trust). ``kwargs`` override saved constructor arguments (e.g. ``tensorboard_log``); a name the
+        constructor does not take is refused, naming the closest one (SB3 would set it as an attribute).
+
+        A file of this version's format that lacks a saved argument, a run-state entry or the frozen reference's
+        weights was edited or damaged: refused, naming each (missing arguments may be given here, as the run's
+        values); in a file of an earlier version, what was added since takes its default, with a warning naming it.
 
         Without ``env``, the env the file records (its id and constructor arguments, see
         :meth:`~grpo_gym.R1ZeroEnv.describe`) is rebuilt, with ``env_objects`` supplying what a file cannot hold
@@ -451,6 +475,10 @@ class LMBaseAlgorithm(BaseAlgorithm):
         accepted for SB3's signature: the envs are always reset when training starts, then given their saved
         states back."""
         cls.arguments.refuse_moved(kwargs, f"{cls.__name__}.load()")  # a settings dict's key given flat
+        for key in kwargs:  # a typo (learning_rte) would be stored as an attribute nothing reads
+            if key not in cls.arguments:
+                accepted = set(cls.arguments) | set(inspect.signature(cls.load).parameters) - {"kwargs"}
+                raise ArgumentError(hint(f"{cls.__name__}.load", key, accepted, TRL_NAMES))
         if print_system_info:
             get_system_info()
         saved = run_file.read_saved_run(path, custom_objects, allow_pickle)
@@ -462,33 +490,58 @@ class LMBaseAlgorithm(BaseAlgorithm):
         wrap = functools.partial(cls._wrap_env, verbose=int(saved.arguments.get("verbose", 0)))
         rebuilt = env is None  # no env given: the recorded one is rebuilt (when it can be)
         env, env_missing = run_file.env_to_load(saved, env, env_objects, rebuild_env, name, wrap)
-        taken = set(saved.arguments) | {name for name, argument in cls.arguments.items() if argument.saved}
-        arguments = {**saved.arguments, **{key: value for key, value in kwargs.items() if key in taken}}
+        arguments = {**saved.arguments, **kwargs}
         model = cls(policy=saved.policy_class, env=env, device=device, _init_setup_model=False, **arguments)
         if env is None:
             model.observation_space, model.action_space = saved.observation_space, saved.action_space
-        model.__dict__.update({key: value for key, value in kwargs.items() if key not in taken})
         model._env_missing = env_missing
         model._token_info = saved.state.get("_token_info", {})  # the env's EOS and pad ids, needed to build the policy
         model._setup_model()
         if saved.sharded_weights:  # a checkpoint of save_sharded: the weights are the shards beside the file
-            if not load_policy(path, model.policy, model.ref_model):
-                model._refresh_reference()
+            held = load_policy(path, model.policy, model.ref_model)
         else:
+            held = "ref_model" in saved.state_dicts
             checks.check_weights_fit(model.policy.completed_state_dict(saved.state_dicts["policy"]),
                                        model.policy.state_dict(), name)  # fmt: skip
+            if model.ref_model is not None and "ref_model" in saved.state_dicts:  # checked as the policy's are
+                checks.check_weights_fit(saved.state_dicts["ref_model"], model.ref_model.state_dict(), name,
+                                         "ref_model.pth")  # fmt: skip
             state_dicts = dict(saved.state_dicts)
             if read_optimizer:
                 checks.check_optimizer_state(state_dicts["policy.optimizer"], model.policy.optimizer, name)
             else:
                 state_dicts.pop("policy.optimizer", None)
             model.set_parameters(state_dicts, exact_match=read_optimizer, device=device)
+        if model.ref_model is not None and not held:  # saved without one (beta was 0): a copy of the loaded policy
+            cls._reference_missing(saved, name)
+            if saved.sharded_weights:  # (set_parameters made a whole file's)
+                model._refresh_reference()
         check_finite_weights(model.policy, f"the model {name!r}")  # whole or sharded: each rank checks what it holds
+        if model.ref_model is not None:  # a NaN there would make every step's KL NaN, and every step skipped
+            where = "its checkpoint's shards" if saved.sharded_weights else "ref_model.pth"
+            check_finite_weights(model.ref_model, f"the frozen reference of {name!r} ({where})", checks.DAMAGED_FIX)
         model.set_run_state(saved.state, saved.rng)
         model._loaded_from = name
         if rebuilt and model.env is not None:  # the env the file records: its states must fit it, said now
             checks.check_env_states(model._pending_env_states, model.env, name)
         return model
+
+    @staticmethod
+    def _reference_missing(saved: run_file.SavedRun, name: str) -> None:
+        """A file without the frozen reference this model keeps: refused when it records that its run kept one (a
+        sharded checkpoint's shards that lost it; a whole file's lack is refused as it is read), warned about for a
+        file of an earlier version (which does not say)."""
+        if saved.reference:
+            raise ValueError(
+                f"{name}: the shards of its checkpoint hold no frozen reference, which the file records its run kept; "
+                f"{checks.DAMAGED_FIX}"
+            )
+        if saved.reference is None:
+            warnings.warn(
+                f"{name} was written by an earlier version of grpo-gym and holds no frozen reference (ref_model.pth): "
+                "the reference is a copy of the loaded policy",
+                stacklevel=user_stacklevel(),
+            )
 
     def _precision_text(self) -> str:
         """Each stage's precision, why, and the sampler correction when it is on (printed and in TensorBoard)."""
@@ -513,9 +566,14 @@ class LMBaseAlgorithm(BaseAlgorithm):
         """SB3's ``set_parameters``, tolerant of a changed ``beta``: a saved reference is dropped when ``beta``
         is now 0, and a missing one is rebuilt from the loaded policy when ``beta`` is now > 0. A model file is read
         safely (:func:`~algorithms.common.saving.model_file.read_model_file`); one that holds LoRA adapters only gets
-        the base weights this policy read from the base model's folder."""
+        the base weights this policy read from the base model's folder. A file that lacks a weight entry (the
+        reference's too, when it records that its run kept one) is refused, naming it."""
         if not isinstance(load_path_or_dict, dict):
-            load_path_or_dict = read_model_file(load_path_or_dict)[1]
+            path = load_path_or_dict
+            data, load_path_or_dict, _ = read_model_file(path)
+            name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
+            kept = data.get("format") == FORMAT and data.get("reference") is True  # its run kept a frozen reference
+            checks.check_weight_entries(load_path_or_dict, name, reference=kept)
         params = dict(load_path_or_dict)
         if "policy" in params:  # a file of adapters only: the base weights are those read from the base's folder
             params["policy"] = self.policy.completed_state_dict(params["policy"])
@@ -583,7 +641,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
 
     def _optimizer_step(self, loss: th.Tensor | None) -> th.Tensor:
         """Backward (unless ``loss`` is None: the gradients are there already), unscale (fp16), clip and step;
-        a step with non-finite gradients is skipped and counted."""
+        a step with non-finite gradients is skipped and counted, and the first one warned of (:meth:`_warn_skipped`)."""
         optimizer = self.policy.optimizer
         if loss is not None:
             optimizer.zero_grad(set_to_none=True)
@@ -603,7 +661,25 @@ class LMBaseAlgorithm(BaseAlgorithm):
         else:
             self._skipped_steps += 1
             optimizer.zero_grad(set_to_none=True)
+            self._warn_skipped()
         return grad_norm
+
+    def _warn_skipped(self) -> None:
+        """Warn, once per model, that an optimizer step was skipped for non-finite gradients, with the likely causes
+        and their fixes (before, only ``train/skipped_steps`` said so, and every step of a run could be skipped). Not
+        with fp16's loss scaler: it skips a step whose scaled gradients overflow and lowers its scale, as it should."""
+        if self._warned_skipped or self._scaler is not None:
+            return
+        self._warned_skipped = True
+        warnings.warn(
+            f"iteration {self._iteration}: an optimizer step was skipped, its gradients were not finite (inf or NaN); "
+            "each such step is skipped (train/skipped_steps counts them), so the policy may not learn at all. Likely "
+            "causes: rewards too large for unscaled advantages (GRPO's advantage_scale='none', RLOO) or for a value "
+            "baseline (LMPPO's value loss): scale the rewards down (to about -1..1), or with GRPO use "
+            "advantage_scale='group'; or a learning rate too high: lower learning_rate. (Warned once.)",
+            UserWarning,
+            stacklevel=user_stacklevel(),
+        )
 
     def _reference_log_probs(self, batch: RolloutBatch) -> th.Tensor:
         """``(N, C)`` log-probs of the batch's completions under the frozen reference."""

@@ -66,7 +66,7 @@ def load_policy(
     trust_remote_code: bool = False,
 ) -> tuple[TransformerPolicy, Any]:
     """Load a saved model as ``(policy, tokenizer)``; a model with a NaN or infinite weight is refused
-    (:func:`check_finite_weights`).
+    (:func:`check_finite_weights`), and one whose file lacks weights (:func:`load_model`).
 
     :param path: a GRPO zip, a ``save_pretrained`` folder, an INT8 export folder or a ``.gguf`` file
     :param tokenizer: a tokenizer (object, folder or ``"builtin"``); default: the folder's own, else the built-in
@@ -83,7 +83,6 @@ def load_policy(
 
         model = load_model(os.fspath(location))
         tokenizer = load_tokenizer(location if tokenizer is None else tokenizer, trust_remote_code=trust_remote_code)
-        check_finite_weights(model, f"the model {os.fspath(path)!r}")
         return policy_for_model(model, tokenizer, max_new_tokens, device), tokenizer
     if location.is_dir():
         if (location / ADAPTER_CONFIG).is_file():

@@ -281,7 +281,7 @@ def load_int8(directory: str | os.PathLike, kernel: str = "auto", trust_remote_c
     from safetensors.torch import load_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from grpo_gym.hub import check_hf_source, read_config_file
+    from grpo_gym.hub import check_hf_source, check_loaded_weights, read_config_file
 
     folder = Path(directory)
     if not is_int8_folder(folder):
@@ -301,8 +301,16 @@ def load_int8(directory: str | os.PathLike, kernel: str = "auto", trust_remote_c
         return Int8Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, kernel=kernel)
 
     _swap(model, names, empty)
-    load_model(model, str(folder / WEIGHTS_FILE))
-    check_int8_scales(model, folder / WEIGHTS_FILE)
+    weights, again = folder / WEIGHTS_FILE, "the export is corrupt: write it again with save_int8 (grpo-gym quantize)"
+    try:  # not strict: a tensor the file lacks is named below, not in torch's "Error(s) in loading state_dict"
+        missing, _ = load_model(model, str(weights), strict=False)
+    except (RuntimeError, OSError, ValueError) as error:  # a tensor of another shape; a file safetensors cannot read
+        detail = " ".join(str(error).split())[:300]
+        raise ValueError(
+            f"{weights}: its weights do not fit the model its config.json describes ({detail}); {again}"
+        ) from None
+    check_loaded_weights({"missing_keys": missing}, model, f"INT8 export {os.fspath(weights)!r}", again)
+    check_int8_scales(model, weights)
     return model.eval()
 
 

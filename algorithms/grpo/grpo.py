@@ -53,6 +53,9 @@ class GRPO(LMBaseAlgorithm):
     algo_name, config_file = "grpo", "grpo.yml"
     schedules = ("clip_range", "clip_range_high", "ent_coef")
     arguments = GRPO_ARGUMENTS
+    #: the run state's entries of the advantages step, the reward ramp and the prompt pool (:meth:`get_run_state`)
+    run_state_keys = (*LMBaseAlgorithm.run_state_keys, "_between_variance", "_groups_seen", "_reward_model_target",
+                      "_prompt_pool_state")  # fmt: skip
 
     @GRPO_ARGUMENTS.constructor  # the table's signature; num_generations=... names ours
     def __init__(self, policy: str | type[TransformerPolicy], env: GymEnv | str | None, **kwargs: Any) -> None:

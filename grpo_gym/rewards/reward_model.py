@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_gym.hub import check_hf_source, trust_kwargs
+from grpo_gym.hub import check_hf_source, check_hub_reachable, trust_kwargs
 from grpo_gym.validation import ArgumentError, check_int, check_path
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -122,6 +122,7 @@ class RewardModelScorer:
 
         safety = check_hf_source(self.path, trust_remote_code=self.trust_remote_code, what="reward model folder")
         try:
+            check_hub_reachable(self.path, "reward model")
             tokenizer = AutoTokenizer.from_pretrained(self.path, **safety)
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 self.path, output_loading_info=True, **safety
@@ -137,6 +138,14 @@ class RewardModelScorer:
             raise ValueError(
                 f"reward model {self.path!r} has no trained weights for {shown}: it is not a sequence-classification "
                 f"model (a causal LM's folder gets a random score head); {_WHAT_TO_PASS}"
+            )
+        broken = next(
+            (n for n, t in model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()), None
+        )
+        if broken is not None:  # (grpo_gym cannot use algorithms' check_finite_weights) every score would read 0
+            raise ValueError(
+                f"reward model {self.path!r} has NaN or infinite values in {broken!r}: every score would be NaN, read "
+                "as 0; download or save it again from finite weights"
             )
         num_labels = int(model.config.num_labels)
         if num_labels not in (1, 2):

@@ -27,7 +27,7 @@ import torch
 
 from algorithms.common.model.finite_state import first_nonfinite
 from grpo_gym.gguf import is_gguf, load_gguf_model
-from grpo_gym.hub import check_hf_source, trust_kwargs
+from grpo_gym.hub import check_hf_source, check_hub_reachable, check_loaded_weights, trust_kwargs
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -128,6 +128,9 @@ def load_model(
       :func:`grpo_gym.gguf.load_gguf_model`, a plain model from then on;
     - a ``PreTrainedModel`` instance or a ``peft.PeftModel``: returned as is.
 
+    A folder or file that lacks some of the model's weights (transformers would start them from random values) or
+    holds a NaN or an infinity is refused with a ``ValueError`` naming the weights.
+
     :param model: built-in name, folder / hub name, or model instance
     :param vocab_size: built-ins: embedding rows (default: the built-in tokenizer's 359). Loaded models:
         the tokenizer's size, checked against the embedding table (a larger table is fine: generation
@@ -156,6 +159,7 @@ def load_model(
         loaded = load_gguf_model(model, dtype)
     else:
         loaded = _from_pretrained(os.fspath(model), dtype, {**overrides, **trust_kwargs(trust_remote_code)})
+    check_finite_weights(loaded, f"the model {os.fspath(model)!r}", "download or export it again from finite weights")
     rows = loaded.get_input_embeddings().num_embeddings
     if vocab_size is not None and vocab_size > rows:
         raise ValueError(
@@ -191,28 +195,30 @@ def _from_pretrained(path: str, dtype: torch.dtype | str | None, kwargs: dict[st
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ValueError(f"model folder {path!r} has no config.json: {hint}")
     check_hf_source(path, trust_remote_code=kwargs["trust_remote_code"], what="model folder")
-    if dtype is not None:
-        kwargs = {**kwargs, "dtype": _as_dtype(dtype)}
+    kwargs = {**kwargs, "output_loading_info": True, **({"dtype": _as_dtype(dtype)} if dtype is not None else {})}
     try:
-        return AutoModelForCausalLM.from_pretrained(path, **{"local_files_only": True, **kwargs})
+        loaded, info = AutoModelForCausalLM.from_pretrained(path, **{"local_files_only": True, **kwargs})
     except (OSError, ValueError, KeyError) as error:
         if is_dir or "/" not in path or kwargs.get("local_files_only"):
             where = "could not be loaded" if is_dir else "is not a built-in name nor in the local HF cache"
             raise ValueError(f"model {path!r} {where} ({type(error).__name__}): {hint}") from error
-    try:
-        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError, KeyError) as error:
-        raise ValueError(f"could not load a causal LM from {path!r} ({error}): {hint}") from error
+        try:
+            check_hub_reachable(path, "model")
+            loaded, info = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        except (OSError, ValueError, KeyError) as failure:
+            raise ValueError(f"could not load a causal LM from {path!r} ({failure}): {hint}") from failure
+    fix = "its weight files are incomplete or of another model: save_pretrained it again, or download it again"
+    check_loaded_weights(info, loaded, f"model {'folder' if is_dir else 'source'} {path!r}", fix)
+    return loaded
 
 
-def check_finite_weights(model: torch.nn.Module, what: str = "the model") -> None:
-    """Raise a ``ValueError`` naming the first parameter or buffer of ``model`` that holds a NaN or an infinity: such
-    a model generates garbage (or nothing) for every request, and cannot train. A sharded (FSDP2) parameter is
-    checked on the shard this process holds."""
+def check_finite_weights(
+    model: torch.nn.Module, what: str = "the model", fix: str = "use a checkpoint saved before the weights diverged"
+) -> None:
+    """Raise a ``ValueError`` naming ``what``, the first parameter or buffer of ``model`` that holds a NaN or an
+    infinity, and ``fix``: such a model generates garbage (or nothing) for every request, and cannot train. A sharded
+    (FSDP2) parameter is checked on the shard this process holds."""
     found = first_nonfinite([*model.named_parameters(), *model.named_buffers()])
     if found is not None:
         name, bad, _ = found
-        raise ValueError(
-            f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate or train; use a checkpoint "
-            "saved before the weights diverged"
-        )
+        raise ValueError(f"{what} has {bad} NaN or infinite values in {name!r}: it cannot generate or train; {fix}")

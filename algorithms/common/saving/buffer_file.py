@@ -98,10 +98,9 @@ def read_buffer_file(path: Target) -> tuple[dict[str, Any], dict[str, np.ndarray
 
 def check_settings(meta: dict[str, Any]) -> dict[str, Any]:
     """The buffer's constructor arguments from the header (every one present, no other key)."""
-    check_mapping("meta", meta, _META)
+    _check_complete("meta", check_mapping("meta", meta, _META), _META)
     settings = check_mapping("settings", meta["settings"], SETTINGS, allow_none=False)
-    if set(settings) != set(SETTINGS):
-        raise ValueError(f"settings: missing {sorted(set(SETTINGS) - set(settings))}")
+    _check_complete("settings", settings, SETTINGS)
     reward_range = settings["reward_range"]
     return {**settings, "reward_range": None if reward_range is None else tuple(reward_range)}
 
@@ -117,7 +116,9 @@ def check_buffer_state(
     are the ring's per-trajectory fields, ``bit_generator`` the sampler RNG's kind."""
     settings = meta["settings"]
     capacity, max_tokens = int(settings["capacity"]), int(settings["max_tokens"])
-    pointers = {k: check_int(f"ring.{k}", v, low=0) for k, v in check_mapping("ring", meta["ring"], _RING).items()}
+    ring = check_mapping("ring", meta["ring"], _RING, allow_none=False)
+    _check_complete("ring", ring, _RING)
+    pointers = {k: check_int(f"ring.{k}", v, low=0) for k, v in ring.items()}
     written = min(pointers["n_added"], capacity)
     _check_arrays(arrays, written, pointers["_high"], field_dtypes)
     _check_pointers(pointers, capacity, max_tokens)
@@ -130,6 +131,16 @@ def check_buffer_state(
     check_float("reward_max", meta["reward_max"], allow_inf=True)
     check_float("max_priority", meta["max_priority"], low=0.0)
     check_int("last_iteration", meta["last_iteration"])
+
+
+def _check_complete(name: str, found: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    """Every key of a header part there (a default in its place would load another buffer than the one saved)."""
+    missing = [key for key in keys if key not in found]
+    if missing:
+        raise ValueError(
+            f"{name}: missing {missing}, which every saved buffer records: the file was edited or damaged; use "
+            "another save"
+        )
 
 
 def _check_arrays(arrays: dict[str, np.ndarray], written: int, high: int, field_dtypes: Mapping[str, Any]) -> None:
@@ -223,6 +234,7 @@ def _check_masses(arrays: dict[str, np.ndarray], live: np.ndarray, written: int,
 
 def _check_sampler(state: Any, count: int, bit_generator: str) -> None:
     state = check_mapping("sampler", state, ("n_calls", "count", "rng"), allow_none=False)
+    _check_complete("sampler", state, ("n_calls", "count", "rng"))
     if check_int("sampler.count", state.get("count"), low=0) != count:
         raise ValueError(f"sampler.count is {state.get('count')}, but {count} masses are positive")
     check_int("sampler.n_calls", state.get("n_calls"), low=0)

@@ -4,16 +4,23 @@ model those arguments build. Each refusal names the file, the entry and the fix 
 
 from __future__ import annotations
 
+import inspect
 import math
 import random
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch as th
 
-from grpo_gym.validation import ArgumentError
+from algorithms.common.saving.model_file import FORMAT
+from grpo_gym.validation import ArgumentError, user_stacklevel
 
+#: the fix for weights a file holds that no save writes (a NaN, a damaged optimizer state)
+DAMAGED_FIX = (
+    "the file was edited or damaged: use another save (a checkpoint's previous iteration, or the run's --save-path)"
+)
 #: the run-state counters, each an integer >= 0 (GRPO's ``_groups_seen`` too, when the file has it)
 COUNTERS = ("num_timesteps", "_n_updates", "_iteration", "_skipped_steps", "_episode_num", "_groups_seen")
 #: the largest a counter may be (2**53: exact in JSON and in a float; more than any run makes)
@@ -101,17 +108,22 @@ def check_env_states(states: Any, env: Any, name: str) -> None:
 
 #: the weight entries every model file holds (a sharded checkpoint's file excepted: its shards hold them)
 WEIGHT_ENTRIES = {"policy": "the policy's weights", "policy.optimizer": "the optimizer's state"}
+#: the weight entry a model file holds when its run has a frozen reference (``beta`` > 0, no LoRA)
+REFERENCE_ENTRY = {"ref_model": "the frozen reference's weights"}
 
 
-def check_weight_entries(state_dicts: dict[str, Any], name: str) -> None:
+def check_weight_entries(state_dicts: dict[str, Any], name: str, reference: bool = False) -> None:
     """Refuse, naming the file, the entry and the fix, a model file without the policy's weights or the optimizer's
-    state, or with one that is not a dict of tensors (SB3 said only "Names of parameters do not match")."""
-    for entry, what in WEIGHT_ENTRIES.items():
+    state (or the reference's, when it records that its run keeps one: ``reference``), or with one (or a reference's
+    weights) that is not a dict of tensors (SB3 said only "Names of parameters do not match", torch "Expected
+    state_dict to be dict-like")."""
+    entries = {**WEIGHT_ENTRIES, **(REFERENCE_ENTRY if reference or "ref_model" in state_dicts else {})}
+    for entry, what in entries.items():
         found = state_dicts.get(entry)
         if entry not in state_dicts:
             problem = "has no"
         elif not isinstance(found, dict) or (
-            entry == "policy" and not all(isinstance(v, th.Tensor) for v in found.values())
+            entry != "policy.optimizer" and not all(isinstance(v, th.Tensor) for v in found.values())
         ):
             problem = f"holds a {type(found).__name__}, not a dict of tensors, in its"
         else:
@@ -125,8 +137,9 @@ def check_weight_entries(state_dicts: dict[str, Any], name: str) -> None:
 def check_saved_arguments(saved: Any, algorithm: Any, name: str, overrides: Mapping[str, Any] | None = None) -> None:
     """Refuse, naming the file and the fix, recorded arguments ``algorithm`` (the class) does not take or whose
     values its rules refuse, and a policy class it does not know, in ``saved`` (a
-    :class:`~algorithms.common.saving.run_file.SavedRun`): before anything is built from them. ``overrides``: what
-    ``load`` was given over them (a retired argument is read as the run it is loaded into)."""
+    :class:`~algorithms.common.saving.run_file.SavedRun`), and what a file of its format lacks
+    (:func:`check_complete`): before anything is built from them. ``overrides``: what ``load`` was given over them (a
+    retired argument is read as the run it is loaded into)."""
     try:  # a file of an earlier version: its flat names (vllm_mode, sft_steps, ...) go into their settings dicts
         saved.arguments = algorithm.arguments.regrouped(saved.arguments, f"{name}: ", overrides)
     except ArgumentError as error:
@@ -142,6 +155,94 @@ def check_saved_arguments(saved: Any, algorithm: Any, name: str, overrides: Mapp
     if saved.policy_class not in algorithm.policy_aliases:
         known = ", ".join(algorithm.policy_aliases)
         raise ValueError(f"{name} records the policy class {saved.policy_class!r:.60}, not one of {known}; {fix}")
+    check_complete(saved, algorithm, name, overrides)
+
+
+#: what ``policy_kwargs`` holds in every file (the architecture, so that load builds it offline; the parameters kept
+#: frozen, which would otherwise train)
+RECORDED_POLICY_KWARGS = ("model_config", "frozen_parameters")
+
+
+def missing_entries(saved: Any, algorithm: Any) -> list[str]:
+    """What a file of the current format would hold that ``saved`` (a
+    :class:`~algorithms.common.saving.run_file.SavedRun`, its arguments regrouped) lacks, as ``arguments.<name>``
+    (a settings dict's ``arguments.<name>.<key>``), ``state.<key>`` and ``env.record.kwargs.<name>``: every argument
+    ``algorithm`` saves, the run state's entries (:attr:`~algorithms.common.base_class.LMBaseAlgorithm.run_state_keys`,
+    the env's states with an env record, the weight versions with ``max_staleness`` > 0, the collapse guard's state
+    when it was switched on) and every argument of the recorded env."""
+    arguments, state = saved.arguments, saved.state
+    missing = []
+    for key, argument in algorithm.arguments.items():
+        if not argument.saved:
+            continue
+        if key not in arguments:
+            missing.append(f"arguments.{key}")
+        elif argument.settings is not None and (arguments[key] is None or isinstance(arguments[key], Mapping)):
+            recorded = arguments[key] or {}  # None: every setting's default
+            missing += [f"arguments.{key}.{inner}" for inner in argument.settings if inner not in recorded]
+    policy_kwargs = arguments.get("policy_kwargs")
+    if isinstance(policy_kwargs, Mapping):
+        missing += [f"arguments.policy_kwargs.{k}" for k in RECORDED_POLICY_KWARGS if k not in policy_kwargs]
+    staleness, guard = arguments.get("max_staleness"), arguments.get("collapse_guard")
+    optional = {
+        "env_states": saved.env is not None,
+        "weight_versions": isinstance(staleness, int) and staleness > 0,
+        "collapse_guard": guard is True or isinstance(guard, Mapping),
+    }
+    needed = [*algorithm.state_attributes, *algorithm.run_state_keys, *(k for k, kept in optional.items() if kept)]
+    missing += [f"state.{key}" for key in dict.fromkeys(needed) if key not in state]
+    return missing + [f"env.record.kwargs.{key}" for key in missing_env_arguments(saved.env)]
+
+
+def missing_env_arguments(recorded: Any) -> list[str]:
+    """The arguments of :class:`~grpo_gym.env.R1ZeroEnv` an env record (``{"record": ..., "n_envs": N}``) lacks:
+    a record holds every one (:meth:`~grpo_gym.env.R1ZeroEnv.describe`). [] when it holds no readable kwargs (what
+    else is wrong with it is refused where it is rebuilt)."""
+    from grpo_gym.env import R1ZeroEnv
+
+    record = recorded.get("record") if isinstance(recorded, Mapping) else None
+    kwargs = record.get("kwargs") if isinstance(record, Mapping) else None
+    if not isinstance(kwargs, Mapping):
+        return []
+    return [key for key in inspect.signature(R1ZeroEnv).parameters if key not in kwargs]
+
+
+def check_complete(saved: Any, algorithm: Any, name: str, overrides: Mapping[str, Any] | None = None) -> None:
+    """Refuse a file of the current format that lacks what every file of it holds (:func:`missing_entries`): it was
+    edited or damaged, and filling its gaps with defaults would train another run than the one saved. The message
+    names the file, each entry and the fix; ``load``'s ``overrides`` may give the missing arguments (the run's
+    values). A file of an earlier format (``saved.current`` false) lacks what was added since: each takes its
+    default, with a warning naming them."""
+    given = {f"arguments.{key}" for key in overrides or {}}  # load(path, n_groups=2): the run's value, given
+    missing = [entry for entry in missing_entries(saved, algorithm) if ".".join(entry.split(".")[:2]) not in given]
+    if not missing:
+        return
+    shown = ", ".join(missing)
+    if not saved.current:
+        defaults = ", ".join(_with_default(entry, algorithm) for entry in missing)
+        warnings.warn(
+            f"{name} was written by an earlier version of grpo-gym, and records no {defaults}: each takes its default "
+            "(a run-state entry: a fresh run's value); save the model again to record them",
+            stacklevel=user_stacklevel(),
+        )
+        return
+    arguments = [entry.split(".")[1] for entry in missing if entry.startswith("arguments.")]
+    passed = ""
+    if overrides is not None and arguments and len(arguments) == len(missing):
+        example = ", ".join(f"{key}=..." for key in dict.fromkeys(arguments))
+        passed = f", or give the run's values: {algorithm.__name__}.load(path, {example})"
+    raise ValueError(f"{name} lacks {shown}, which every file of format {FORMAT!r} records; {DAMAGED_FIX}{passed}")
+
+
+def _with_default(entry: str, algorithm: Any) -> str:
+    """A missing entry as a warning names it: an argument (or a setting of a settings dict) with its default."""
+    parts = entry.split(".")
+    argument = algorithm.arguments.get(parts[1]) if parts[0] == "arguments" else None
+    if argument is not None and len(parts) == 3 and argument.settings is not None and parts[2] in argument.settings:
+        argument = argument.settings[parts[2]]
+    elif argument is not None and len(parts) != 2:
+        argument = None
+    return entry if argument is None else f"{entry} (default {argument.default!r:.40})"
 
 
 #: the names a causal LM's token embedding has in transformers' architectures (Llama, GPT-2, BLOOM, GPT-NeoX)
@@ -165,10 +266,12 @@ def check_recorded_vocabulary(saved: Any, name: str) -> None:
             )
 
 
-def check_weights_fit(saved: dict[str, th.Tensor], expected: dict[str, th.Tensor], name: str) -> None:
-    """Refuse, naming the file and up to three problems, weights that do not fit the model the file's arguments
-    build: missing or unexpected tensors, other shapes, or integers where the model has floats (torch would copy
-    them in, rounded)."""
+def check_weights_fit(
+    saved: dict[str, th.Tensor], expected: dict[str, th.Tensor], name: str, entry: str = "policy.pth"
+) -> None:
+    """Refuse, naming the file, its ``entry`` (``policy.pth``, ``ref_model.pth``) and up to three problems, weights
+    that do not fit the model the file's arguments build: missing or unexpected tensors, other shapes, or integers
+    where the model has floats (torch would copy them in, rounded)."""
     problems = [f"missing {key!r}" for key in expected if key not in saved]
     problems += [f"unexpected {key!r}" for key in saved if key not in expected]
     for key in saved.keys() & expected.keys():
@@ -180,7 +283,7 @@ def check_weights_fit(saved: dict[str, th.Tensor], expected: dict[str, th.Tensor
     if problems:
         shown = "; ".join(problems[:3]) + (f"; and {len(problems) - 3} more" if len(problems) > 3 else "")
         raise ValueError(
-            f"{name}: its policy.pth does not fit the model its arguments describe ({shown}): the weights and the "
+            f"{name}: its {entry} does not fit the model its arguments describe ({shown}): the weights and the "
             "'data' entry come from different saves, or the file was edited; use another save"
         )
 
@@ -199,10 +302,7 @@ def check_optimizer_state(saved: dict[str, Any], optimizer: th.optim.Optimizer, 
     settings out of range (a learning rate that is not finite, ``betas`` outside [0, 1), ``eps`` <= 0)."""
 
     def damaged(what: str) -> ValueError:
-        return ValueError(
-            f"{name}: its policy.optimizer.pth {what}; the file was edited or damaged: use another save (a "
-            "checkpoint's previous iteration, or the run's --save-path)"
-        )
+        return ValueError(f"{name}: its policy.optimizer.pth {what}; {DAMAGED_FIX}")
 
     groups, state = saved.get("param_groups"), saved.get("state")
     if not isinstance(groups, list) or not isinstance(state, dict) or set(saved) - {"param_groups", "state"}:

@@ -42,7 +42,15 @@ from algorithms.common.saving.atomic import atomic_write
 from algorithms.common.schedules import UpdateDecay
 from grpo_gym.validation import read_json
 
-FORMAT = "grpo-gym/1"
+#: the format of the files this version writes: a file of it holds every entry its class saves (a saved argument, a
+#: run-state entry, the env record's arguments, ``ref_model.pth`` when its run keeps a reference), and one that lacks
+#: any was edited or damaged (:func:`~algorithms.common.saving.checks.check_complete` refuses it). A saved argument, a
+#: run-state entry or an env argument added later makes a new format (tests/test_hostile_round5_missing.py holds the
+#: contents of this one), so that the files written before it read as older ones.
+FORMAT = "grpo-gym/2"
+#: the formats of files earlier versions wrote: what they lack (an argument added since, ...) takes its default, with a
+#: warning naming it
+OLDER_FORMATS = ("grpo-gym/1",)
 #: the markers of described values in ``data``
 PICKLED, CLASS, SPACE, SCHEDULE = "__pickled__", "__class__", "__space__", "__schedule__"
 #: the extra entry of the zip that holds torch tensors other than state dicts (RNG states)
@@ -268,8 +276,18 @@ def read_model_file(
         raise ValueError(
             f"{name} is truncated or corrupt (not a complete zip file: {error}); use another save"
         ) from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        found = data.get("format") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{name}: its 'data' entry holds a JSON {type(data).__name__}, not the object a model file records "
+            "(format, arguments, state); the file is damaged or not a model: use another save"
+        )
+    if "format" not in data and not any(isinstance(value, dict) and ":serialized:" in value for value in data.values()):
+        raise ValueError(
+            f"{name}: its 'data' entry has no 'format' field (a grpo-gym model file records {FORMAT!r}); the file is "
+            "damaged or not a model: use another save"
+        )
+    if data.get("format") not in (FORMAT, *OLDER_FORMATS):
+        found = data.get("format")
         raise ValueError(
             f"{name} was not written by this version of grpo-gym (format {found!r}, expected {FORMAT!r}); "
             "models saved by Stable-Baselines3's own save() are not read, because their data is pickled"

@@ -45,8 +45,8 @@ from gymnasium.spaces import Space
 from stable_baselines3.common.utils import check_for_correct_spaces
 
 from algorithms.common.env_util import make_env
-from algorithms.common.saving.checks import check_run_state, check_weight_entries
-from algorithms.common.saving.model_file import decode, encode, read_model_file, write_model_file
+from algorithms.common.saving.checks import DAMAGED_FIX, check_run_state, check_weight_entries, missing_env_arguments
+from algorithms.common.saving.model_file import FORMAT, decode, encode, read_model_file, write_model_file
 from grpo_gym.describe import MUST_PASS, env_kwargs_from_record, recorded_env_id
 from grpo_gym.env import R1ZeroEnv
 from grpo_gym.validation import user_stacklevel
@@ -67,6 +67,10 @@ class SavedRun:
     rng: dict[str, th.Tensor]  # the torch RNG states
     env: dict[str, Any] | None  # the env record, see :func:`env_record`
     sharded_weights: bool = False  # the weights are in the sharded checkpoint folder around the file
+    #: of the format this version writes (False: an earlier version's, whose missing entries take their defaults)
+    current: bool = True
+    #: whether the run kept a frozen reference (its weights ``ref_model.pth``, or the shards'); None: not recorded
+    reference: bool | None = None
 
 
 #: ``data["weights"]`` of a model file whose weights are the shards of the checkpoint folder it lies in
@@ -83,8 +87,10 @@ def read_saved_run(
     data, state_dicts, variables = read_model_file(path)
     name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
     _check_data(data, variables, name)
+    current = data["format"] == FORMAT
+    reference = data.get("reference") if current else None
     if data.get("weights") != SHARDED_WEIGHTS:
-        check_weight_entries(state_dicts, name)
+        check_weight_entries(state_dicts, name, reference=bool(reference))
     custom = dict(custom_objects or {})
     arguments = {
         key: custom[key] if key in custom else decode(value, key, allow_pickle)
@@ -110,6 +116,8 @@ def read_saved_run(
         rng=variables.get("rng", {}),
         env=data.get("env"),
         sharded_weights=data.get("weights") == SHARDED_WEIGHTS,
+        current=current,
+        reference=reference,
     )
 
 
@@ -121,12 +129,14 @@ def write_run(
     state: tuple[dict[str, Any], dict[str, th.Tensor]],
     env: Any,
     parameters: dict[str, Any],
+    reference: bool,
 ) -> None:
     """Write a model file (atomically, :func:`~algorithms.common.saving.model_file.write_model_file`) from what the
     algorithm hands over: its class and policy class ``names``, its observation and action ``spaces``, its
     constructor's ``arguments``, its run ``state`` (JSON-able dict, torch RNG tensors), its ``env`` (recorded when
-    it can describe itself) and the state dicts ``parameters``; none (``{}``) for a sharded checkpoint's file, whose
-    weights are the shards beside it."""
+    it can describe itself), the state dicts ``parameters`` (none, ``{}``, for a sharded checkpoint's file, whose
+    weights are the shards beside it) and whether the run keeps a frozen ``reference`` (whose weights a file of
+    this format must then hold)."""
     run_state, rng = state
     data = {
         "algorithm": names[0],
@@ -136,6 +146,7 @@ def write_run(
         "arguments": encode(arguments),
         "state": run_state,
         "env": env_record(env),
+        "reference": reference,
         **({"weights": SHARDED_WEIGHTS} if not parameters else {}),
     }
     write_model_file(path, data, parameters, {"rng": rng})
@@ -150,6 +161,7 @@ DATA_KEYS = {
     "arguments": dict,
     "state": dict,
     "env": dict,
+    "reference": bool,  # a file of an earlier format may lack it
 }
 #: the run-state entries a saved run cannot continue without
 STATE_KEYS = ("problem_rng", "numpy_rng", "python_rng")
@@ -162,7 +174,8 @@ def _check_data(data: dict[str, Any], variables: dict[str, Any], name: str) -> N
     otherwise (before anything is built from the file)."""
     for key, kind in DATA_KEYS.items():
         value = data.get(key)
-        if not isinstance(value, kind) and not (key == "env" and value is None):
+        older = key == "reference" and key not in data and data["format"] != FORMAT
+        if not isinstance(value, kind) and not (key == "env" and value is None) and not older:
             found = "missing" if key not in data else f"a {type(value).__name__}"
             raise ValueError(
                 f"{name}: 'data' entry {key!r} must be a {kind.__name__}, found {found}; the file is damaged"
@@ -171,13 +184,17 @@ def _check_data(data: dict[str, Any], variables: dict[str, Any], name: str) -> N
     rng = variables.get("rng")
     if absent or not isinstance(rng, dict) or not {"torch", "generator"} <= rng.keys():
         missing = absent + ([] if isinstance(rng, dict) and {"torch", "generator"} <= rng.keys() else ["rng"])
-        raise ValueError(f"{name}: the run state lacks {missing}; the file is damaged")
+        raise ValueError(
+            f"{name}: the run state lacks {missing} (random generators' states; 'rng': pytorch_variables.pth's), which "
+            f"a run continues from; {DAMAGED_FIX}"
+        )
     check_run_state(data["state"], rng, name)
 
 
-def check_recorded_envs(saved: Any, name: str = "the record") -> int:
+def check_recorded_envs(saved: Any, name: str = "the record", complete: bool = False) -> int:
     """The number of envs an env record (``{"record": ..., "n_envs": N}``) asks for, in ``[1,``
-    :data:`MAX_RECORDED_ENVS` ``]``; ``ValueError`` naming it otherwise."""
+    :data:`MAX_RECORDED_ENVS` ``]``; ``ValueError`` naming it otherwise, or arguments of the env it does not take
+    (or, when ``complete``, as a file of the current format's, every argument it takes: it records them all)."""
     n_envs = saved.get("n_envs") if isinstance(saved, dict) else None
     if isinstance(n_envs, bool) or not isinstance(n_envs, int) or not 1 <= n_envs <= MAX_RECORDED_ENVS:
         raise ValueError(
@@ -194,6 +211,11 @@ def check_recorded_envs(saved: Any, name: str = "the record") -> int:
         raise ValueError(
             f"{name}: the env record names arguments R1ZeroEnv does not take: {unknown} (written by another version, "
             "or edited); pass env= with an env of your own"
+        )
+    missing = missing_env_arguments(saved) if complete else []
+    if missing:
+        raise ValueError(
+            f"{name}: the env record lacks the arguments {missing}, which every record holds; {DAMAGED_FIX}"
         )
     return n_envs
 
@@ -262,7 +284,7 @@ def recorded_env_kwargs(path: str | os.PathLike, **objects: Any) -> tuple[str, d
     saved = data.get("env")
     if not saved:
         raise ValueError(f"{os.fspath(path)} records no env (saved without one, or not an R1Zero-v0 env): pass env=")
-    n_envs = check_recorded_envs(saved, os.fspath(path))
+    n_envs = check_recorded_envs(saved, os.fspath(path), complete=data["format"] == FORMAT)
     record = saved["record"]
     return recorded_env_id(record), env_kwargs_from_record(record, **objects), n_envs
 
