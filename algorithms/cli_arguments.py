@@ -56,9 +56,8 @@ def pretrained_defaults() -> str:
         return "(zoo_configs/grpo.yml has no 'pretrained' preset)"
     flat = {k: v for k, v in config.items() if not isinstance(v, dict)}
     for name, settings in config.items():  # a settings dict's keys by their place: cold_start_kwargs.steps
-        if isinstance(settings, dict) and name not in ("env_kwargs", "policy_kwargs"):
+        if isinstance(settings, dict):
             flat.update({f"{name}.{key}": value for key, value in settings.items()})
-    flat.update(config.get("env_kwargs", {}))
     return ", ".join(f"{key}: {value}" for key, value in flat.items() if key != "policy")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import socket
 
 from grpo_gym.tasks import MAX_DIFFICULTY, MIN_DIFFICULTY
 from grpo_gym.validation import describe_range
@@ -93,6 +94,8 @@ class Number:
 
 #: a count of things: at least one
 COUNT = Integer(low=1)
+#: a number of steps, zero for none
+STEPS = Integer(low=0)
 #: a random seed (numpy's range)
 SEED = Integer(low=0, high=2**32 - 1)
 #: a TCP port (0: any free one)
@@ -117,4 +120,17 @@ def SOURCE(text: str) -> str:
         raise argparse.ArgumentTypeError(f"must name {wanted}, got {text!r}")
     if os.path.isfile(text) and not text.lower().endswith(".gguf"):
         raise argparse.ArgumentTypeError(f"{text!r} is a file, but not a .gguf file: pass {wanted}")
+    return text
+
+
+def HOST(text: str) -> str:
+    """An address to listen on (``--host``): one this machine resolves, checked before the server starts, so a typo
+    is argparse's usage error naming the option rather than the server's log line after start-up."""
+    try:
+        socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError, ValueError) as error:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an address to listen on ({getattr(error, 'strerror', None) or error}); use an address of "
+            "this machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        ) from None
     return text

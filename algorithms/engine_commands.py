@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from algorithms.cli_types import COUNT, PORT, POSITIVE, SEED, Number
+from algorithms.cli_types import COUNT, HOST, PORT, POSITIVE, SEED, Number
 
 #: a share of a GPU's memory: above 0, at most all of it
 GPU_SHARE = Number(low=0.0, high=1.0, low_open=True)
@@ -179,7 +179,7 @@ def add_engine_commands(commands: Any) -> None:
     """Add ``vllm-serve`` to the ``grpo-gym`` sub-command parsers."""
     s = commands.add_parser("vllm-serve", help="serve a model with vLLM for training runs to sample on (server mode)")
     s.add_argument("model", help="a model zip (model.save), a Hugging Face folder, or a built-in size (tiny, ...)")
-    s.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--host", type=HOST, default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=PORT, default=8000)
     s.add_argument("--folder", default=None, help="where to write the folder vLLM loads (default: a temporary one)")
     s.add_argument("--log", default=None, help="the server's log file (default: <folder>/server.log)")

@@ -54,11 +54,10 @@ def evaluate(args: argparse.Namespace) -> int:
     args.model = args.saved
     from algorithms.deploy.loading import saved_algorithm
 
-    try:  # the class the zip records (its default config with --preset), whatever --algo says
-        algorithm = saved_algorithm(args.model)
-        args.algo = algorithm.algo_name
-    except ValueError:  # no readable zip: the flags' algorithm, whose load names what is wrong with the file
-        algorithm = algorithm_of(args)
+    # the class the zip records (its default config with --preset), whatever --algo says; a file that cannot be read
+    # is named with what is wrong with it (no advice about --config: no config makes it readable)
+    algorithm = saved_algorithm(args.model)
+    args.algo = algorithm.algo_name
     extra: dict[str, Any] = {"task_kwargs": {"eval_data": args.eval_data}} if args.eval_data is not None else {}
     if args.reward_funcs:
         extra["reward_funcs"] = reward_funcs_argument(args.reward_funcs)
@@ -74,7 +73,15 @@ def evaluate(args: argparse.Namespace) -> int:
         if "task_kwargs" in extra:  # the held-out split of a dataset / jsonl task
             env_kwargs["task_kwargs"] = {**(env_kwargs.get("task_kwargs") or {}), **extra.pop("task_kwargs")}
         env_kwargs.update(extra)
-    env = make_env(env_id, 1, env_kwargs, args.eval_seed)
+    try:
+        env = make_env(env_id, 1, env_kwargs, args.eval_seed)
+    except ValueError as error:
+        if args.config is not None or args.preset is not None:
+            raise
+        raise ValueError(
+            f"the env {args.model} records could not be built ({error}); the file's env record is damaged: give the "
+            "training run's --config / --preset to evaluate on that env instead"
+        ) from error
     model = algorithm.load(args.model, env=env, rollout_engine="builtin", read_optimizer=False)  # our sampler
     return _print_results(args, model.policy, env, Path(args.model).stem)
 

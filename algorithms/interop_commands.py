@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from algorithms.cli_types import COUNT, PORT
+from algorithms.cli_types import COUNT, HOST, PORT
 
 
 def env_kwargs_of(args: argparse.Namespace) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def add_interop_commands(commands: Any) -> None:
     s = commands.add_parser(
         "openenv-serve", help="serve R1Zero-v0 (any task, tools, reward functions) as an OpenEnv environment"
     )
-    s.add_argument("--host", default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--host", type=HOST, default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=PORT, default=8000)
     s.add_argument("--task", default=None, help="the task (default: arithmetic; grpo-gym tasks lists them)")
     s.add_argument("--tools", nargs="+", default=None, metavar="NAME", help="built-in tools, e.g. calculator")

@@ -17,11 +17,12 @@ import argparse
 from datasets import Dataset
 
 from algorithms import GRPO
+from algorithms.cli_types import COUNT, STEPS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", default="tiny", help="TRL's model argument: a folder, a hub id, a .gguf, or tiny")
-parser.add_argument("--cold-start-steps", type=int, default=100, help="for the built-in tiny model, which starts blank")
-parser.add_argument("--iterations", type=int, default=10)
+parser.add_argument("--cold-start-steps", type=STEPS, default=100, help="for the built-in tiny model (it starts blank)")
+parser.add_argument("--iterations", type=COUNT, default=10)
 args = parser.parse_args()
 
 SYSTEM = "Think in <think> </think>, then answer in <answer> </answer>."

@@ -12,9 +12,13 @@ import time
 import zipfile
 from pathlib import Path
 
+from algorithms.cli_types import STEPS, Integer
+
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--iterations", type=int, default=8)
-parser.add_argument("--cold-start-steps", type=int, default=50)
+parser.add_argument(
+    "--iterations", type=Integer(low=3), default=8, help="at least 3: the run is killed after its second checkpoint"
+)
+parser.add_argument("--cold-start-steps", type=STEPS, default=50)
 args = parser.parse_args()
 
 completions = args.iterations * 4 * 8  # the preset below: 4 problems x 8 completions per iteration

@@ -14,10 +14,11 @@ from stable_baselines3.common.monitor import Monitor
 
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
+from algorithms.cli_types import COUNT, STEPS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--cold-start-steps", type=int, default=200)
-parser.add_argument("--iterations", type=int, default=20)
+parser.add_argument("--cold-start-steps", type=STEPS, default=200)
+parser.add_argument("--iterations", type=COUNT, default=20)
 args = parser.parse_args()
 
 env = gym.make("R1Zero-v0", template="compact", max_new_tokens=32)

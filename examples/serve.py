@@ -19,11 +19,12 @@ import httpx
 
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
+from algorithms.cli_types import PORT, STEPS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", help="a GRPO .zip or a save_pretrained folder (default: trains a small one)")
-parser.add_argument("--cold-start-steps", type=int, default=300)
-parser.add_argument("--port", type=int, default=8765)
+parser.add_argument("--cold-start-steps", type=STEPS, default=300)
+parser.add_argument("--port", type=PORT, default=8765)
 args = parser.parse_args()
 
 if args.model is None:

@@ -16,12 +16,13 @@ import gymnasium as gym
 
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
+from algorithms.cli_types import COUNT, STEPS
 from algorithms.common.evaluation import evaluate_difficulties, format_table
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--cold-start-steps", type=int, default=1500, help="SFT steps on gold tool episodes")
-parser.add_argument("--iterations", type=int, default=10)
-parser.add_argument("--problems", type=int, default=50, help="held-out problems")
+parser.add_argument("--cold-start-steps", type=STEPS, default=1500, help="SFT steps on gold tool episodes")
+parser.add_argument("--iterations", type=COUNT, default=10)
+parser.add_argument("--problems", type=COUNT, default=50, help="held-out problems")
 args = parser.parse_args()
 
 

@@ -15,14 +15,15 @@ from stable_baselines3.common.env_util import make_vec_env
 
 import grpo_gym  # noqa: F401  (registers R1Zero-v0)
 from algorithms import GRPO
+from algorithms.cli_types import COUNT, DIFFICULTY, STEPS
 from algorithms.common.evaluation import evaluate_difficulties, format_table
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--model", required=True, help="a folder, a hub id or a .gguf file")
-parser.add_argument("--difficulty", type=float, default=0.3, help="trained and evaluated at")
-parser.add_argument("--cold-start-steps", type=int, default=40, help="SFT steps on the task's gold solutions")
-parser.add_argument("--iterations", type=int, default=50, help="GRPO iterations of 4 problems x 8 completions")
-parser.add_argument("--problems", type=int, default=200, help="held-out problems")
+parser.add_argument("--difficulty", type=DIFFICULTY, default=0.3, help="trained and evaluated at")
+parser.add_argument("--cold-start-steps", type=STEPS, default=40, help="SFT steps on the task's gold solutions")
+parser.add_argument("--iterations", type=COUNT, default=50, help="GRPO iterations of 4 problems x 8 completions")
+parser.add_argument("--problems", type=COUNT, default=200, help="held-out problems")
 parser.add_argument("--save", default="your-model-grpo", help="the trained model, as a Hugging Face folder")
 args = parser.parse_args()
 

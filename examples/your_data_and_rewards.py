@@ -16,11 +16,12 @@ import gymnasium as gym
 
 import grpo_gym  # noqa: F401
 from algorithms import GRPO
+from algorithms.cli_types import COUNT, STEPS
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--rows", default="rows.jsonl", help="a JSONL file of {prompt, answer, solution} rows")
-parser.add_argument("--cold-start-steps", type=int, default=200)
-parser.add_argument("--iterations", type=int, default=20)
+parser.add_argument("--cold-start-steps", type=STEPS, default=200)
+parser.add_argument("--iterations", type=COUNT, default=20)
 args = parser.parse_args()
 
 if not Path(args.rows).exists():  # a small file to start from: "What is a times 3?"

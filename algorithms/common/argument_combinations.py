@@ -31,6 +31,7 @@ DEPENDS_ON: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "max_resample_rounds": ("dynamic_sampling", _on, "dynamic_sampling=True"),
     "competition_coef": ("competition", lambda v: v is not None, "controls_kwargs['competition']"),
     "diversity_threshold": ("diversity_guard", _on, "controls_kwargs['diversity_guard']=True"),
+    "sft_steps": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
     "sft_batch_size": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
     "sft_learning_rate": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),
     "sft_data": ("cold_start", lambda v: v is not False, "cold_start=True or 'auto'"),

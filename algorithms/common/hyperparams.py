@@ -65,15 +65,35 @@ def parse_value(text: str) -> Any:
         return text
 
 
+class Fields(dict):
+    """Keys of a settings dict given one by one on the command line (``-params cold_start_kwargs.steps:2``): they go
+    over the preset's dict key by key, whichever dict it is (``env_kwargs.difficulty:0.5`` keeps the preset's other
+    env arguments)."""
+
+
 def parse_overrides(items: list[str]) -> dict[str, Any]:
-    """``["learning_rate:1e-5", "n_groups:8"]`` (rl-zoo3's ``-params`` syntax; ``=`` works too) as a dict."""
-    overrides = {}
+    """``["learning_rate:1e-5", "n_groups:8"]`` (rl-zoo3's ``-params`` syntax; ``=`` works too) as a dict. A dotted key,
+    ``cold_start_kwargs.steps:2`` (the form ``grpo-gym train --help`` lists a preset's settings in), sets one key of
+    that settings dict (:class:`Fields`)."""
+    overrides: dict[str, Any] = {}
     for item in items:
         cut = min((i for i in (item.find(":"), item.find("=")) if i >= 0), default=-1)
-        key, value = (item[:cut], item[cut + 1 :]) if cut >= 0 else (item, "")
+        key, value = (item[:cut].strip(), item[cut + 1 :]) if cut >= 0 else (item, "")
         if cut < 0 or not key:
             raise ValueError(f"override {item!r} must look like key:value, e.g. learning_rate:1e-5")
-        overrides[key.strip()] = parse_value(value.strip())
+        name, dot, field = key.partition(".")
+        if not dot:
+            overrides[key] = parse_value(value.strip())
+            continue
+        if not (name and field) or "." in field:
+            raise ValueError(
+                f"override {item!r}: a dotted key names one setting of a settings dict, e.g. "
+                "cold_start_kwargs.steps:20 (or give the whole dict: \"cold_start_kwargs:{'steps': 20}\")"
+            )
+        given = overrides.get(name)
+        if given is not None and not isinstance(given, dict):
+            raise ValueError(f"override {item!r}: {name} is given whole as well ({name}:{given!r:.40}); give it once")
+        overrides[name] = Fields({**(given or {}), field: parse_value(value.strip())})
     return overrides
 
 
@@ -193,10 +213,16 @@ def check_run_keys(config: dict[str, Any], where: str) -> None:
 #: the dicts an override replaces whole, as rl-zoo3 does
 REPLACED = ("policy_kwargs", "env_kwargs")
 
+#: an optional part's switch, its settings dict, and whether a value of the switch turns the part off: when
+#: ``-params`` turns the part off, the preset's settings of it go with it (no warning blames the user for them)
+PART_SETTINGS: dict[str, tuple[str, Any]] = {"cold_start": ("cold_start_kwargs", lambda value: value is False)}
+
 
 def merged_over(name: str, value: Any, base: Any) -> bool:
     """Whether an override ``value`` of ``name`` goes key by key over ``base`` (a settings dict such as
     ``cold_start_kwargs``: both dicts, the name not in :data:`REPLACED`) rather than replacing it."""
+    if isinstance(value, Fields):
+        return isinstance(base, dict)
     return name.endswith("_kwargs") and name not in REPLACED and isinstance(value, dict) and isinstance(base, dict)
 
 
@@ -221,8 +247,18 @@ def load_hyperparams(
     config = {**document[key], **(overrides or {})}
     for name, value in (overrides or {}).items():  # a settings dict's keys over the preset's (cold_start_kwargs)
         preset_value = document[key].get(name)
+        if isinstance(value, Fields) and not (name.endswith("_kwargs") and isinstance(preset_value, dict | None)):
+            raise ValueError(
+                f"{path} [{key}]: {name} is not a settings dict (those end in _kwargs: cold_start_kwargs.steps:20); "
+                f"write -params {name}:VALUE"
+            )
         if merged_over(name, value, preset_value):
             config[name] = {**preset_value, **value}
+        elif isinstance(value, Fields):
+            config[name] = dict(value)
+    for switch, (settings, off) in PART_SETTINGS.items():  # the preset's settings of a part -params turns off
+        if switch in (overrides or {}) and off(config.get(switch)) and settings not in (overrides or {}):
+            config.pop(settings, None)
     _check_floats(config)
     check_run_keys(config, f"{path} [{key}]")
     for name in ("policy_kwargs", "env_kwargs"):

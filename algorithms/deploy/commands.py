@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms.cli_arguments import add_config_arguments
-from algorithms.cli_types import COUNT, NON_NEGATIVE, PORT, POSITIVE, SEED, SHARE, VERBOSITY, Integer
+from algorithms.cli_types import COUNT, HOST, NON_NEGATIVE, PORT, POSITIVE, SEED, SHARE, VERBOSITY, Integer
 
 
 def size_on_disk(path: str | os.PathLike) -> int:
@@ -235,7 +235,7 @@ def add_deploy_commands(commands: Any) -> None:
 
     s = commands.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API with dynamic batching")
     s.add_argument("model", help="a GRPO zip, a save_pretrained folder or an INT8 export folder")
-    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--host", type=HOST, default="127.0.0.1", help="the address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=PORT, default=8000)
     s.add_argument("--max-wait-ms", type=NON_NEGATIVE, default=5.0, help="the longest a request waits for a batch")
     s.add_argument("--max-batch-tokens", type=COUNT, default=8192, help="rows x (longest prompt + largest max_tokens)")
