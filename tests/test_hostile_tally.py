@@ -1,6 +1,7 @@
-"""The tallies of the hostile rounds (benchmarks/hostile_round3.md, issue 37; benchmarks/hostile_round4.md, issue 48)
-hold: every case names a test that exists, no case is silent, a hang, a crash, data loss or code execution now, at
-most 2 stay unhelpful (each with its reason), and each summary's counts are its table's."""
+"""The tallies of the hostile rounds (benchmarks/hostile_round3.md, issue 37; benchmarks/hostile_round4.md, issue 48;
+benchmarks/hostile_round5.md, issue 60) hold: every case names a test that exists, no case is silent, a hang, a crash,
+data loss or code execution now, at most 2 stay unhelpful (each with its reason), and each summary's counts are its
+table's."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 #: each round's page and the fewest cases its table lists
-TALLIES = {ROOT / "benchmarks" / "hostile_round3.md": 60, ROOT / "benchmarks" / "hostile_round4.md": 20}
+TALLIES = {
+    ROOT / "benchmarks" / "hostile_round3.md": 60,
+    ROOT / "benchmarks" / "hostile_round4.md": 20,
+    ROOT / "benchmarks" / "hostile_round5.md": 43,
+}
 CLASSES = ("silent", "hang", "crash", "data loss", "code execution", "unhelpful", "good")
 BAD = ("silent", "hang", "crash", "data loss", "code execution")
 
