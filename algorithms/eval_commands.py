@@ -76,7 +76,7 @@ def evaluate(args: argparse.Namespace) -> int:
     try:
         env = make_env(env_id, 1, env_kwargs, args.eval_seed)
     except ValueError as error:
-        if args.config is not None or args.preset is not None:
+        if args.config is not None or args.preset is not None or extra:  # not the record alone: its own message
             raise
         raise ValueError(
             f"the env {args.model} records could not be built ({error}); the file's env record is damaged: give the "

@@ -197,7 +197,10 @@ def check_gguf(path: str | os.PathLike, what: str = "model") -> GGUFInfo:
     """
     where = os.fspath(path)
     if os.path.isdir(where):
-        inside = sorted(name for name in os.listdir(where) if is_gguf(name))[:3]
+        try:
+            inside = sorted(name for name in os.listdir(where) if is_gguf(name))[:3]
+        except OSError:  # a folder this user cannot list
+            inside = []
         raise ValueError(
             f"GGUF path {where!r} is a folder, not a file: pass "
             + (f"a .gguf file inside it ({', '.join(inside)})" if inside else "the path of a .gguf file")

@@ -165,6 +165,7 @@ def check_hub_reachable(source: str | os.PathLike, what: str) -> None:
     if os.path.isdir(source) or _files(source):
         return
     from urllib.parse import urlparse
+    from urllib.request import getproxies
 
     from huggingface_hub import constants
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -182,6 +183,8 @@ def check_hub_reachable(source: str | os.PathLike, what: str) -> None:
             f"{what} {source!r} is not a folder here and not in the Hugging Face cache, and HF_HUB_OFFLINE is set: "
             f"{fix}"
         )
+    if getproxies():  # through a proxy the hub is reached without resolving its host here
+        return
     host = urlparse(constants.ENDPOINT).hostname or constants.ENDPOINT
     try:
         socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)

@@ -40,13 +40,13 @@ import numpy as np
 from grpo_gym.actions import action_space, completion_ids, observation_space, split_completion, text_action
 from grpo_gym.context import ContextWindow
 from grpo_gym.episode_order import EpisodeOrder
-from grpo_gym.rewards.values import reward_number
+from grpo_gym.rewards.values import returned_flag, reward_number
 from grpo_gym.tasks.base import Problem, Task, Verdict, check_difficulty
 from grpo_gym.templates import PromptFormatter
 from grpo_gym.tokenizer import TokenCodec, load_tokenizer
 from grpo_gym.tools import DEFAULT_TIMEOUT, Toolbox, error_text
 from grpo_gym.turns import ToolSession
-from grpo_gym.validation import ReturnTypeError, check_bool, check_float, check_int, show_value
+from grpo_gym.validation import ReturnTypeError, check_float, check_int, show_value, user_stacklevel
 
 
 class EpisodeSeeds(Task):
@@ -235,7 +235,7 @@ class LMEnvWrapper(gym.Wrapper):
         what = f"the wrapped env's step ({type(self.env.unwrapped).__name__})"
         contract = "a Gymnasium env's step returns (observation, reward: float, terminated: bool, truncated: bool, ...)"
         for name, flag in (("terminated", terminated), ("truncated", truncated)):
-            check_bool(f"{what}: {name}", flag, hint=contract)
+            returned_flag(f"{what}: {name}", flag, contract)
         try:
             return reward_number(what, reward, contract), info
         except ReturnTypeError:
@@ -244,7 +244,7 @@ class LMEnvWrapper(gym.Wrapper):
             if not self._warned_reward:
                 self._warned_reward = True
                 note = "it scores 0 (further such rewards are in info['reward_errors'])"
-                warnings.warn(f"{error}; {note}", RuntimeWarning, stacklevel=3)
+                warnings.warn(f"{error}; {note}", RuntimeWarning, stacklevel=user_stacklevel())
             return 0.0, {**info, "reward_errors": {"env": error_text(error)}}
 
     def _tool_turn(

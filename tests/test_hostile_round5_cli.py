@@ -172,3 +172,26 @@ def test_a_hub_name_fails_at_once_when_the_hub_cannot_be_reached(monkeypatch: py
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="HF_HUB_OFFLINE is set"):
         load_model("nonexistent-org/xyz-model")
+
+
+def test_eval_reads_the_class_a_zip_records_whatever_algo_says(
+    saved: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """``grpo-gym eval grpo.zip --algo ppo`` said "load it with GRPO.load" (the reverse of an LMPPO zip without
+    ``--algo``, tests/test_cli.py): the class the zip records is loaded."""
+    assert main(["eval", str(saved), "--algo", "ppo", "--difficulty", "0.1", "--n", "2"]) == 0
+    assert "good" in capsys.readouterr().out
+
+
+def test_eval_of_a_good_file_with_a_bad_option_names_the_option_not_the_file(
+    saved: Path,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Found by the review: the error of an option given with the file (``--eval-data`` a task does not take) is not
+    blamed on the file's env record."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"prompt": "1 + 1", "answer": "2"}\n', encoding="utf-8")
+    line = _usage_error(["eval", str(saved), "--eval-data", str(rows)], capsys)
+    assert "eval_data" in line and "damaged" not in line

@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import re
 import warnings
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 from algorithms import GRPO
 from grpo_gym import R1ZeroEnv
 from grpo_gym.env_state import OLDER_STATE_FORMATS, STATE_FORMAT
-from grpo_gym.validation import ArgumentError, ReturnTypeError
+from grpo_gym.validation import ReturnTypeError
 from tests.sizes import ENV_KWARGS, TINY
 from tests.test_hostile_files import saved, with_data  # noqa: F401  (saved: the fixture)
 
@@ -54,9 +56,10 @@ def test_a_gem_envs_reward_is_checked_naming_the_env() -> None:
             ReturnTypeError, match=rf"the step of the GEM env 'Fake' returned {re.escape(shown)}, not a"
         ):
             stepped(reward)
-    with pytest.raises(ArgumentError, match=r"the step of the GEM env 'Fake': terminated must be True or False"):
+    with pytest.raises(ReturnTypeError, match=r"the step of the GEM env 'Fake': terminated returned 'False' \(str\)"):
         stepped(1.0, terminated="False")
-    for reward, shown in ((float("nan"), "nan"), (10**400, "inf")):  # 10**400: no float holds it
+    assert stepped(1.0, terminated=1)[2] is True and stepped(1.0, terminated=np.bool_(True))[2] is True  # as Gymnasium
+    for reward, shown in ((float("nan"), "nan"), (10**400, "inf"), (Decimal("sNaN"), "nan")):  # no float holds them
         with pytest.warns(RuntimeWarning, match="non-finite reward"):
             _, score, terminated, _, info = stepped(reward)
         assert score == 0.0 and terminated and f"non-finite reward ({shown})" in info["reward_errors"]["env"]
@@ -103,7 +106,7 @@ def test_an_openenv_servers_reward_is_checked_naming_the_server() -> None:
         session.step({"message": "hi"})
     session = OpenEnvTextEnv(Stub({"reward": 1.0, "done": "false"}))
     session.reset(seed=0)
-    with pytest.raises(ArgumentError, match=rf"{server}: step's done must be True or False, got 'false' \(str\)"):
+    with pytest.raises(ReturnTypeError, match=rf"{server}: step's done returned 'false' \(str\), not True or False"):
         session.step({"message": "hi"})
     for reward in (float("inf"), -(10**400)):  # JSON's 1e999 reads as inf, and 10**400 as an int no float holds
         env = openenv_env(Stub({"reward": reward, "done": True}), tools=False, max_new_tokens=8, context_length=128)

@@ -30,7 +30,7 @@ from grpo_gym.rewards import CompositeReward
 from grpo_gym.rewards.functions import RewardLogs, call_reward_funcs
 from grpo_gym.tasks.arithmetic import ArithmeticTask
 from grpo_gym.tasks.base import Verdict
-from grpo_gym.validation import ArgumentError, ReturnTypeError
+from grpo_gym.validation import ReturnTypeError
 from grpo_gym.wrappers import LMEnvWrapper
 from tests.sizes import ENV_KWARGS, TINY
 
@@ -301,10 +301,15 @@ def test_obs_to_text_that_returns_no_text_is_named(text: Any) -> None:
 
 
 def test_a_wrapped_envs_flag_of_text_is_its_error() -> None:
-    """Before: bool("False") ended the episode."""
+    """Before: bool("False") ended the episode. The integers 0 and 1 and numpy's bools pass, as Gymnasium's checker
+    lets them."""
     env = wrapped(1.0, terminated="False")
-    with pytest.raises(ArgumentError, match=r"the wrapped env's step \(TextEnv\): terminated must be True or False"):
+    with pytest.raises(ReturnTypeError, match=r"the wrapped env's step \(TextEnv\): terminated returned 'False'"):
         env.step(env.encode_action("hi"))
+    for flag in (1, np.int64(1), np.bool_(True)):
+        env = wrapped(1.0, terminated=flag)
+        env.reset(seed=0)
+        assert env.step(env.encode_action("hi"))[2] is True
 
 
 @pytest.mark.parametrize(("reward", "words"), [(float("nan"), "non-finite reward"), (1e39, "beyond float32's range")])
@@ -322,3 +327,34 @@ def test_a_wrapped_envs_non_finite_reward_scores_0_with_the_reason(reward: float
                  policy_kwargs=TINY)  # fmt: skip
     with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match=rf"every completion .*TextEnv.*{words}"):
         model.learn(2)
+
+
+class TextAgree(ArithmeticTask):
+    name = "text_agree"
+
+    def answers_agree(self, problem: Any, first: str, second: str) -> Any:
+        return "False"  # bool("False") read as agreement
+
+
+class TextTerms(ArithmeticTask):
+    name = "text_terms"
+
+    def key_terms(self, problem: Any) -> Any:
+        return "1 2"  # list() would split it into characters
+
+
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [
+        (TextAgree(), r"task 'text_agree''s answers_agree returned 'False' \(str\), not True or False"),
+        (TextTerms(), r"task 'text_terms''s key_terms returned '1 2' \(str\): it must return a list of strings"),
+    ],
+)
+def test_a_consistency_hook_of_the_wrong_type_is_the_tasks_error(task: ArithmeticTask, words: str) -> None:
+    """Found by the search: bool("False") read as agreement; a string of terms was split into its characters."""
+    from grpo_gym.rewards.components import consistency_score
+    from grpo_gym.rewards.parsing import parse_completion
+
+    problem = task.sample(0.1, np.random.default_rng(0))
+    with pytest.raises(ReturnTypeError, match=words):
+        consistency_score(task, problem, parse_completion("<think>1 + 1 = 2</think><answer>2</answer>"))

@@ -197,7 +197,7 @@ def test_a_hub_name_not_in_the_cache_stops_the_first_scoring(monkeypatch: pytest
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read at import: set it for this test
     reward = CompositeReward(reward_model="someone/not-a-model")
     problem = Problem(prompt="What is 0 + 0?", answer="0", task="sum", difficulty=0.3)
-    with pytest.raises(ValueError, match=r"could not load a reward model from 'someone/not-a-model'"):
+    with pytest.raises(ValueError, match=r"reward model 'someone/not-a-model' is not a folder here"):
         reward(SumTask(), problem, "<think>0</think><answer>0</answer>", prompt_text="What is 0 + 0?")
 
 

@@ -303,12 +303,17 @@ def load_int8(directory: str | os.PathLike, kernel: str = "auto", trust_remote_c
     _swap(model, names, empty)
     weights, again = folder / WEIGHTS_FILE, "the export is corrupt: write it again with save_int8 (grpo-gym quantize)"
     try:  # not strict: a tensor the file lacks is named below, not in torch's "Error(s) in loading state_dict"
-        missing, _ = load_model(model, str(weights), strict=False)
+        missing, unexpected = load_model(model, str(weights), strict=False)
     except (RuntimeError, OSError, ValueError) as error:  # a tensor of another shape; a file safetensors cannot read
         detail = " ".join(str(error).split())[:300]
         raise ValueError(
             f"{weights}: its weights do not fit the model its config.json describes ({detail}); {again}"
         ) from None
+    if unexpected:  # a tensor the model has no place for: another model's file
+        shown = ", ".join(repr(key) for key in sorted(unexpected)[:3])
+        raise ValueError(
+            f"{weights} holds tensors the model its config.json describes has no place for ({shown}); {again}"
+        )
     check_loaded_weights({"missing_keys": missing}, model, f"INT8 export {os.fspath(weights)!r}", again)
     check_int8_scales(model, weights)
     return model.eval()

@@ -22,7 +22,6 @@ returns the tool's output as the next observation).
 from __future__ import annotations
 
 import difflib
-import math
 from typing import Any
 
 import gymnasium as gym
@@ -37,8 +36,8 @@ except ImportError as error:  # pragma: no cover - the extra is not installed
 
 from grpo_gym.episode_order import EpisodeOrder
 from grpo_gym.interop.r1zero_text import R1ZeroText, text_env
-from grpo_gym.rewards.values import real_number
-from grpo_gym.validation import ArgumentError, ReturnTypeError, check_bool
+from grpo_gym.rewards.values import received_number, returned_flag
+from grpo_gym.validation import ArgumentError
 from grpo_gym.wrappers import LMEnvWrapper
 
 GEM_ID = "grpo_gym:R1Zero-v0"
@@ -86,14 +85,9 @@ class GemTextEnv(gym.Env):
         obs, reward, terminated, truncated, info = self.gem_env.step(action)
         what = f"the step of the GEM env {self.env_id!r}"
         contract = "a GEM env's step returns (observation, reward: float, terminated: bool, truncated: bool, info)"
-        try:  # inf or NaN pass: LMEnvWrapper scores them 0, with the reason
-            reward = real_number(what, reward, contract)
-        except ReturnTypeError:
-            raise
-        except ValueError:  # an integer beyond float's range (10**400): infinite, scored 0 as well
-            reward = math.inf if reward > 0 else -math.inf
-        terminated = bool(check_bool(f"{what}: terminated", terminated, hint=contract))
-        truncated = bool(check_bool(f"{what}: truncated", truncated, hint=contract))
+        reward = received_number(what, reward, contract)  # inf or NaN pass: LMEnvWrapper scores them 0, with the reason
+        terminated = returned_flag(f"{what}: terminated", terminated, contract)
+        truncated = returned_flag(f"{what}: truncated", truncated, contract)
         info = dict(info)
         if "is_success" not in info:
             correct = info.get("correct")

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -51,9 +50,9 @@ except ImportError as error:  # pragma: no cover - the extra is not installed
 
 from grpo_gym.episode_order import EpisodeOrder
 from grpo_gym.interop.mcp import mcp_result, mcp_schemas, remote_toolbox
-from grpo_gym.rewards.values import real_number
+from grpo_gym.rewards.values import received_number, returned_flag
 from grpo_gym.tools import ToolsUnavailable
-from grpo_gym.validation import ArgumentError, ReturnTypeError, check_bool, check_float
+from grpo_gym.validation import ArgumentError, check_float
 from grpo_gym.wrappers import LMEnvWrapper
 
 DEFAULT_TIMEOUT = 30.0
@@ -149,7 +148,7 @@ class OpenEnvTextEnv(gym.Env):
         self._tool_rewards = []
         if isinstance(fields.get("is_success"), bool):
             info["is_success"] = fields["is_success"]
-        done = check_bool(f"the OpenEnv server at {self.url}: step's done", result.done, hint=STEP_CONTRACT)
+        done = returned_flag(f"the OpenEnv server at {self.url}: step's done", result.done, STEP_CONTRACT)
         truncated = bool(done) and fields.get("truncated") is True
         terminated = bool(done) and not truncated
         self.order.stepped(terminated, truncated)
@@ -161,12 +160,7 @@ class OpenEnvTextEnv(gym.Env):
         if value is None:
             return 0.0
         where, verb = f"the OpenEnv server at {self.url}", f"answered {what} with the reward"
-        try:  # inf or NaN pass: LMEnvWrapper scores them 0, with the reason
-            return real_number(where, value, STEP_CONTRACT, verb=verb)
-        except ReturnTypeError:
-            raise
-        except ValueError:  # an integer beyond float's range (10**400 in the JSON): infinite, scored 0 as well
-            return math.inf if value > 0 else -math.inf
+        return received_number(where, value, STEP_CONTRACT, verb=verb)  # inf or NaN: LMEnvWrapper scores them 0
 
     def close(self) -> None:
         """Close the session (the server frees its env)."""

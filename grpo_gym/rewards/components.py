@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from grpo_gym.rewards.values import real_number
+from grpo_gym.rewards.values import real_number, returned_flag
 from grpo_gym.validation import ReturnTypeError, show_value
 
 if TYPE_CHECKING:
@@ -78,8 +78,16 @@ def consistency_score(task: Task, problem: Problem, parsed: ParsedCompletion) ->
     if not parsed.reasoning:
         return 0.0, "no reasoning"
     conclusion = task.conclusion(problem, parsed.reasoning)
-    agree = conclusion is not None and bool(task.answers_agree(problem, conclusion, parsed.answer))
-    terms = list(task.key_terms(problem))
+    agree = conclusion is not None and returned_flag(
+        f"task {task.name!r}'s answers_agree", task.answers_agree(problem, conclusion, parsed.answer)
+    )
+    returned = task.key_terms(problem)
+    terms = list(returned) if isinstance(returned, (list, tuple, set)) else None
+    if terms is None or not all(isinstance(term, str) for term in terms):
+        raise ReturnTypeError(
+            f"task {task.name!r}'s key_terms returned {show_value(returned)}: it must return a list of strings (the "
+            "terms a relevant reasoning mentions), or an empty list"
+        )
     relevance, relevance_reason = _relevance(terms, parsed.reasoning)
     if conclusion is None:
         agree_reason = "reasoning reaches no conclusion"

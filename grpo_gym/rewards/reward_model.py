@@ -121,8 +121,8 @@ class RewardModelScorer:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         safety = check_hf_source(self.path, trust_remote_code=self.trust_remote_code, what="reward model folder")
+        check_hub_reachable(self.path, "reward model")
         try:
-            check_hub_reachable(self.path, "reward model")
             tokenizer = AutoTokenizer.from_pretrained(self.path, **safety)
             model, info = AutoModelForSequenceClassification.from_pretrained(
                 self.path, output_loading_info=True, **safety

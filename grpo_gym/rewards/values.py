@@ -54,6 +54,37 @@ def real_number(what: str, value: Any, fix: str = "", verb: str = "returned") ->
         raise ValueError(f"{what} {verb} {show_value(value)}, beyond float32's range (+-{MAX_REWARD:.4g})") from None
 
 
+def received_number(what: str, value: Any, fix: str = "", verb: str = "returned") -> float:
+    """An env's or a server's reward (:func:`real_number`), a value no float holds read as the infinity of its sign
+    (``10**400``; NaN when it has none): the wrapper then scores it 0, with the reason.
+
+    :raises ReturnTypeError: when ``value`` is not a real number
+    """
+    try:
+        return real_number(what, value, fix, verb)
+    except ReturnTypeError:
+        raise
+    except ValueError:
+        try:
+            return math.inf if value > 0 else -math.inf
+        except (ArithmeticError, TypeError, ValueError):  # a signalling NaN, which compares to nothing
+            return math.nan
+
+
+def returned_flag(what: str, value: Any, fix: str = "") -> bool:
+    """A flag an env or a server returns (``terminated``, ``done``) as a bool: ``True``/``False``, numpy's bools and the
+    integers 0 and 1 (Gymnasium's own checker lets them pass); anything else (``"False"``, which ``bool()`` reads as
+    true) is that code's bug.
+
+    :raises ReturnTypeError: naming ``what`` and the value
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise ReturnTypeError(f"{what} returned {show_value(value)}, not True or False{'; ' + fix if fix else ''}")
+
+
 def reward_number(what: str, value: Any, fix: str = "") -> float:
     """``value`` as a reward: a real number (:func:`real_number`), finite and within float32's range.
 

@@ -202,8 +202,8 @@ def _from_pretrained(path: str, dtype: torch.dtype | str | None, kwargs: dict[st
         if is_dir or "/" not in path or kwargs.get("local_files_only"):
             where = "could not be loaded" if is_dir else "is not a built-in name nor in the local HF cache"
             raise ValueError(f"model {path!r} {where} ({type(error).__name__}): {hint}") from error
+        check_hub_reachable(path, "model")
         try:
-            check_hub_reachable(path, "model")
             loaded, info = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         except (OSError, ValueError, KeyError) as failure:
             raise ValueError(f"could not load a causal LM from {path!r} ({failure}): {hint}") from failure

@@ -128,10 +128,7 @@ def check_weight_entries(state_dicts: dict[str, Any], name: str, reference: bool
             problem = f"holds a {type(found).__name__}, not a dict of tensors, in its"
         else:
             continue
-        raise ValueError(
-            f"{name} {problem} {entry}.pth ({what}): the file was not written whole, or was edited; use another save "
-            "(a checkpoint's previous iteration, or the run's --save-path)"
-        )
+        raise ValueError(f"{name} {problem} {entry}.pth ({what}): {DAMAGED_FIX}")
 
 
 def check_saved_arguments(saved: Any, algorithm: Any, name: str, overrides: Mapping[str, Any] | None = None) -> None:
