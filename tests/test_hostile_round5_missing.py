@@ -107,6 +107,14 @@ def test_a_sharded_checkpoint_whose_shards_lost_the_reference_is_refused(tmp_pat
     _refused(folder / "model.zip", "the shards of its checkpoint hold no frozen reference")
 
 
+def test_set_parameters_of_a_sharded_checkpoints_file_names_load(tmp_path: Path) -> None:
+    """Found by the review: the entry check blamed the file ("edited or damaged") for holding no weights."""
+    model = GRPO("TransformerPolicy", make_env(), policy_kwargs=TINY, n_groups=2, group_size=2, seed=0)
+    folder = model.save_sharded(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"its weights are the shards of its checkpoint folder.*GRPO.load\(path\)"):
+        model.set_parameters(folder / "model.zip")
+
+
 def test_an_earlier_formats_file_takes_the_defaults_with_a_warning_naming_them(
     saved: Path,  # noqa: F811
     tmp_path: Path,

@@ -572,6 +572,11 @@ class LMBaseAlgorithm(BaseAlgorithm):
             path = load_path_or_dict
             data, load_path_or_dict, _ = read_model_file(path)
             name = os.fspath(path) if isinstance(path, (str, os.PathLike)) else "the model file"
+            if data.get("weights") == run_file.SHARDED_WEIGHTS:
+                raise ValueError(
+                    f"{name}: its weights are the shards of its checkpoint folder, which set_parameters does not read; "
+                    f"load it with {type(self).__name__}.load(path)"
+                )
             kept = data.get("format") == FORMAT and data.get("reference") is True  # its run kept a frozen reference
             checks.check_weight_entries(load_path_or_dict, name, reference=kept)
         params = dict(load_path_or_dict)

@@ -40,9 +40,10 @@ def _named_state(module: nn.Module, optimizer: th.optim.Optimizer | None) -> Ite
 
 def first_nonfinite(named: Iterable[tuple[str, th.Tensor]]) -> tuple[str, int, int] | None:
     """The first floating-point tensor of ``named`` holding a NaN or an infinity, as ``(name, count of bad values,
-    size)``; None when all are finite. One pass of max-abs per tensor, one synchronisation."""
+    size)``; None when all are finite. One pass of max-abs per tensor, one synchronisation. A tensor on the meta
+    device (offloaded by a ``device_map``) holds no values to check."""
     tensors = [(name, _local(t).detach()) for name, t in named]
-    tensors = [(name, t) for name, t in tensors if t.is_floating_point() and t.numel() > 0]
+    tensors = [(name, t) for name, t in tensors if t.is_floating_point() and t.numel() > 0 and not t.is_meta]
     if not tensors:
         return None
     peaks = th.stack([th.linalg.vector_norm(t, ord=INF).float().cpu() for _, t in tensors])
