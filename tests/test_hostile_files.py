@@ -48,6 +48,20 @@ def rewrite(source: Path, target: Path, change) -> Path:
     return target
 
 
+def with_tensors(entry: str, change):
+    """A ``rewrite`` change that applies ``change(state dict) -> state dict`` to the tensors of the zip's ``entry``
+    (``"policy.pth"``, ``"ref_model.pth"``)."""
+
+    def edit(name: str, content: bytes) -> bytes:
+        if name != entry:
+            return content
+        buffer = io.BytesIO()
+        th.save(change(th.load(io.BytesIO(content), weights_only=True)), buffer)
+        return buffer.getvalue()
+
+    return edit
+
+
 def with_data(source: Path, target: Path, edit) -> Path:
     def change(name: str, content: bytes) -> bytes:
         if name != "data":

@@ -5,7 +5,6 @@ built; ``grpo-gym eval`` and ``serve`` print it as one line."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -15,18 +14,7 @@ import torch as th
 
 from algorithms import GRPO
 from algorithms.cli import main
-from tests.test_hostile_files import make_env, rewrite, saved, with_data  # noqa: F401  (saved: the fixture)
-
-
-def _tensors(change):
-    def edit(name: str, content: bytes) -> bytes:
-        if name != "policy.pth":
-            return content
-        buffer = io.BytesIO()
-        th.save(change(th.load(io.BytesIO(content), weights_only=True)), buffer)
-        return buffer.getvalue()
-
-    return edit
+from tests.test_hostile_files import make_env, rewrite, saved, with_data, with_tensors  # noqa: F401  (saved: the fixture)
 
 
 def _refused(path: Path, words: str) -> None:
@@ -78,7 +66,10 @@ def test_a_zip_without_its_weights_names_the_entry_and_the_fix(
 
 def test_weights_that_are_not_a_dict_of_tensors_are_named(saved: Path, tmp_path: Path) -> None:  # noqa: F811
     """torch's "Expected state_dict to be dict-like, got <class 'list'>" before."""
-    _refused(rewrite(saved, tmp_path / "list.zip", _tensors(lambda state: list(state.values()))), "holds a list")
+    _refused(
+        rewrite(saved, tmp_path / "list.zip", with_tensors("policy.pth", lambda state: list(state.values()))),
+        "holds a list",
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,7 +83,7 @@ def test_weights_that_are_not_a_dict_of_tensors_are_named(saved: Path, tmp_path:
 )
 def test_weights_that_do_not_fit_the_recorded_model_are_named(saved: Path, tmp_path: Path, change, words: str):  # noqa: F811
     """torch's multi-line RuntimeError for names and shapes; integer weights were loaded, rounded, without a word."""
-    path = rewrite(saved, tmp_path / "other.zip", _tensors(change))
+    path = rewrite(saved, tmp_path / "other.zip", with_tensors("policy.pth", change))
     _refused(path, rf"its policy.pth does not fit the model its arguments describe \(.*{words}")
 
 

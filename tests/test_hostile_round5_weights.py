@@ -5,7 +5,6 @@ or holds a NaN, is refused naming the weights; a folder named ``x.gguf`` is said
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 from pathlib import Path
@@ -20,7 +19,7 @@ from algorithms.common.model.loading import build_builtin_model, load_model
 from algorithms.deploy.loading import load_policy
 from algorithms.deploy.quantize import quantize_int8, save_int8
 from grpo_gym.rewards import RewardModelScorer
-from tests.test_hostile_files import make_env, rewrite, saved  # noqa: F401  (saved: the fixture)
+from tests.test_hostile_files import make_env, rewrite, saved, with_tensors  # noqa: F401  (saved: the fixture)
 from tests.test_reward_model import COMPLETIONS, PROMPTS, _save_model
 
 #: a weight of the tiny model that no other tensor is tied to
@@ -48,17 +47,6 @@ def _reshaped(state: dict[str, th.Tensor]) -> dict[str, th.Tensor]:
     return state
 
 
-def _edit_reference(change):
-    def edit(name: str, content: bytes) -> bytes:
-        if name != "ref_model.pth":
-            return content
-        buffer = io.BytesIO()
-        th.save(change(th.load(io.BytesIO(content), weights_only=True)), buffer)
-        return buffer.getvalue()
-
-    return edit
-
-
 REFERENCE_CASES = {  # before: what GRPO.load did with such a ref_model.pth
     "nan": (_with_nan, rf"frozen reference of .* \(ref_model\.pth\) has 1 NaN or infinite values in '{UNTIED}'"),
     "shape": (_reshaped, r"its ref_model\.pth does not fit .*'model\.embed_tokens\.weight' of shape \(3, 3\)"),
@@ -80,7 +68,7 @@ def test_a_damaged_reference_is_refused_like_the_policy(
     raised torch's "Error(s) in loading state_dict" (GRPO.load and grpo-gym eval); integers loaded rounded; a list
     raised "Expected state_dict to be dict-like"."""
     change, words = REFERENCE_CASES[case]
-    path = rewrite(saved, tmp_path / "reference.zip", _edit_reference(change))
+    path = rewrite(saved, tmp_path / "reference.zip", with_tensors("ref_model.pth", change))
     with pytest.raises(ValueError, match=words) as refusal:
         GRPO.load(path, env=make_env())
     assert str(path) in str(refusal.value) and "use another save" in str(refusal.value)
