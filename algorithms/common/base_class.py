@@ -513,7 +513,7 @@ class LMBaseAlgorithm(BaseAlgorithm):
                 state_dicts.pop("policy.optimizer", None)
             model.set_parameters(state_dicts, exact_match=read_optimizer, device=device)
         if model.ref_model is not None and not held:  # saved without one (beta was 0): a copy of the loaded policy
-            cls._reference_missing(saved, name)
+            checks.check_reference_kept(saved.reference, name)
             if saved.sharded_weights:  # (set_parameters made a whole file's)
                 model._refresh_reference()
         check_finite_weights(model.policy, f"the model {name!r}")  # whole or sharded: each rank checks what it holds
@@ -525,23 +525,6 @@ class LMBaseAlgorithm(BaseAlgorithm):
         if rebuilt and model.env is not None:  # the env the file records: its states must fit it, said now
             checks.check_env_states(model._pending_env_states, model.env, name)
         return model
-
-    @staticmethod
-    def _reference_missing(saved: run_file.SavedRun, name: str) -> None:
-        """A file without the frozen reference this model keeps: refused when it records that its run kept one (a
-        sharded checkpoint's shards that lost it; a whole file's lack is refused as it is read), warned about for a
-        file of an earlier version (which does not say)."""
-        if saved.reference:
-            raise ValueError(
-                f"{name}: the shards of its checkpoint hold no frozen reference, which the file records its run kept; "
-                f"{checks.DAMAGED_FIX}"
-            )
-        if saved.reference is None:
-            warnings.warn(
-                f"{name} was written by an earlier version of grpo-gym and holds no frozen reference (ref_model.pth): "
-                "the reference is a copy of the loaded policy",
-                stacklevel=user_stacklevel(),
-            )
 
     def _precision_text(self) -> str:
         """Each stage's precision, why, and the sampler correction when it is on (printed and in TensorBoard)."""

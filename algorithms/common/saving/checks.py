@@ -337,3 +337,20 @@ def check_optimizer_state(saved: dict[str, Any], optimizer: th.optim.Optimizer, 
             if value.dim() > 0 and tuple(value.shape) != shapes[position[key]]:
                 shape = tuple(value.shape)
                 raise damaged(f"holds {moment!r:.30} of parameter {key} of shape {shape}, not its weight's")
+
+
+def check_reference_kept(reference: bool | None, name: str) -> None:
+    """A file whose weights hold no frozen reference, loaded by a model that keeps one: refused when the file records
+    that its run kept one (``reference`` true: a sharded checkpoint's shards that lost it; a whole file's lack is
+    refused as it is read), warned about for a file of an earlier version (``None``: it does not say)."""
+    if reference:
+        raise ValueError(
+            f"{name}: the shards of its checkpoint hold no frozen reference, which the file records its run kept; "
+            f"{DAMAGED_FIX}"
+        )
+    if reference is None:
+        warnings.warn(
+            f"{name} was written by an earlier version of grpo-gym and holds no frozen reference (ref_model.pth): "
+            "the reference is a copy of the loaded policy",
+            stacklevel=user_stacklevel(),
+        )
