@@ -115,6 +115,63 @@ def shown_command(command: list[str], gguf: str) -> str:
     return shlex.join(Path(gguf).name if word == gguf else word for word in words)
 
 
+# ---------------------------------------------------------------------------------------------- more SFT
+def sft_control(settings: Settings) -> dict[str, Any]:
+    """The control arm: the run's own start (``grpo-gym train``'s setup and cold start, same seed and preset, so the
+    same checkpoint: its held-out table is checked against ours' "before GRPO"), then more SFT on the task's gold
+    solutions at the cold start's settings for ours' GRPO seconds, scored greedy at the same seconds as ours' curve
+    (scoring time left out of the clock). The schedule is the cold start's cosine, planned over the steps the
+    budget allows at the cold start's measured pace."""
+    import dataclasses
+
+    import torch
+
+    from algorithms.cli import _evaluate, _start_or_resume, build_parser
+    from algorithms.common.cold_start import supervised_finetune
+    from algorithms.common.evaluation import evaluate_difficulties
+
+    torch.set_num_threads(settings.threads)
+    control = settings.ours
+    argv = ["train", "--model", settings.sft["gguf"], "--seed", str(settings.seed), "--no-progress-bar",
+            "-params", f"eval_difficulties:{control['difficulties']}", *control["params"]]  # fmt: skip
+    args = build_parser().parse_args(argv)
+    args.argv, args.preset = argv[1:], "pretrained"
+    model, env, plan = _start_or_resume(
+        args, Path(settings.out, f"sft_control_seed{settings.seed}"), lambda *a, **k: None
+    )
+    before = plan["run"]["before"]
+    pace = plan["sft_seconds"] / max(model.sft_steps, 1)  # seconds per SFT step, the cold start's
+    budgets = list(settings.budgets)
+    curve: list[tuple[float, float]] = []
+    clock = {"start": time.perf_counter(), "scoring": 0.0}
+
+    def score(step: int) -> bool:
+        seconds = time.perf_counter() - clock["start"] - clock["scoring"]
+        if budgets and seconds >= budgets[0]:
+            budgets.pop(0)
+            scoring = time.perf_counter()
+            (result,) = evaluate_difficulties(model.policy, env, [control["difficulty"]], plan["n"],
+                                              seed=args.eval_seed, greedy=plan["greedy"])  # fmt: skip
+            clock["scoring"] += time.perf_counter() - scoring
+            curve.append((seconds, result.success_rate))
+        clock["steps"] = step
+        return bool(budgets)
+
+    steps = int(1.2 * settings.budgets[-1] / pace) + 1  # the budget ends the stage, not the schedule
+    supervised_finetune(model.policy, env, steps=steps, batch_size=model.sft_batch_size,
+                        learning_rate=model.sft_learning_rate, generator=torch.Generator().manual_seed(settings.seed),
+                        callback=score)  # fmt: skip
+    seconds = time.perf_counter() - clock["start"] - clock["scoring"]
+    after = _evaluate(model, env, plan, args.eval_seed)
+    return {
+        "before": {str(row["difficulty"]): row["success_rate"] for row in before},
+        "after": {str(row.difficulty): row.success_rate for row in after},
+        "after_rows": [dataclasses.asdict(row) for row in after],
+        "curve": curve, "steps": clock.get("steps", 0), "planned_steps": steps, "sft_s": seconds,
+        "cold_start_s": plan["sft_seconds"],
+    }  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------- TRL
 def export_start(settings: Settings) -> dict[str, Any]:
     """The GGUF file's model and tokenizer as a Hugging Face folder (``settings.folder``), for TRL."""
@@ -163,7 +220,13 @@ def trl_cold_start(settings: Settings) -> dict[str, Any]:
     return {"sft_s": seconds}
 
 
-WORKERS = {"export": export_start, "trl_sft": trl_cold_start, "trl": run_trl, "evaluate": evaluate}
+WORKERS = {
+    "export": export_start,
+    "trl_sft": trl_cold_start,
+    "trl": run_trl,
+    "evaluate": evaluate,
+    "sft_control": sft_control,
+}
 
 
 # ---------------------------------------------------------------------------------------------- the report
@@ -187,33 +250,53 @@ def report(args: argparse.Namespace, runs: list[dict[str, Any]], machine: str) -
         cells = [median_worst([r["ours"]["table"].get(key, {}).get(d) for r in runs if key in r["ours"]["table"]])
                  for d in args.levels]  # fmt: skip
         lines.append(f"| ours | {label} | " + " | ".join(cells) + " |")
-    for label, key in (("after the cold start", "cold"), ("after GRPO", "final")):
+    if "sft" in args.arms:
+        cells = [median_worst([r["sft"]["after"][d] for r in runs]) for d in args.levels]
+        lines.append("| more SFT (the control) | after ours' GRPO seconds | " + " | ".join(cells) + " |")
+    for label, key in (("after the cold start", "cold"), ("after GRPO", "final")) if "trl" in args.arms else ():
         cells = [median_worst([r["trl"][key][d] for r in runs]) for d in args.levels]
         lines.append(f"| TRL | {label} | " + " | ".join(cells) + " |")
     rises = [r["ours"]["table"]["after GRPO"][args.difficulty] - r["ours"]["table"]["before training"][args.difficulty]
              for r in runs]  # fmt: skip
     grpo = [r["ours"]["table"]["after GRPO"][args.difficulty] - r["ours"]["table"]["before GRPO"][args.difficulty]
             for r in runs]  # fmt: skip
+    at = args.difficulty
+    over_sft = [r["ours"]["table"]["after GRPO"][at] - r["sft"]["after"][at] for r in runs if "sft" in r]
+    sft_gain = [r["sft"]["after"][at] - r["ours"]["table"]["before GRPO"][at] for r in runs if "sft" in r]
     walls = [r["ours"]["wall_s"] for r in runs]
     along = [r["ours"]["along_s"] for r in runs]
     per_it = [r["ours"]["grpo_s"] / max(r["ours"]["iterations"], 1) for r in runs]
-    trl_it = [r["trl"]["train_s"] / max(r["trl"]["iterations"], 1) for r in runs]
+    trl_it = [r["trl"]["train_s"] / max(r["trl"]["iterations"], 1) for r in runs if "trl" in r]
+    median = statistics.median
     lines += [
         "",
-        f"- ours at difficulty {args.difficulty}: the run rises {100 * statistics.median(rises):+.1f} points over the "
-        f"start (worst seed {100 * min(rises):+.1f}); GRPO adds {100 * statistics.median(grpo):+.1f} over the cold "
-        f"start (worst {100 * min(grpo):+.1f}).",
-        f"- wall-clock of one `grpo-gym train --model` run: median {statistics.median(walls) / 60:.1f} min (max "
-        f"{max(walls) / 60:.1f}), with held-out evaluations along the way of {statistics.median(along) / 60:.1f} min "
-        "(a run without --eval-every does not make them).",
-        f"- seconds per GRPO iteration: ours {statistics.median(per_it):.2f}, TRL {statistics.median(trl_it):.2f} "
-        f"(median over seeds): {statistics.median(per_it) / statistics.median(trl_it):.2f}x TRL's; TRL's iterations in "
-        f"ours' GRPO time: {statistics.median(r['trl']['iterations'] for r in runs):.0f}, ours' "
-        f"{statistics.median(r['ours']['iterations'] for r in runs):.0f}.",
-        f"- cold start: ours {statistics.median(r['ours']['sft_s'] for r in runs):.0f} s, TRL's SFTTrainer "
-        f"{statistics.median(r['trl']['sft_s'] for r in runs):.0f} s (median).",
-        f"- the command, per seed: `{runs[0]['ours']['command']}`",
+        f"- ours at difficulty {at}: the run rises {100 * median(rises):+.1f} points over the start (worst seed "
+        f"{100 * min(rises):+.1f}); GRPO adds {100 * median(grpo):+.1f} over the cold start (worst "
+        f"{100 * min(grpo):+.1f}).",
     ]
+    if over_sft:
+        steps = median(r["sft"]["steps"] for r in runs if "sft" in r)
+        lines.append(
+            f"- the same seconds of more SFT from the same checkpoint add {100 * median(sft_gain):+.1f} (worst "
+            f"{100 * min(sft_gain):+.1f}; {steps:.0f} steps); GRPO ends {100 * median(over_sft):+.1f} points above "
+            f"that control (worst seed {100 * min(over_sft):+.1f})."
+        )
+    lines += [
+        f"- wall-clock of one `grpo-gym train --model` run: median {median(walls) / 60:.1f} min (max "
+        f"{max(walls) / 60:.1f}), with held-out evaluations along the way of {median(along) / 60:.1f} min "
+        "(a run without --eval-every does not make them).",
+        f"- seconds per GRPO iteration: ours {median(per_it):.2f} (median over seeds), "
+        f"{median(r['ours']['iterations'] for r in runs):.0f} iterations; cold start "
+        f"{median(r['ours']['sft_s'] for r in runs):.0f} s.",
+    ]
+    if trl_it:
+        lines.append(
+            f"- TRL: {median(trl_it):.2f} s per GRPO iteration (ours' time per iteration is "
+            f"{median(per_it) / median(trl_it):.2f}x TRL's); TRL's iterations in ours' GRPO time: "
+            f"{median(r['trl']['iterations'] for r in runs if 'trl' in r):.0f}; TRL's SFTTrainer cold start "
+            f"{median(r['trl']['sft_s'] for r in runs if 'trl' in r):.0f} s (median)."
+        )
+    lines.append(f"- the command, per seed: `{runs[0]['ours']['command']}`")
     return "\n".join(lines)
 
 
@@ -229,11 +312,18 @@ def plot(path: Path, args: argparse.Namespace, runs: list[dict[str, Any]]) -> No
         ours = [(0.0, run["ours"]["table"]["before GRPO"][args.difficulty])]
         ours += [(seconds, success) for _, seconds, success in run["ours"]["curve"]]
         ours.append((run["ours"]["grpo_s"], run["ours"]["table"]["after GRPO"][args.difficulty]))
-        trl = [(0.0, run["trl"]["cold"][args.difficulty]), *run["trl"]["curve"]]
-        for points, color, name in ((ours, "tab:blue", "ours (grpo-gym)"), (trl, "tab:orange", "TRL 1.16")):
+        arms = [(ours, "tab:blue", "ours: GRPO (grpo-gym)")]
+        if "sft" in run:
+            start = run["ours"]["table"]["before GRPO"][args.difficulty]
+            sft = [(0.0, start), *map(tuple, run["sft"]["curve"][:-1])]  # its last point is the final table's
+            sft.append((run["sft"]["sft_s"], run["sft"]["after"][args.difficulty]))
+            arms.append((sft, "tab:green", "more SFT from the same checkpoint (the control)"))
+        if "trl" in run:
+            arms.append(([(0.0, run["trl"]["cold"][args.difficulty]), *run["trl"]["curve"]], "tab:orange", "TRL 1.16"))
+        for points, color, name in arms:
             x, y = zip(*sorted(points), strict=True)
             axis.plot(x, [100 * v for v in y], color=color, alpha=0.8, label=name if index == 0 else None, marker=".")
-    axis.set_xlabel("GRPO wall-clock seconds (after the cold start; held-out evaluations left out)")
+    axis.set_xlabel("wall-clock seconds after the cold start (held-out evaluations left out)")
     axis.set_ylabel(f"greedy held-out success at difficulty {args.difficulty} (%)")
     axis.set_title("SmolLM2-135M-Instruct, arithmetic, 2 CPU cores: each seed a line")
     axis.grid(alpha=0.3)
@@ -252,6 +342,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2, help="torch threads of each process")
     parser.add_argument("--results", type=Path, help="write the section into this RESULTS.md")
     parser.add_argument("--plot", type=Path, help="the plot (default: real_model.png next to --results)")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        choices=["sft", "trl"],
+        default=["sft", "trl"],
+        help="besides ours: more SFT from ours' cold start (the control), TRL",
+    )
+    parser.add_argument("--keep", type=Path, help="keep each seed's results (runs_seed<s>.json) and logs here")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -267,6 +365,19 @@ def parse_args() -> argparse.Namespace:
     if args.plot is None and args.results is not None:
         args.plot = args.results.parent / "real_model.png"
     return args
+
+
+def control_run(args: argparse.Namespace, base: Settings, seed: int, ours: dict[str, Any]) -> dict[str, Any]:
+    """More SFT for one seed from ours' cold-start checkpoint, for ours' GRPO seconds, scored at ours' curve points."""
+    budgets = [seconds for _, seconds, _ in ours["curve"] if seconds < ours["grpo_s"]] + [ours["grpo_s"]]
+    control = {"params": args.params, "difficulties": args.difficulties, "difficulty": args.difficulty}
+    run = run_worker(__file__, "sft_control", {**asdict(base), "seed": seed, "budgets": budgets, "ours": control})
+    before, ours_before = run["before"], ours["table"]["before GRPO"]  # ours' is printed to 0.1%
+    if any(
+        f"{100 * success:.1f}" != f"{100 * ours_before.get(float(level), -1):.1f}" for level, success in before.items()
+    ):
+        raise SystemExit(f"seed {seed}: the control's cold start is not ours' ({before} against {ours_before})")
+    return {**run, "after": {float(level): success for level, success in run["after"].items()}}
 
 
 def trl_run(args: argparse.Namespace, base: Settings, seed: int, ours: dict[str, Any]) -> dict[str, Any]:
@@ -310,6 +421,8 @@ def main() -> None:
     cold = config["cold_start_kwargs"]
     runs = []
     with tempfile.TemporaryDirectory(prefix="real_model_") as tmp:
+        out = str(args.keep) if args.keep else tmp
+        os.makedirs(out, exist_ok=True)
         base = Settings(
             folder=os.path.join(tmp, "trl_model"), out=tmp, threads=args.threads, env_kwargs=env_kwargs,
             sft={"gguf": args.gguf, **{f"sft_{k}": cold[k] for k in ("steps", "batch_size", "learning_rate")}},
@@ -318,12 +431,18 @@ def main() -> None:
             trl={"beta": config.get("beta", 0.0)}, held_out=args.held_out,
         )  # fmt: skip
         for seed in args.seeds:
-            ours = run_ours(args, seed, tmp)
+            ours = run_ours(args, seed, out)
             print(f"ours seed {seed}: {ours['table']} in {ours['wall_s'] / 60:.1f} min", flush=True)
-            trl = trl_run(args, base, seed, ours)
-            print(f"TRL seed {seed}: cold {trl['cold']} final {trl['final']}, {trl['iterations']} iterations",
-                  flush=True)  # fmt: skip
-            runs.append({"seed": seed, "ours": ours, "trl": trl})
+            run = {"seed": seed, "ours": ours}
+            if "sft" in args.arms:
+                run["sft"] = control_run(args, base, seed, ours)
+                print(f"more SFT seed {seed}: {run['sft']['after']} after {run['sft']['steps']} steps", flush=True)
+            if "trl" in args.arms:
+                run["trl"] = trl = trl_run(args, base, seed, ours)
+                print(f"TRL seed {seed}: cold {trl['cold']} final {trl['final']}, {trl['iterations']} iterations",
+                      flush=True)  # fmt: skip
+            runs.append(run)
+            Path(out, f"runs_seed{seed}.json").write_text(json.dumps(run, indent=1))
     body = report(args, runs, machine)
     print(body)
     if args.plot:

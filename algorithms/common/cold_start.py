@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,7 @@ def supervised_finetune(
     log_interval: int = 50,
     progress_bar: bool = False,
     loss_weight: float = 1.0,
+    callback: Callable[[int], bool] | None = None,
 ) -> dict[str, float]:
     """Minimise the completion tokens' negative log-likelihood for ``steps`` steps (its own AdamW optimizer).
 
@@ -105,6 +107,8 @@ def supervised_finetune(
         (:func:`~algorithms.common.progress.progress`)
     :param loss_weight: what this process's loss is multiplied by before its backward (1 / processes when the
         processes run the same batch on a sharded model, whose backward sums their gradients)
+    :param callback: called with the step number after each step; ``False`` stops the stage there (as an SB3
+        callback's ``on_step``): a time budget, or held-out scores along the way
     """
     rows = load_sft_rows(data) if data is not None else None
     if rows is not None:
@@ -135,6 +139,8 @@ def supervised_finetune(
                 logger.dump(step=step)
             elif verbose:
                 print(f"sft step {step}/{steps}: loss {stats['loss']:.4f}")
+        if callback is not None and callback(step) is False:
+            break
     if shown is not None:
         shown.close()
     if rows is None:
