@@ -16,13 +16,24 @@ same wall-clock budget.
   env's reward, for as long as ours' GRPO ran (its seconds, same seed); TRL's own precision default (bf16 on a CPU with
   native bf16, as ``benchmarks/learning_vs_trl.py``). Its weights are snapshot at E-iteration-equivalent times and
   every snapshot is scored afterwards by ours' evaluator on the same held-out problems (greedy).
+- **More SFT, the control** (``--arms sft``): every RL claim needs one. The run's own start again (``grpo-gym
+  train``'s setup and cold start in a worker, same seed and preset: the same checkpoint, checked against ours'
+  held-out table before GRPO), then more SFT on the task's gold solutions at the cold start's batch size and learning
+  rate for as many seconds as ours' GRPO ran, scored greedy at the seconds of ours' curve (scoring left out of the
+  clock). GRPO earns its keep only where it ends above this arm.
 - **Time per GRPO iteration**: each trainer's GRPO seconds over its iterations (rewards vary: after a cold start the
   groups are mixed).
 
-Full measurement (what ``benchmarks/RESULTS.md`` records; about three hours on an idle 2-core machine: 3 seeds x 2
-trainers x ~25 minutes, then the evaluation)::
+Full measurement (what ``benchmarks/RESULTS.md`` records; about four hours on an idle 2-core machine: 3 seeds x 3
+arms x ~25 minutes, then the evaluation)::
 
     python benchmarks/real_model.py --seeds 0 1 2 --results benchmarks/RESULTS.md
+
+One arm beside ours (``--arms sft``: the control alone), a recipe other than the preset's (``--params``), the runs'
+JSON and logs kept (``--keep DIR``)::
+
+    python benchmarks/real_model.py --seeds 7 --arms sft --difficulties 0.3 --keep runs \
+        --params n_timesteps:3840 n_groups:8 learning_rate:3.0e-5
 
 Smoke run (a few minutes: the preset cut down with ``--params``)::
 

@@ -64,6 +64,7 @@ def our_step(model: Any, batch: Any, initial: dict[str, Any], config: dict[str, 
     """One update of ours on ``batch`` from the weights ``initial`` with ``config`` (loss settings, weight decay,
     per-stage precision, sampler correction): loss, log-probs, pre-clip gradient, step."""
     from algorithms.common import sampler_correction
+    from algorithms.common.rollout.batch import sampler_kl_of_fresh
     from algorithms.grpo import update
 
     policy = model.policy
@@ -77,7 +78,7 @@ def our_step(model: Any, batch: Any, initial: dict[str, Any], config: dict[str, 
         batch, kl = sampler_correction.correct_fresh_rollout(policy, batch, 2.0)
     loss, stats, log_probs = update.minibatch_loss(policy, batch, settings)
     if kl is None:
-        kl = update.minibatch_sampler_kl(batch, log_probs.detach())
+        kl = sampler_kl_of_fresh(batch, log_probs.detach())
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     parameters = list(policy.model.parameters())

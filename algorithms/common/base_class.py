@@ -36,7 +36,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 import numpy as np
 import torch as th
@@ -61,14 +61,21 @@ from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guard
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
 from algorithms.common.lm_arguments import LM_ARGUMENTS
-from algorithms.common.losses import LossFunction, PolicyOutputs, sampler_kl
+from algorithms.common.losses import LossFunction, PolicyOutputs
 from algorithms.common.model.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
 from algorithms.common.model.tokenizer_check import check_embedding_rows, check_model_tokenizer
 from algorithms.common.overlapped_learning import OverlappedLoop
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch, minibatches, rows_to_batch
+from algorithms.common.rollout.batch import (
+    RolloutBatch,
+    loss_share,
+    minibatches,
+    rows_to_batch,
+    rows_with_gradient,
+    sampler_kl_of_fresh,
+)
 from algorithms.common.rollout.rows import TEXT_ONLY, Rows, log_rollout, turn_returns
 from algorithms.common.rollout.staleness import VERSIONS_PREFIX, RolloutProducer, WeightVersions
 from algorithms.common.rollout_collection import Collected, RolloutCollector, RolloutSampling
@@ -94,6 +101,25 @@ SB3_ARGUMENTS = ("learning_rate", "policy_kwargs", "stats_window_size", "tensorb
 ATTRIBUTE_OF = {"stats_window_size": "_stats_window_size"}
 
 GUARD_PREFIX = "collapse_guard/"  # the collapse guard's snapshot among a saved run's tensors
+
+
+class Step(NamedTuple):
+    """One minibatch's optimizer step (:meth:`LMBaseAlgorithm._step`): its loss, its stats (``None``: stopped before
+    the step) and the ``(B, C)`` log-probs of the rows the forward pass ran, before the step."""
+
+    loss: th.Tensor
+    stats: dict[str, Any] | None
+    log_probs: th.Tensor
+
+
+def step_stats(minibatch: RolloutBatch, stats: dict[str, Any], grad_norm: th.Tensor) -> dict[str, Any]:
+    """A step's stats with its ``grad_norm`` (a finite one: a skipped step's is counted, not averaged) and, when the
+    loss has no entropy term, the entropy estimated from the sampled tokens, ``-E[log p]``."""
+    if "entropy" not in stats:
+        stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
+    if th.isfinite(grad_norm):
+        stats["grad_norm"] = grad_norm
+    return stats
 
 
 def record_step(history: dict[str, list[float]], loss: th.Tensor, stats: dict[str, Any]) -> None:
@@ -758,14 +784,16 @@ class LMBaseAlgorithm(BaseAlgorithm):
         with_entropy: bool = False,
         with_values: bool = False,
         stop: Callable[[dict[str, Any]], bool] | None = None,
+        sequential: bool = False,
+        prune: bool = False,
     ) -> dict[str, list[float]]:
-        """The update step every algorithm that gives its loss shares (LMPPO's, RLOO's): ``n_epochs`` passes over the
-        last rollout in minibatches of ``batch_size`` rows (``None``: the whole rollout; this process's rows, each
-        minibatch weighted by its share of every process's loss), an optimizer step on ``loss`` each (the guarded
-        step: clipping, a non-finite step skipped and counted); the sampler correction (when on and the batch has no
-        weights yet); the ``train/*`` logs (each stat's mean, the sampler KL, the steps skipped and taken). Returns
-        each stat's values per step. GRPO's update adds replay, the correction from its own forward pass and the
-        diagnostics' group-by-group steps (:mod:`algorithms.grpo.update`).
+        """The update step every algorithm shares; it gives its loss. ``n_epochs`` passes over the last rollout (and
+        what :meth:`_extend_batch` adds) in minibatches of ``batch_size`` rows (``None``: the whole rollout;
+        ``sequential``: one group after the other; this process's rows, each minibatch weighted by its share of every
+        process's loss), an optimizer step on ``loss`` each (:meth:`_step`); the sampler correction first (when on,
+        the batch has no weights yet and the loss does not take it from its own pass, :meth:`_corrects_in_pass`);
+        the ``train/*`` logs (each stat's mean, the sampler KL measured before the first step, the steps skipped and
+        taken). Returns each stat's values per step.
 
         :param loss: the algorithm's loss (:data:`~algorithms.common.losses.LossFunction`)
         :param aggregation: how the loss reduces its tokens (``"token"``: the minibatches weighted by tokens, else rows)
@@ -773,36 +801,83 @@ class LMBaseAlgorithm(BaseAlgorithm):
         :param with_values: the outputs carry the value head's estimates
         :param stop: called with a minibatch's stats before its step; True ends the update there (SB3's
             ``target_kl``)
+        :param sequential: one minibatch per group, in order (GRPO's ``update_mode="sequential"``)
+        :param prune: rows whose advantage is zero add nothing to the loss (no KL, entropy or value term): leave them
+            out of the forward and backward passes (:func:`~algorithms.common.rollout.batch.rows_with_gradient`)
         """
-        policy, batch = self.policy, self._rollout
-        assert batch is not None, "collect_rollouts() must run before train()"
-        policy.set_training_mode(True)
-        self._update_learning_rate(policy.optimizer)
+        assert self._rollout is not None, "collect_rollouts() must run before train()"
+        self.policy.set_training_mode(True)
+        self._update_learning_rate(self.policy.optimizer)
         self._start_gradient_sync()
-        measured = None
-        if self._sampler_correction is not None and batch.sampler_weights is None:  # against the update's weights
-            batch, measured = correction.correct_fresh_rollout(
-                policy, batch, self.sampler_correction_cap, self._sampler_correction
-            )
+        batch, measured = self._rollout, None
+        if self._sampler_correction is not None and batch.sampler_weights is None and not self._corrects_in_pass():
+            batch, measured = self._correct_rollout(batch)
+        batch = self._extend_batch(batch)
         history: dict[str, list[float]] = {}
         for _ in range(n_epochs):
-            for minibatch, share in minibatches(batch, batch_size, False, aggregation, self._minibatch_generator,
-                                                self._dist):  # fmt: skip
-                mask = minibatch.completion_mask
-                args = (minibatch.prompt_ids, minibatch.prompt_mask, minibatch.completion_ids, mask)
-                outputs = PolicyOutputs(*policy.log_probs(*args, with_entropy=with_entropy, with_values=with_values))
+            parts = minibatches(batch, batch_size, sequential, aggregation, self._minibatch_generator, self._dist,
+                                self._placeholder)  # fmt: skip
+            for minibatch, share in parts:
+                ran = rows_with_gradient(minibatch) if prune else minibatch
+                step = self._step(minibatch, ran, share, loss, aggregation, with_entropy, with_values, stop)
                 if measured is None:  # before any step: the update's weights are the sampler's
-                    measured = sampler_kl(outputs.log_probs.detach(), minibatch.old_log_probs, mask)
-                value, stats = loss(minibatch, outputs)
-                if stop is not None and stop(stats):
+                    measured = sampler_kl_of_fresh(ran, step.log_probs.detach())
+                if step.stats is None:  # stopped before its step
                     return self._log_update(history, measured)
-                grad_norm = self._optimizer_step(value * share)
-                if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
-                    stats["grad_norm"] = grad_norm
-                if "entropy" not in stats:  # no entropy bonus: estimated from the sampled tokens, -E[log p]
-                    stats["entropy"] = -minibatch.old_log_probs[mask].mean()
-                record_step(history, value, stats)
+                record_step(history, step.loss, step.stats)
         return self._log_update(history, measured)
+
+    def _step(
+        self,
+        minibatch: RolloutBatch,
+        ran: RolloutBatch,
+        share: float,
+        loss: LossFunction,
+        aggregation: str,
+        with_entropy: bool,
+        with_values: bool,
+        stop: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> Step:
+        """One optimizer step on ``minibatch``: the policy's forward pass on ``ran`` (its rows that can carry a
+        gradient, or all), ``loss`` on them weighted by their share of the minibatch's, the guarded step on it times
+        this process's ``share`` (:meth:`_optimizer_step`), its stats completed by :func:`step_stats`; ``stats`` is
+        ``None`` when ``stop`` ended the update before the step."""
+        mask = ran.completion_mask
+        outputs = PolicyOutputs(*self.policy.log_probs(ran.prompt_ids, ran.prompt_mask, ran.completion_ids, mask,
+                                                       with_entropy=with_entropy, with_values=with_values))  # fmt: skip
+        value, stats = loss(ran, outputs)
+        if ran is not minibatch:  # the minibatch's loss: the rows left out add exactly zero to it
+            part = loss_share(ran, minibatch, aggregation)
+            value = value * part
+            stats = {key: stat * part if key == "policy_loss" else stat for key, stat in stats.items()}
+        if stop is not None and stop(stats):
+            return Step(value, None, outputs.log_probs)
+        return Step(value, step_stats(minibatch, stats, self._optimizer_step(value * share)), outputs.log_probs)
+
+    def _corrects_in_pass(self) -> bool:
+        """Whether the algorithm's loss takes the sampler correction from the update's own forward pass (GRPO's, when
+        the update is one step on the whole fresh rollout), so :meth:`_update_policy` makes no pass of its own."""
+        return False
+
+    def _correct_rollout(self, batch: RolloutBatch) -> tuple[RolloutBatch, th.Tensor]:
+        """The sampler correction of the fresh rollout against the update's weights (one forward pass, no gradient):
+        the corrected batch and the sampler KL; logs the share of tokens the correction truncated (``"tis"``) or
+        rows it left out (``"mask"``)."""
+        cap, mode = self.sampler_correction_cap, self._sampler_correction
+        corrected, measured = correction.correct_fresh_rollout(self.policy, batch, cap, mode)
+        if mode == "mask":
+            self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(corrected))
+        else:
+            clipped = correction.truncated_fraction(
+                corrected.old_log_probs, batch.old_log_probs, corrected.completion_mask, cap
+            )
+            self.logger.record("train/sampler_clipped_fraction", float(clipped))
+        return corrected, measured
+
+    def _extend_batch(self, batch: RolloutBatch) -> RolloutBatch:
+        """What the update trains on besides the fresh (corrected) rollout ``batch``: the batch itself here; GRPO adds
+        its replayed rows."""
+        return batch
 
     def _log_update(self, history: dict[str, list[float]], measured: th.Tensor | None) -> dict[str, list[float]]:
         """The ``train/*`` logs every update writes: each stat's mean over its steps, the sampler KL measured before

@@ -1,8 +1,7 @@
 """The diagnostics (``controls_kwargs['diagnostics']=True``, one of the original design's controls): the update's
 gradient accumulated one group at a time, each group's own gradient measured (per-group norms, their spread, the
 groups' agreement) and logged under ``groups/``. :meth:`GRPO._step <algorithms.grpo.grpo.GRPO._step>` calls it instead
-of the joint backward of :func:`~algorithms.grpo.update.minibatch_loss`; the sum of the groups' gradients is the joint
-one.
+of the shared step's joint backward; the sum of the groups' gradients is the joint one.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ from dataclasses import dataclass
 import torch as th
 from stable_baselines3.common.logger import Logger
 
+from algorithms.common.losses import LossFunction, PolicyOutputs
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch
+from algorithms.common.rollout.batch import RolloutBatch, loss_share
 from algorithms.grpo import controls
-from algorithms.grpo.update import LossSettings, loss_share, minibatch_loss
 from grpo_gym.validation import user_stacklevel
 
 
@@ -33,13 +32,17 @@ class GroupDiagnostics:
 def backward_by_group(
     policy: TransformerPolicy,
     minibatch: RolloutBatch,
-    settings: LossSettings,
+    loss: LossFunction,
+    aggregation: str,
+    with_entropy: bool = False,
     rank_share: float = 1.0,
     loss_scale: float = 1.0,
 ) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor, GroupDiagnostics]:
-    """The diagnostics: accumulate the minibatch's gradient one group at a time, each group's loss weighted by its
-    share of the minibatch's aggregation (so the sum is the joint gradient), and measure each group's gradient.
+    """The diagnostics: accumulate the minibatch's gradient one group at a time, each group's ``loss`` weighted by
+    its share of the minibatch's ``aggregation`` (so the sum is the joint gradient), and measure each group's
+    gradient.
 
+    :param with_entropy: the policy's outputs carry the entropies (an entropy bonus)
     :param rank_share: this rank's share of the job's minibatch
         (:func:`~algorithms.common.rollout.batch.minibatches`)
     :param loss_scale: the fp16 gradient scaler's current scale (1 without one)
@@ -53,14 +56,17 @@ def backward_by_group(
     for group in th.unique(minibatch.groups).tolist():
         rows = (minibatch.groups == group).nonzero().squeeze(1)
         part = minibatch.select(rows)
-        share = loss_share(part, minibatch, settings.aggregation)
-        loss, stats, part_log_probs = minibatch_loss(policy, part, settings)
-        (loss * share * rank_share * loss_scale).backward()
+        share = loss_share(part, minibatch, aggregation)
+        args = (part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask)
+        outputs = PolicyOutputs(*policy.log_probs(*args, with_entropy=with_entropy))
+        value, stats = loss(part, outputs)
+        part_log_probs = outputs.log_probs
+        (value * share * rank_share * loss_scale).backward()
         grads = [(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]
         total = th.cat(grads) / loss_scale  # (P,) the gradient accumulated so far
         gradients.append((total - previous) / max(share * rank_share, 1e-12))  # this group's own gradient
         previous = total
-        loss_sum = loss_sum + loss.detach() * share
+        loss_sum = loss_sum + value.detach() * share
         for key, value in stats.items():
             stats_sum[key] = stats_sum.get(key, 0.0) + value.detach() * share
         log_probs[rows, : part_log_probs.shape[1]] = part_log_probs.detach()

@@ -11,14 +11,15 @@ replay: :mod:`algorithms.grpo.replay`), log. The original design's controls: :mo
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch as th
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import GymEnv
 
-from algorithms.common import sampler_correction as correction
-from algorithms.common.base_class import LMBaseAlgorithm, record_step
+from algorithms.common.base_class import LMBaseAlgorithm, Step, step_stats
+from algorithms.common.losses import LossFunction, PolicyOutputs
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch
@@ -53,6 +54,7 @@ class GRPO(LMBaseAlgorithm):
     algo_name, config_file = "grpo", "grpo.yml"
     schedules = ("clip_range", "clip_range_high", "ent_coef")
     arguments = GRPO_ARGUMENTS
+    _replayed: tuple[RolloutBatch, RolloutBatch | None, dict[int, float]] | None = None  # the update's replay, if any
     #: the run state's entries of the advantages step, the reward ramp and the prompt pool (:meth:`get_run_state`)
     run_state_keys = (*LMBaseAlgorithm.run_state_keys, "_between_variance", "_groups_seen", "_reward_model_target",
                       "_prompt_pool_state")  # fmt: skip
@@ -171,59 +173,61 @@ class GRPO(LMBaseAlgorithm):
 
     # ------------------------------------------------------------------ update
     def train(self) -> None:
-        """GRPO update on the last rollout: ``n_epochs`` passes in minibatches of ``batch_size`` completions."""
-        assert self._rollout is not None, "collect_rollouts() must run before train()"
-        self.policy.set_training_mode(True)
-        self._update_learning_rate(self.policy.optimizer)
+        """GRPO update on the last rollout (and replayed rows): ``n_epochs`` passes in minibatches of ``batch_size``
+        completions, each one step on the clipped surrogate (:func:`~algorithms.grpo.update.outputs_loss`) through
+        the shared update step (:meth:`~algorithms.common.base_class.LMBaseAlgorithm._update_policy`)."""
         settings = self._loss_settings()
-        self._start_gradient_sync()
-        fresh = batch = self._rollout
-        sampler_kl = None  # measured before the first step: on the whole fresh rollout, or on the first minibatch
-        clipped = None
-        in_pass = self._corrects_in_pass()
-        if self._sampler_correction is not None and not in_pass:  # "tis" or "mask": against the update's log-probs
-            cap, mode = self.sampler_correction_cap, self._sampler_correction
-            fresh, sampler_kl = correction.correct_fresh_rollout(self.policy, fresh, cap, mode)
-            if mode == "mask":
-                self.logger.record("train/sampler_masked_fraction", correction.masked_fraction(fresh))
-            else:
-                clipped = correction.truncated_fraction(
-                    fresh.old_log_probs, batch.old_log_probs, fresh.completion_mask, cap
-                )
-            batch = fresh
+        in_pass = (self._sampler_correction, self.sampler_correction_cap) if self._corrects_in_pass() else None
+        prune = update.prunable(settings, self.policy.value_net is not None) and not self.diagnostics
+
+        def loss(minibatch: RolloutBatch, outputs: PolicyOutputs) -> tuple[th.Tensor, dict[str, th.Tensor]]:
+            return update.outputs_loss(self.policy, minibatch, outputs, settings, in_pass)
+
+        sequential = self.update_mode == "sequential"
+        history = self._update_policy(loss, self.n_epochs, self.batch_size, self.loss_aggregation,
+                                      settings.ent_coef != 0, False, None, sequential, prune)  # fmt: skip
+        if self.replay_buffer is not None:
+            replay.update_and_store(self.replay_buffer, *self._replayed, self._iteration)
+        update.log_train(self.logger, history, settings, self.diagnostics)
+
+    def _extend_batch(self, batch: RolloutBatch) -> RolloutBatch:
+        """The fresh rollout plus rows drawn from the replay buffer (``replay_ratio`` of the update), and the
+        reference's log-probs when ``beta > 0``."""
         drawn = None
         if self.replay_buffer is not None:
-            args = (self.replay_buffer, len(fresh), self.replay_ratio, self._iteration, self.max_replay_age)
+            args = (self.replay_buffer, len(batch), self.replay_ratio, self._iteration, self.max_replay_age)
             drawn = replay.draw(*args, self.device, self.logger)
-        if drawn is not None:
-            batch = fresh.concat(drawn)
+            self._replayed = (batch, drawn, {})  # the fresh rows, the replayed ones, their drift by slot
+        extended = batch if drawn is None else batch.concat(drawn)
         if self.beta > 0:
-            batch.ref_log_probs = self._reference_log_probs(batch)
-        history: dict[str, list[float]] = {}
-        drifts: dict[int, float] = {}  # replayed slot -> mean |log ratio| per token, from its last minibatch
-        for _ in range(self.n_epochs):
-            parts = update.minibatches(
-                batch,
-                self.batch_size,
-                self.update_mode == "sequential",
-                self.loss_aggregation,
-                self._minibatch_generator,
-                self._dist,
-                self._placeholder,
+            extended.ref_log_probs = self._reference_log_probs(extended)
+        return extended
+
+    def _step(
+        self,
+        minibatch: RolloutBatch,
+        ran: RolloutBatch,
+        share: float,
+        loss: LossFunction,
+        aggregation: str,
+        with_entropy: bool,
+        with_values: bool,
+        stop: Callable[[dict[str, Any]], bool] | None = None,
+    ) -> Step:
+        """The shared step, or with the diagnostics the gradient accumulated one group at a time (each group's
+        measured and logged, :mod:`~algorithms.grpo.diagnostics`); a replayed row's drift is kept for its priority."""
+        if not self.diagnostics:
+            step = super()._step(minibatch, ran, share, loss, aggregation, with_entropy, with_values, stop)
+        else:
+            scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
+            value, stats, log_probs, groups = diagnostics.backward_by_group(
+                self.policy, minibatch, loss, aggregation, with_entropy, share, scale
             )
-            for minibatch, share in parts:
-                loss, stats, log_probs, ran = self._step(minibatch, settings, share, in_pass)
-                if sampler_kl is None:  # no correction: the first minibatch's forward ran before any step
-                    sampler_kl = update.minibatch_sampler_kl(ran, log_probs)
-                if ran.slots is not None:
-                    drifts.update(replay.drift(log_probs.detach(), ran))
-                record_step(history, loss, stats)
-        if self.replay_buffer is not None:
-            replay.update_and_store(self.replay_buffer, fresh, drawn, drifts, self._iteration)
-        if clipped is not None:
-            history["sampler_clipped_fraction"] = [float(clipped)]
-        self._log_update(history, sampler_kl)
-        update.log_train(self.logger, history, settings, self.diagnostics)
+            diagnostics.log_group_gradients(self.logger, groups)
+            step = Step(value, step_stats(minibatch, stats, self._optimizer_step(None)), log_probs)
+        if ran.slots is not None:
+            self._replayed[2].update(replay.drift(step.log_probs.detach(), ran))
+        return step
 
     def _loss_settings(self) -> update.LossSettings:
         """The loss's coefficients at the current progress (and update count, for :class:`UpdateDecay`)."""
@@ -247,30 +251,3 @@ class GRPO(LMBaseAlgorithm):
             and self.update_mode == "joint"
             and not self.diagnostics
         )
-
-    def _step(self, minibatch: RolloutBatch, settings: update.LossSettings, share: float, in_pass: bool = False):
-        """One optimizer step on a minibatch (group by group with the diagnostics); its loss and stats, the rows
-        the forward pass ran (:func:`~algorithms.grpo.update.rows_with_gradient`: every row with the diagnostics)
-        and their log-probs. ``in_pass``: the sampler correction from this step's forward pass
-        (:meth:`_corrects_in_pass`)."""
-        ran = minibatch
-        if self.diagnostics:
-            scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
-            loss, stats, log_probs, groups = diagnostics.backward_by_group(
-                self.policy, minibatch, settings, share, scale
-            )
-            diagnostics.log_group_gradients(self.logger, groups)
-            grad_norm = self._optimizer_step(None)
-        else:
-            ran = update.rows_with_gradient(minibatch, settings, self.policy.value_net is not None)
-            correction = (self._sampler_correction, self.sampler_correction_cap) if in_pass else None
-            loss, stats, log_probs = update.minibatch_loss(self.policy, ran, settings, correction)
-            if ran is not minibatch:  # the minibatch's loss: the rows left out add exactly zero to it
-                part = update.loss_share(ran, minibatch, settings.aggregation)
-                loss, stats["policy_loss"] = loss * part, stats["policy_loss"] * part
-            grad_norm = self._optimizer_step(loss * share)
-        if "entropy" not in stats:  # no entropy bonus: estimate it from the sampled tokens, -E[log p]
-            stats["entropy"] = -minibatch.old_log_probs[minibatch.completion_mask].mean()
-        if th.isfinite(grad_norm):  # a skipped step's norm (inf or NaN) is counted, not averaged
-            stats["grad_norm"] = grad_norm
-        return loss, stats, log_probs, ran

@@ -1,14 +1,13 @@
-"""GRPO's update: its loss (:func:`grpo_loss`, a pure tensor function), the loss of one minibatch
-(:func:`minibatch_loss`: the policy's forward pass, the rows that carry a gradient, the sampler correction taken from
-the pass), the sampler mismatch measured on the first minibatch (:func:`minibatch_sampler_kl`) and the update's logs
-(:func:`log_train`). The diagnostics' group-by-group backward: :mod:`algorithms.grpo.diagnostics`.
+"""GRPO's update: its loss (:func:`grpo_loss`, a pure tensor function), GRPO's loss function for the shared update
+step (:func:`outputs_loss`: :func:`grpo_loss` on the policy's outputs, the sampler correction taken from the pass, the
+value head's MSE; :func:`minibatch_loss` runs the forward pass first), whether zero-advantage rows may be left out
+(:func:`prunable`) and the update's own logs (:func:`log_train`). The diagnostics' group-by-group backward:
+:mod:`algorithms.grpo.diagnostics`.
 
 Where it sits in the data flow: the rollout's rewards ``(K, G)`` became advantages before
-(:mod:`algorithms.grpo.advantages`); :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` takes the rollout's
-:class:`~algorithms.common.rollout.batch.RolloutBatch` (plus replayed rows), splits it with
-:func:`~algorithms.common.rollout.batch.minibatches` (shared with PPO), computes :func:`minibatch_loss` (the policy's
-log-probs, :func:`grpo_loss`, the value head's MSE) and steps the optimizer through the guarded step of
-:class:`~algorithms.common.base_class.LMBaseAlgorithm`.
+(:mod:`algorithms.grpo.advantages`); :meth:`GRPO.train <algorithms.grpo.grpo.GRPO.train>` gives :func:`outputs_loss`
+to the update step every algorithm shares (:meth:`~algorithms.common.base_class.LMBaseAlgorithm._update_policy`:
+the minibatches, the policy's forward pass, the guarded optimizer step, the ``train/*`` logs).
 
 The loss's shapes: ``B`` sequences (``K*G`` or a minibatch of them) of ``T`` completion tokens; masks are ``True`` on
 valid completion tokens and ``False`` on padding and after EOS; masked positions never contribute to a value or a
@@ -30,15 +29,15 @@ from stable_baselines3.common.logger import Logger
 from algorithms.common import sampler_correction
 from algorithms.common.losses import (
     IMPORTANCE_LEVELS,
+    PolicyOutputs,
     aggregate,
     check_shape,
     clipped_surrogate,
     gspo_token_log_ratio,
     kl_k3,
-    sampler_kl,
 )
 from algorithms.common.policies import TransformerPolicy
-from algorithms.common.rollout.batch import RolloutBatch, minibatches  # noqa: F401  (minibatches: GRPO.train's)
+from algorithms.common.rollout.batch import RolloutBatch
 from algorithms.grpo import controls
 from grpo_gym.validation import check_choice
 
@@ -56,39 +55,10 @@ class LossSettings:
     importance_level: str = "token"
 
 
-def loss_share(part: RolloutBatch, whole: RolloutBatch, aggregation: str) -> float:
-    """``part``'s share of ``whole``'s loss aggregation: its tokens' share with ``"token"``, its rows' otherwise (the
-    ``"sequence"`` and ``"constant"`` modes divide by the number of rows)."""
-    if aggregation == "token":
-        return float(part.completion_mask.sum()) / max(float(whole.completion_mask.sum()), 1.0)
-    return len(part) / max(len(whole), 1)
-
-
-def rows_with_gradient(minibatch: RolloutBatch, settings: LossSettings, value_head: bool) -> RolloutBatch:
-    """The rows of ``minibatch`` whose loss can be nonzero. Without a KL, entropy or value term, a row with a zero
-    advantage (every row of a group whose rewards are all equal) adds exactly zero to the loss and to its gradient:
-    it is left out of the forward and backward passes, and the loss of the rest, weighted by :func:`loss_share`, is
-    the minibatch's. At least one row stays, so a minibatch of uniform groups still steps the optimizer with its
-    zero gradient (weight decay and Adam's moments move as they would). The minibatch itself when every row counts.
-    """
-    if settings.beta != 0 or settings.ent_coef != 0 or value_head:
-        return minibatch
-    advantages = minibatch.advantages if minibatch.weights is None else minibatch.advantages * minibatch.weights
-    informative = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=-1)  # (B,)
-    if bool(informative.all()):
-        return minibatch
-    if not bool(informative.any()):
-        informative[0] = True
-    return minibatch.select(informative.nonzero().squeeze(1))
-
-
-def minibatch_sampler_kl(minibatch: RolloutBatch, log_probs: th.Tensor) -> th.Tensor:
-    """:func:`sampler_kl` of a minibatch's fresh rows from the update's ``(B, C)`` log-probs of it, taken before any
-    step (the first minibatch of an update: what is measured when there is no correction, at no extra cost)."""
-    mask = minibatch.completion_mask  # (B, C)
-    if minibatch.slots is not None:  # replayed rows were sampled by older weights: not the sampler's mismatch
-        mask = mask & (minibatch.slots < 0).unsqueeze(1)
-    return sampler_kl(log_probs, minibatch.old_log_probs, mask)
+def prunable(settings: LossSettings, value_head: bool) -> bool:
+    """Whether a row with a zero advantage adds exactly zero to the loss and its gradient (no KL, entropy or value
+    term), so the update may leave it out (:func:`~algorithms.common.rollout.batch.rows_with_gradient`)."""
+    return settings.beta == 0 and settings.ent_coef == 0 and not value_head
 
 
 def minibatch_loss(
@@ -97,14 +67,8 @@ def minibatch_loss(
     settings: LossSettings,
     correction: tuple[str, float] | None = None,
 ) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor]:
-    """The GRPO loss of a minibatch (+ the value head's MSE to the return), its stats and the ``(B, C)``
-    log-probs under the current weights.
-
-    ``correction`` (``(mode, cap)``): the sampler correction taken from this forward pass, for an update that is one
-    step on the whole fresh rollout (one epoch, one minibatch): ``pi_old`` is then the weights before that step, i.e.
-    this pass's own log-probs, detached, and the extra pass of
-    :func:`~algorithms.common.sampler_correction.correct_fresh_rollout` is not needed (TRL does the same when it
-    generates for one step only)."""
+    """:func:`outputs_loss` after the policy's forward pass on the minibatch; with the ``(B, C)`` log-probs under the
+    current weights."""
     log_probs, entropy = policy.log_probs(
         minibatch.prompt_ids,
         minibatch.prompt_mask,
@@ -112,6 +76,27 @@ def minibatch_loss(
         minibatch.completion_mask,
         with_entropy=settings.ent_coef != 0,
     )
+    loss, stats = outputs_loss(policy, minibatch, PolicyOutputs(log_probs, entropy), settings, correction)
+    return loss, stats, log_probs
+
+
+def outputs_loss(
+    policy: TransformerPolicy,
+    minibatch: RolloutBatch,
+    outputs: PolicyOutputs,
+    settings: LossSettings,
+    correction: tuple[str, float] | None = None,
+) -> tuple[th.Tensor, dict[str, th.Tensor]]:
+    """The GRPO loss of a minibatch from the policy's ``outputs`` on it (+ the value head's MSE to the return) and
+    its stats: GRPO's loss function for the shared update step
+    (:meth:`~algorithms.common.base_class.LMBaseAlgorithm._update_policy`).
+
+    ``correction`` (``(mode, cap)``): the sampler correction taken from this forward pass, for an update that is one
+    step on the whole fresh rollout (one epoch, one minibatch): ``pi_old`` is then the weights before that step, i.e.
+    this pass's own log-probs, detached, and the extra pass of
+    :func:`~algorithms.common.sampler_correction.correct_fresh_rollout` is not needed (TRL does the same when it
+    generates for one step only)."""
+    log_probs, entropy = outputs.log_probs, outputs.entropy
     corrected_stats = {}
     if correction is not None:
         mode, cap = correction
@@ -145,7 +130,7 @@ def minibatch_loss(
         values = policy.predict_values(minibatch.prompt_ids, minibatch.prompt_mask)  # (B,)
         stats["value_loss"] = th.nn.functional.mse_loss(values, minibatch.returns)
         loss = loss + settings.vf_coef * stats["value_loss"]
-    return loss, {**stats, **corrected_stats}, log_probs
+    return loss, {**stats, **corrected_stats}
 
 
 def grpo_loss(

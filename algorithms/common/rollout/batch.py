@@ -15,6 +15,7 @@ from dataclasses import dataclass, fields
 
 import torch as th
 
+from algorithms.common.losses import sampler_kl
 from algorithms.common.rollout.rows import Rows
 from algorithms.common.runtime.distributed import Distributed
 
@@ -195,3 +196,37 @@ def minibatches(
         else:
             amount = float(part.completion_mask.sum() if aggregation == "token" else len(rows))
         yield part, amount / max(dist.sum(amount), 1e-12)
+
+
+def rows_with_gradient(minibatch: RolloutBatch) -> RolloutBatch:
+    """The rows of ``minibatch`` whose advantage is not zero (every row of a group whose rewards are all equal has a
+    zero one). In a loss with no KL, entropy or value term such a row adds exactly zero to the loss and its gradient,
+    so the update leaves it out of the forward and backward passes and weights the rest's loss by
+    :func:`loss_share`. At least one row stays, so a minibatch of uniform groups still steps the optimizer with its
+    zero gradient (weight decay and Adam's moments move as they would). The minibatch itself when every row counts.
+    """
+    advantages = minibatch.advantages if minibatch.weights is None else minibatch.advantages * minibatch.weights
+    informative = advantages != 0 if advantages.dim() == 1 else (advantages != 0).any(dim=-1)  # (B,)
+    if bool(informative.all()):
+        return minibatch
+    if not bool(informative.any()):
+        informative[0] = True
+    return minibatch.select(informative.nonzero().squeeze(1))
+
+
+def loss_share(part: RolloutBatch, whole: RolloutBatch, aggregation: str) -> float:
+    """``part``'s share of ``whole``'s loss aggregation: its tokens' share with ``"token"``, its rows' otherwise (the
+    ``"sequence"`` and ``"constant"`` modes divide by the number of rows)."""
+    if aggregation == "token":
+        return float(part.completion_mask.sum()) / max(float(whole.completion_mask.sum()), 1.0)
+    return len(part) / max(len(whole), 1)
+
+
+def sampler_kl_of_fresh(minibatch: RolloutBatch, log_probs: th.Tensor) -> th.Tensor:
+    """:func:`~algorithms.common.losses.sampler_kl` of a minibatch's fresh rows from the update's ``(B, C)``
+    log-probs of it, taken before any step (replayed rows were sampled by older weights: not the sampler's
+    mismatch)."""
+    mask = minibatch.completion_mask  # (B, C)
+    if minibatch.slots is not None:
+        mask = mask & (minibatch.slots < 0).unsqueeze(1)
+    return sampler_kl(log_probs, minibatch.old_log_probs, mask)
