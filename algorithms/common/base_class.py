@@ -61,7 +61,7 @@ from algorithms.common.collapse_guard import CollapseGuard, GuardSettings, guard
 from algorithms.common.env_util import MissingEnv, make_env_for_model, rollout_token_ids
 from algorithms.common.generation.engines.setup import EngineLink, EngineSpec, check_spec
 from algorithms.common.lm_arguments import LM_ARGUMENTS
-from algorithms.common.losses import LossFunction, PolicyOutputs
+from algorithms.common.losses import LossFunction, PolicyOutputs, UpdateLoss
 from algorithms.common.model.finite_state import NonFiniteStateError, find_nonfinite
 from algorithms.common.model.loading import check_finite_weights
 from algorithms.common.model.reference import frozen_copy, reference_network
@@ -814,12 +814,13 @@ class LMBaseAlgorithm(BaseAlgorithm):
             batch, measured = self._correct_rollout(batch)
         batch = self._extend_batch(batch)
         history: dict[str, list[float]] = {}
+        spec = UpdateLoss(loss, aggregation, with_entropy, with_values, stop)
         for _ in range(n_epochs):
             parts = minibatches(batch, batch_size, sequential, aggregation, self._minibatch_generator, self._dist,
                                 self._placeholder)  # fmt: skip
             for minibatch, share in parts:
                 ran = rows_with_gradient(minibatch) if prune else minibatch
-                step = self._step(minibatch, ran, share, loss, aggregation, with_entropy, with_values, stop)
+                step = self._step(minibatch, ran, share, spec)
                 if measured is None:  # before any step: the update's weights are the sampler's
                     measured = sampler_kl_of_fresh(ran, step.log_probs.detach())
                 if step.stats is None:  # stopped before its step
@@ -827,30 +828,20 @@ class LMBaseAlgorithm(BaseAlgorithm):
                 record_step(history, step.loss, step.stats)
         return self._log_update(history, measured)
 
-    def _step(
-        self,
-        minibatch: RolloutBatch,
-        ran: RolloutBatch,
-        share: float,
-        loss: LossFunction,
-        aggregation: str,
-        with_entropy: bool,
-        with_values: bool,
-        stop: Callable[[dict[str, Any]], bool] | None = None,
-    ) -> Step:
+    def _step(self, minibatch: RolloutBatch, ran: RolloutBatch, share: float, spec: UpdateLoss) -> Step:
         """One optimizer step on ``minibatch``: the policy's forward pass on ``ran`` (its rows that can carry a
-        gradient, or all), ``loss`` on them weighted by their share of the minibatch's, the guarded step on it times
+        gradient, or all), the loss on them weighted by their share of the minibatch's, the guarded step on it times
         this process's ``share`` (:meth:`_optimizer_step`), its stats completed by :func:`step_stats`; ``stats`` is
-        ``None`` when ``stop`` ended the update before the step."""
-        mask = ran.completion_mask
-        outputs = PolicyOutputs(*self.policy.log_probs(ran.prompt_ids, ran.prompt_mask, ran.completion_ids, mask,
-                                                       with_entropy=with_entropy, with_values=with_values))  # fmt: skip
-        value, stats = loss(ran, outputs)
+        ``None`` when the loss's ``stop`` ended the update before the step."""
+        args = (ran.prompt_ids, ran.prompt_mask, ran.completion_ids, ran.completion_mask)
+        outputs = PolicyOutputs(*self.policy.log_probs(*args, with_entropy=spec.with_entropy,
+                                                       with_values=spec.with_values))  # fmt: skip
+        value, stats = spec.function(ran, outputs)
         if ran is not minibatch:  # the minibatch's loss: the rows left out add exactly zero to it
-            part = loss_share(ran, minibatch, aggregation)
+            part = loss_share(ran, minibatch, spec.aggregation)
             value = value * part
             stats = {key: stat * part if key == "policy_loss" else stat for key, stat in stats.items()}
-        if stop is not None and stop(stats):
+        if spec.stop is not None and spec.stop(stats):
             return Step(value, None, outputs.log_probs)
         return Step(value, step_stats(minibatch, stats, self._optimizer_step(value * share)), outputs.log_probs)
 

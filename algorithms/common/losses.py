@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -41,6 +41,18 @@ class PolicyOutputs:
 #: an algorithm's loss, ``(minibatch, outputs) -> (loss, what to log)``: what
 #: :meth:`~algorithms.common.base_class.LMBaseAlgorithm._update_policy` steps the optimizer on
 LossFunction = Callable[[Any, PolicyOutputs], tuple[Tensor, dict[str, Any]]]
+
+
+class UpdateLoss(NamedTuple):
+    """An algorithm's loss as the update step runs it: the function, how it reduces tokens (``"token"``: the
+    minibatches weighted by tokens, else rows), what of the policy's outputs it reads, and an optional stop (called
+    with a minibatch's stats before its step; True ends the update there, SB3's ``target_kl``)."""
+
+    function: LossFunction
+    aggregation: str = "token"
+    with_entropy: bool = False
+    with_values: bool = False
+    stop: Callable[[dict[str, Any]], bool] | None = None
 
 
 def check_shape(name: str, tensor: Tensor, shape: torch.Size) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch as th
 from stable_baselines3.common.logger import Logger
 
-from algorithms.common.losses import LossFunction, PolicyOutputs
+from algorithms.common.losses import PolicyOutputs, UpdateLoss
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.rollout.batch import RolloutBatch, loss_share
 from algorithms.grpo import controls
@@ -32,17 +32,14 @@ class GroupDiagnostics:
 def backward_by_group(
     policy: TransformerPolicy,
     minibatch: RolloutBatch,
-    loss: LossFunction,
-    aggregation: str,
-    with_entropy: bool = False,
+    spec: UpdateLoss,
     rank_share: float = 1.0,
     loss_scale: float = 1.0,
 ) -> tuple[th.Tensor, dict[str, th.Tensor], th.Tensor, GroupDiagnostics]:
-    """The diagnostics: accumulate the minibatch's gradient one group at a time, each group's ``loss`` weighted by
-    its share of the minibatch's ``aggregation`` (so the sum is the joint gradient), and measure each group's
+    """The diagnostics: accumulate the minibatch's gradient one group at a time, each group's loss (``spec``)
+    weighted by its share of the minibatch's aggregation (so the sum is the joint gradient), and measure each group's
     gradient.
 
-    :param with_entropy: the policy's outputs carry the entropies (an entropy bonus)
     :param rank_share: this rank's share of the job's minibatch
         (:func:`~algorithms.common.rollout.batch.minibatches`)
     :param loss_scale: the fp16 gradient scaler's current scale (1 without one)
@@ -56,10 +53,10 @@ def backward_by_group(
     for group in th.unique(minibatch.groups).tolist():
         rows = (minibatch.groups == group).nonzero().squeeze(1)
         part = minibatch.select(rows)
-        share = loss_share(part, minibatch, aggregation)
+        share = loss_share(part, minibatch, spec.aggregation)
         args = (part.prompt_ids, part.prompt_mask, part.completion_ids, part.completion_mask)
-        outputs = PolicyOutputs(*policy.log_probs(*args, with_entropy=with_entropy))
-        value, stats = loss(part, outputs)
+        outputs = PolicyOutputs(*policy.log_probs(*args, with_entropy=spec.with_entropy))
+        value, stats = spec.function(part, outputs)
         part_log_probs = outputs.log_probs
         (value * share * rank_share * loss_scale).backward()
         grads = [(p.grad if p.grad is not None else th.zeros_like(p)).flatten() for p in parameters]

@@ -11,7 +11,6 @@ replay: :mod:`algorithms.grpo.replay`), log. The original design's controls: :mo
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch as th
@@ -19,7 +18,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.type_aliases import GymEnv
 
 from algorithms.common.base_class import LMBaseAlgorithm, Step, step_stats
-from algorithms.common.losses import LossFunction, PolicyOutputs
+from algorithms.common.losses import PolicyOutputs, UpdateLoss
 from algorithms.common.policies import TransformerPolicy
 from algorithms.common.replay.trajectory_buffer import PrioritizedTrajectoryBuffer
 from algorithms.common.rollout.batch import RolloutBatch
@@ -203,26 +202,14 @@ class GRPO(LMBaseAlgorithm):
             extended.ref_log_probs = self._reference_log_probs(extended)
         return extended
 
-    def _step(
-        self,
-        minibatch: RolloutBatch,
-        ran: RolloutBatch,
-        share: float,
-        loss: LossFunction,
-        aggregation: str,
-        with_entropy: bool,
-        with_values: bool,
-        stop: Callable[[dict[str, Any]], bool] | None = None,
-    ) -> Step:
+    def _step(self, minibatch: RolloutBatch, ran: RolloutBatch, share: float, spec: UpdateLoss) -> Step:
         """The shared step, or with the diagnostics the gradient accumulated one group at a time (each group's
         measured and logged, :mod:`~algorithms.grpo.diagnostics`); a replayed row's drift is kept for its priority."""
         if not self.diagnostics:
-            step = super()._step(minibatch, ran, share, loss, aggregation, with_entropy, with_values, stop)
+            step = super()._step(minibatch, ran, share, spec)
         else:
             scale = 1.0 if self._scaler is None else float(self._scaler.get_scale())
-            value, stats, log_probs, groups = diagnostics.backward_by_group(
-                self.policy, minibatch, loss, aggregation, with_entropy, share, scale
-            )
+            value, stats, log_probs, groups = diagnostics.backward_by_group(self.policy, minibatch, spec, share, scale)
             diagnostics.log_group_gradients(self.logger, groups)
             step = Step(value, step_stats(minibatch, stats, self._optimizer_step(None)), log_probs)
         if ran.slots is not None:
