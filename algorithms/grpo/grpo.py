@@ -187,6 +187,7 @@ class GRPO(LMBaseAlgorithm):
                                       settings.ent_coef != 0, False, None, sequential, prune)  # fmt: skip
         if self.replay_buffer is not None:
             replay.update_and_store(self.replay_buffer, *self._replayed, self._iteration)
+            self._replayed = None  # the update's rows are not kept past it
         update.log_train(self.logger, history, settings, self.diagnostics)
 
     def _extend_batch(self, batch: RolloutBatch) -> RolloutBatch:
