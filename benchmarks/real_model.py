@@ -133,8 +133,6 @@ def sft_control(settings: Settings) -> dict[str, Any]:
     solutions at the cold start's settings for ours' GRPO seconds, scored greedy at the same seconds as ours' curve
     (scoring time left out of the clock). The schedule is the cold start's cosine, planned over the steps the
     budget allows at the cold start's measured pace."""
-    import dataclasses
-
     import torch
 
     from algorithms.cli import _evaluate, _start_or_resume, build_parser
@@ -177,7 +175,6 @@ def sft_control(settings: Settings) -> dict[str, Any]:
     return {
         "before": {str(row["difficulty"]): row["success_rate"] for row in before},
         "after": {str(row.difficulty): row.success_rate for row in after},
-        "after_rows": [dataclasses.asdict(row) for row in after],
         "curve": curve, "steps": clock.get("steps", 0), "planned_steps": steps, "sft_s": seconds,
         "cold_start_s": plan["sft_seconds"],
     }  # fmt: skip
